@@ -1,0 +1,4 @@
+"""csi unit."""
+from invoke import Collection
+
+ns = Collection("csi")

@@ -1,0 +1,60 @@
+"""boto3 sessions and clients that honour AWS_REGION, AWS_PROFILE and AWS_ENDPOINT_URL.
+
+On TARGET=local with no AWS_ENDPOINT_URL, clients talk to the toolkit's own moto server (started on demand as its
+own process), so every boto3 path runs over real HTTP without an AWS account.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import DoeksError
+
+LOCAL_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+
+
+def endpoint_url(settings, start: bool = True) -> str | None:
+    """The AWS-API endpoint to use: AWS_ENDPOINT_URL, else the local moto server on TARGET=local, else real AWS."""
+    if settings.aws_endpoint_url:
+        return settings.aws_endpoint_url
+    if settings.target != "local":
+        return None
+    from .local.services import moto
+
+    service = moto(settings.state_dir)
+    if service.endpoint() is None:
+        if not start:
+            return None
+        service.start()
+    return service.endpoint()
+
+
+def session(settings):
+    import boto3
+
+    kwargs: dict[str, Any] = {"region_name": settings.aws_region}
+    if settings.aws_profile:
+        kwargs["profile_name"] = settings.aws_profile
+    if settings.aws_access_key_id and settings.aws_secret_access_key:
+        kwargs.update(aws_access_key_id=settings.aws_access_key_id,
+                      aws_secret_access_key=settings.aws_secret_access_key,
+                      aws_session_token=settings.aws_session_token or None)
+    elif endpoint_url(settings, start=False) and not settings.aws_profile:
+        kwargs.update(LOCAL_CREDENTIALS)
+    try:
+        return boto3.Session(**kwargs)
+    except Exception as error:  # botocore.exceptions.ProfileNotFound and friends
+        raise DoeksError(f"AWS_PROFILE={settings.aws_profile!r}: {error}") from None
+
+
+def client(settings, service: str):
+    url = endpoint_url(settings)
+    sess = session(settings)
+    if url and sess.get_credentials() is None:
+        import boto3
+
+        sess = boto3.Session(region_name=settings.aws_region, **LOCAL_CREDENTIALS)
+    return sess.client(service, endpoint_url=url)
+
+
+def account_id(settings) -> str:
+    return client(settings, "sts").get_caller_identity()["Account"]

@@ -1,0 +1,223 @@
+"""The management container (the seed's build/run/exec/status/stop/logs/push/pull/login/test scripts) via the
+docker SDK. Image name and tag from `.env`; REGISTRY empty = local only, `default` = this account's ECR.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import ui
+from .errors import DoeksError
+from .settings import PROJECT_ROOT
+
+
+def _client():
+    try:
+        import docker
+    except ImportError:
+        raise DoeksError("the docker SDK is not installed: pip install -e '.[cloud]'") from None
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+        return client
+    except Exception as error:  # noqa: BLE001
+        raise DoeksError(f"no docker daemon reachable ({type(error).__name__}): start docker, or `invoke setup --docker`") from None
+
+
+def registry(settings) -> str:
+    if settings.registry == "default":
+        from .aws import account_id
+
+        return f"{account_id(settings)}.dkr.ecr.{settings.aws_region}.amazonaws.com"
+    return settings.registry
+
+
+def image_ref(settings, with_registry: bool = False) -> str:
+    name = f"{settings.image_name}:{settings.image_tag}"
+    if with_registry:
+        host = registry(settings)
+        if not host:
+            raise DoeksError("REGISTRY is empty (local only): set REGISTRY=default for this account's ECR, or a registry host")
+        return f"{host}/{name}"
+    return name
+
+
+def build_args(settings) -> dict[str, str]:
+    return {"BASE_IMAGE": settings.base_image, "DOWNLOADS": "true" if settings.container_downloads else "false"}
+
+
+def build(settings, runner, no_cache: bool = False) -> None:
+    args = build_args(settings)
+    tag = image_ref(settings)
+    shown = " ".join(f"--build-arg {k}={v}" for k, v in args.items())
+    if runner.dry_run:
+        runner.step(f"docker build --network host {shown} -t {tag} {PROJECT_ROOT}", lambda: None)
+        return
+    client = _client()
+    runner.note(f"docker build {shown} -t {tag} {PROJECT_ROOT}")
+    with ui.progress() as bar:
+        task_id = bar.add_task(f"building {tag}", total=None)
+        stream = client.api.build(path=str(PROJECT_ROOT), tag=tag, buildargs=args, network_mode="host",
+                                  nocache=no_cache, rm=True, decode=True)
+        for chunk in stream:
+            if "error" in chunk:
+                raise DoeksError(f"docker build failed: {chunk['error'].strip().splitlines()[-1]}")
+            line = chunk.get("stream", "").rstrip()
+            if line:
+                bar.console.print(line, markup=False, highlight=False)
+                if line.startswith("Step "):
+                    bar.update(task_id, description=f"building {tag}: {line.split(':')[0]}")
+    ui.say(f"built {tag}")
+
+
+def run_kwargs(settings) -> dict:
+    home = Path.home()
+    volumes = {str(PROJECT_ROOT): {"bind": "/doeks", "mode": "rw"},
+               "/var/run/docker.sock": {"bind": "/var/run/docker.sock", "mode": "rw"}}
+    if (home / ".aws").exists():
+        volumes[str(home / ".aws")] = {"bind": "/root/.aws", "mode": "ro"}
+    if (home / ".kube").exists():
+        volumes[str(home / ".kube")] = {"bind": "/root/.kube", "mode": "rw"}
+    return {"name": settings.container_name, "detach": True, "tty": True, "stdin_open": True, "volumes": volumes,
+            "working_dir": "/doeks", "network_mode": "host", "command": ["sleep", "infinity"],
+            "labels": {"app.kubernetes.io/part-of": "doeks"}}
+
+
+def _find(client, name: str):
+    import docker
+
+    try:
+        return client.containers.get(name)
+    except docker.errors.NotFound:
+        return None
+
+
+def run(settings, runner) -> None:
+    kwargs = run_kwargs(settings)
+    if runner.dry_run:
+        runner.step(f"docker run {image_ref(settings)} {json.dumps(kwargs, default=str)}", lambda: None)
+        return
+    client = _client()
+    existing = _find(client, settings.container_name)
+    if existing is not None and existing.status == "running":
+        ui.say(f"container {settings.container_name} is already running")
+        return
+    if existing is not None:
+        existing.remove(force=True)
+    import docker
+
+    try:
+        container = client.containers.run(image_ref(settings), **kwargs)
+    except docker.errors.ImageNotFound:
+        raise DoeksError(f"image {image_ref(settings)} not found: run `invoke build` (or `invoke pull`)") from None
+    ui.say(f"container {container.name} running ({container.short_id})")
+
+
+def exec_(settings, command: str) -> int:
+    client = _client()
+    container = _find(client, settings.container_name)
+    if container is None or container.status != "running":
+        raise DoeksError(f"container {settings.container_name} is not running: `invoke run` first")
+    if not command:
+        os.execvp("docker", ["docker", "exec", "-it", settings.container_name, "bash"])
+    result = container.exec_run(["bash", "-lc", command], demux=False)
+    sys.stdout.write(result.output.decode(errors="replace"))
+    if result.exit_code:
+        raise DoeksError(f"`{command}` exited with {result.exit_code} in {settings.container_name}")
+    return result.exit_code
+
+
+def status(settings) -> None:
+    from .local import runtime
+
+    rows = []
+    try:
+        client = _client()
+        container = _find(client, settings.container_name)
+        rows.append(["container " + settings.container_name, container.status if container else "absent",
+                     container.image.tags[0] if container and container.image.tags else "", container.short_id if container else ""])
+    except DoeksError as error:
+        rows.append(["docker", "unreachable", str(error), ""])
+    for name, state, endpoint, pid in runtime.rows(settings):
+        rows.append([f"local {name}", state, endpoint, pid])
+    ui.table("doeks status", ["what", "state", "detail", "id/pid"], rows)
+
+
+def stop(settings, runner) -> None:
+    if runner.dry_run:
+        runner.step(f"docker rm -f {settings.container_name}", lambda: None)
+        return
+    client = _client()
+    container = _find(client, settings.container_name)
+    if container is None:
+        ui.say(f"container {settings.container_name} is not there: nothing to stop")
+        return
+    container.remove(force=True)
+    ui.say(f"container {settings.container_name} stopped and removed")
+
+
+def logs(settings, follow: bool = False) -> None:
+    client = _client()
+    container = _find(client, settings.container_name)
+    if container is None:
+        raise DoeksError(f"container {settings.container_name} is not there")
+    for chunk in container.logs(stream=True, follow=follow):
+        sys.stdout.write(chunk.decode(errors="replace"))
+
+
+def ecr_credentials(settings) -> tuple[str, str, str]:
+    from .aws import client
+
+    data = client(settings, "ecr").get_authorization_token()["authorizationData"][0]
+    user, password = base64.b64decode(data["authorizationToken"]).decode().split(":", 1)
+    return user, password, data["proxyEndpoint"]
+
+
+def login(settings, runner) -> None:
+    user, password, endpoint = ecr_credentials(settings)
+    runner.secrets.append(password)
+    if runner.dry_run:
+        runner.step(f"docker login --username {user} --password-stdin {endpoint}", lambda: None)
+        return
+    _client().login(username=user, password=password, registry=endpoint)
+    ui.say(f"logged in to {endpoint}")
+
+
+def push(settings, runner) -> None:
+    remote = image_ref(settings, with_registry=True)
+    if runner.dry_run:
+        runner.step(f"docker tag {image_ref(settings)} {remote} && docker push {remote}", lambda: None)
+        return
+    client = _client()
+    client.images.get(image_ref(settings)).tag(remote)
+    for chunk in client.images.push(remote, stream=True, decode=True):
+        if "error" in chunk:
+            raise DoeksError(f"push failed: {chunk['error']}")
+    ui.say(f"pushed {remote}")
+
+
+def pull(settings, runner) -> None:
+    remote = image_ref(settings, with_registry=True)
+    if runner.dry_run:
+        runner.step(f"docker pull {remote}", lambda: None)
+        return
+    client = _client()
+    image = client.images.pull(remote)
+    image.tag(image_ref(settings))
+    ui.say(f"pulled {remote}")
+
+
+def self_test(settings) -> None:
+    client = _client()
+    import docker
+
+    try:
+        output = client.containers.run(image_ref(settings), ["doeks-selftest"], remove=True, network_mode="host")
+    except docker.errors.ContainerError as error:
+        raise DoeksError(f"self-test failed in {image_ref(settings)}: {error.stderr.decode(errors='replace').strip()[-300:]}") from None
+    except docker.errors.ImageNotFound:
+        raise DoeksError(f"image {image_ref(settings)} not found: run `invoke build`") from None
+    sys.stdout.write(output.decode(errors="replace"))

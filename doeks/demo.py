@@ -1,0 +1,39 @@
+"""`invoke demo`, the main job on the local target: data, etcd, a 2-node x 2-process elastic job run to the end, a
+plot, and a teardown that leaves no process behind."""
+from __future__ import annotations
+
+from . import elastic, plots, preflight, ui
+from .errors import DoeksError
+from .local import services
+from .runner import Runner
+
+
+def run(base, keep: bool = False) -> dict:
+    preflight.require_training()
+    s = base.with_overrides(target="local", replicas=2, nproc_per_node=2,
+                            min_replicas=min(base.min_replicas, 2), max_replicas=max(base.max_replicas, 2))
+    runner = Runner(secrets=s.secrets())
+    ui.say(f"doeks demo: {s.arch} on synthetic data, {s.replicas} nodes x {s.nproc_per_node} processes, "
+           f"rendezvous {s.rdzv_backend}, state in {s.state_dir}", style="bold")
+    elastic.make_data(s, runner)
+    etcd_was_running = services.etcd(s.state_dir).info() is not None
+    try:
+        elastic.deploy_local(s, runner, fresh=True)
+        status = elastic.follow(s)
+        if status.get("state") != "Succeeded":
+            raise DoeksError(f"the job ended {status.get('state')}: see {elastic.home(s)}/replicas/*/agent.log")
+        result = elastic.final_result(s) or {}
+        png = plots.training(elastic.metrics_dir(s) / "metrics.csv", elastic.metrics_dir(s) / "training.png",
+                             title=f"{s.job_name}: {s.arch}, {s.replicas}x{s.nproc_per_node} processes")
+        chance = 1 / s.data_classes
+        ui.say(f"final validation accuracy: {result.get('val_accuracy', 0):.3f} (chance {chance:.3f}) "
+               f"after {result.get('step')} steps", style="bold green")
+        ui.say(f"plot: {png}")
+        ui.say(f"checkpoint: {elastic.checkpoint_dir(s) / 'checkpoint.pt'}")
+        return result
+    finally:
+        if not keep:
+            elastic.delete_local(s, Runner(echo=False))
+            if not etcd_was_running:
+                services.etcd(s.state_dir).stop()
+            ui.say("torn down: job processes and etcd stopped (data, checkpoints and metrics kept)")

@@ -1,0 +1,145 @@
+"""The elastic job, rendered once from settings: an etcd Deployment + Service (for etcd rendezvous) and a Kubeflow
+training-operator PyTorchJob with `elasticPolicy` (kubeflow.org/v1; the archived TorchElastic ElasticJob CRD cannot be
+installed on Kubernetes >= 1.22). On `eks` these manifests are applied; on `local` the same PyTorchJob is interpreted
+by `doeks.local.jobs` (one torchrun agent per replica, PET_* environment as the operator sets it).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+ETCD_PORT = 2379
+CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks/workload/train.py
+RDZV_CONF = {"last_call_timeout": "2", "timeout": "600"}
+
+# EFA adapters per instance (vpc.amazonaws.com/efa a node advertises)
+EFA_ADAPTERS = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
+                "p6-b200.48xlarge": 8, "trn1.32xlarge": 8, "trn1n.32xlarge": 16, "g5.48xlarge": 1, "g6.48xlarge": 1,
+                "g4dn.metal": 1, "c5n.18xlarge": 1, "hpc7g.16xlarge": 1}
+GPUS = {"p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8, "p4d.24xlarge": 8, "p4de.24xlarge": 8,
+        "p5.48xlarge": 8, "p5e.48xlarge": 8, "p5en.48xlarge": 8, "g4dn.xlarge": 1, "g4dn.12xlarge": 4, "g5.xlarge": 1,
+        "g5.12xlarge": 4, "g5.48xlarge": 8, "g6.48xlarge": 8}
+
+
+def labels(settings) -> dict[str, str]:
+    return {"app.kubernetes.io/part-of": "doeks", "doeks/job": settings.job_name}
+
+
+def etcd_manifests(settings) -> list[dict[str, Any]]:
+    """etcd for torch's etcd rendezvous: pinned image, v2 API on, one replica, a ClusterIP Service `etcd-service`."""
+    meta = {"namespace": settings.namespace, "labels": {**labels(settings), "app": "etcd"}}
+    command = ["/usr/local/bin/etcd", "--data-dir", "/var/lib/etcd", "--enable-v2",
+               f"--listen-client-urls=http://0.0.0.0:{ETCD_PORT}", f"--advertise-client-urls=http://0.0.0.0:{ETCD_PORT}",
+               "--initial-cluster-state=new"]
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "etcd", **meta},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "etcd"}},
+            "template": {
+                "metadata": {"labels": {"app": "etcd"}},
+                "spec": {"containers": [{
+                    "name": "etcd", "image": settings.etcd_image, "command": command,
+                    "ports": [{"name": "client", "containerPort": ETCD_PORT}],
+                    "readinessProbe": {"httpGet": {"path": "/health", "port": ETCD_PORT}, "periodSeconds": 5},
+                    "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+                    "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
+                }], "volumes": [{"name": "data", "emptyDir": {}}]},
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "etcd-service", **meta},
+        "spec": {"selector": {"app": "etcd"}, "ports": [{"name": "client", "port": ETCD_PORT, "targetPort": ETCD_PORT}]},
+    }
+    return [deployment, service]
+
+
+def train_args(settings, mount: str | None = None) -> list[str]:
+    mount = mount or settings.shared_mount
+    return ["--data", f"{mount}/data", "--arch", settings.arch, "--epochs", str(settings.epochs),
+            "--batch-size", str(settings.batch_size), "--lr", str(settings.learning_rate),
+            "--workers", str(settings.data_workers), "--checkpoint-every", str(settings.checkpoint_every),
+            "--checkpoint-dir", f"{mount}/checkpoints/{settings.job_name}",
+            "--metrics-dir", f"{mount}/metrics/{settings.job_name}"]
+
+
+def pytorchjob(settings, extra_args: list[str] | None = None) -> dict[str, Any]:
+    """The elastic PyTorchJob (training-operator v1) for the job in `settings`."""
+    instance = settings.gpu_instance_type
+    gpus = settings.nproc_per_node
+    resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
+    if settings.gpu_efa and instance in EFA_ADAPTERS:
+        for part in ("limits", "requests"):
+            resources[part]["vpc.amazonaws.com/efa"] = EFA_ADAPTERS[instance]
+    elastic: dict[str, Any] = {
+        "rdzvBackend": settings.rdzv_backend,
+        "minReplicas": settings.min_replicas,
+        "maxReplicas": settings.max_replicas,
+        "maxRestarts": settings.max_restarts,
+        "rdzvConf": [{"key": k, "value": v} for k, v in RDZV_CONF.items()],
+    }
+    if settings.rdzv_backend.startswith("etcd"):
+        elastic.update(rdzvHost="etcd-service", rdzvPort=ETCD_PORT)
+    container = {
+        "name": "pytorch",
+        "image": settings.train_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["torchrun", CONTAINER_SCRIPT],
+        "args": train_args(settings) + list(extra_args or []),
+        "env": [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
+                {"name": "PYTHONUNBUFFERED", "value": "1"},
+                {"name": "NCCL_DEBUG", "value": "INFO"}],
+        "resources": resources,
+        "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
+                         {"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": settings.shared_pvc}},
+                    {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    selector = {"node.kubernetes.io/instance-type": instance, **settings.node_labels}
+    pod_spec["nodeSelector"] = selector
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": settings.job_name, "namespace": settings.namespace, "labels": labels(settings)},
+        "spec": {
+            "elasticPolicy": elastic,
+            "nprocPerNode": str(settings.nproc_per_node),
+            "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": max(10, 3 * settings.max_replicas)},
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": settings.replicas,
+                    "restartPolicy": "OnFailure",
+                    "template": {"metadata": {"labels": labels(settings)}, "spec": pod_spec},
+                },
+            },
+        },
+    }
+
+
+def manifests(settings, extra_args: list[str] | None = None) -> list[dict[str, Any]]:
+    """Everything `elasticjob.deploy` applies, in apply order."""
+    head = etcd_manifests(settings) if settings.rdzv_backend.startswith("etcd") else []
+    return head + [pytorchjob(settings, extra_args)]
+
+
+def pet_env(job: dict[str, Any], rdzv_endpoint: str) -> dict[str, str]:
+    """The PET_* variables the training operator gives each worker (torchrun reads them as its defaults)."""
+    spec = job["spec"]
+    elastic = spec["elasticPolicy"]
+    env = {
+        "PET_NNODES": f"{elastic['minReplicas']}:{elastic['maxReplicas']}",
+        "PET_NPROC_PER_NODE": str(spec.get("nprocPerNode", elastic.get("nProcPerNode", 1))),
+        "PET_RDZV_BACKEND": elastic["rdzvBackend"],
+        "PET_RDZV_ENDPOINT": rdzv_endpoint,
+        "PET_RDZV_ID": job["metadata"]["name"],
+        "PET_MAX_RESTARTS": str(elastic.get("maxRestarts", 3)),
+    }
+    conf = elastic.get("rdzvConf") or []
+    if conf:
+        env["PET_RDZV_CONF"] = ",".join(f"{c['key']}={c['value']}" for c in conf)
+    return env

@@ -1,0 +1,348 @@
+"""The local runtime for an elastic PyTorchJob: one torchrun agent per replica ("node") on this machine.
+
+`launch` writes the job (the PyTorchJob manifest and one command per replica) under STATE_DIR/jobs/<name>/ and
+starts a supervisor process in the background. The supervisor does what Kubernetes and the training operator do for
+the job's pods: starts each replica's agent with the PET_* environment, restarts a replica that died
+(restartPolicy OnFailure, up to runPolicy.backoffLimit), follows `scale` requests within min:max, and stops
+everything on `delete`. It is a child subreaper, so workers orphaned by a killed agent are found and stopped too.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import DoeksError
+from .services import kill_group, pid_alive
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
+STEP_LINE = re.compile(r"step=(\d+) epoch=(\d+) loss=([\d.]+) acc=([\d.]+) samples/s=([\d.]+) world=(\d+)")
+RESTART_DELAY = 1.0
+FINISH_GRACE = 30.0
+
+
+def job_home(state_dir: Path, name: str) -> Path:
+    return state_dir / "jobs" / name
+
+
+def volume_map(job: dict[str, Any], volumes_dir: Path) -> dict[str, Path]:
+    """Container mount path -> local folder, from the pod's volumes and mounts; code lives in the repo."""
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v}
+    mapping = {"/workspace": WORKLOAD}
+    for mount in pod["containers"][0].get("volumeMounts", []):
+        if mount["name"] in claims:
+            mapping[mount["mountPath"]] = volumes_dir / claims[mount["name"]]
+    return mapping
+
+
+def _rewrite(arg: str, mapping: dict[str, Path]) -> str:
+    for prefix in sorted(mapping, key=len, reverse=True):
+        if arg == prefix or arg.startswith(prefix + "/"):
+            return str(mapping[prefix]) + arg[len(prefix):]
+    return arg
+
+
+def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str) -> tuple[list[str], dict[str, str]]:
+    """The argv and extra environment of one replica's torchrun agent, interpreted from the PyTorchJob."""
+    from ..jobspec import pet_env
+
+    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    mapping = volume_map(job, volumes_dir)
+    command = [_rewrite(a, mapping) for a in container["command"] + container.get("args", [])]
+    if command[0] == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", "--local-addr", "127.0.0.1"] + command[1:]
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    env.pop("NCCL_DEBUG", None)
+    env.update(pet_env(job, rdzv_endpoint))
+    env["OMP_NUM_THREADS"] = "1"
+    return command, env
+
+
+def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str) -> int:
+    """Write the job and start its supervisor; returns the supervisor's pid."""
+    import subprocess
+
+    if is_active(home):
+        raise DoeksError(f"job {job['metadata']['name']} is already running: see `invoke elasticjob.status`, or `invoke elasticjob.delete` first")
+    argv, env = replica_command(job, volumes_dir, rdzv_endpoint)
+    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
+    elastic = job["spec"]["elasticPolicy"]
+    home.mkdir(parents=True, exist_ok=True)
+    for stale in ("status.json", "desired.json", "supervisor.json"):
+        (home / stale).unlink(missing_ok=True)
+    spec = {"name": job["metadata"]["name"], "argv": argv, "env": env, "replicas": worker["replicas"],
+            "min": elastic["minReplicas"], "max": elastic["maxReplicas"],
+            "backoff_limit": job["spec"].get("runPolicy", {}).get("backoffLimit", 10), "created": time.time()}
+    (home / "job.json").write_text(json.dumps(spec, indent=2))
+    (home / "pytorchjob.json").write_text(json.dumps(job, indent=2))
+    with open(home / "supervisor.log", "ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "doeks.local.jobs", str(home)], stdout=log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                   cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    (home / "supervisor.json").write_text(json.dumps({"pid": process.pid}))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (home / "status.json").exists():
+        if process.poll() is not None:
+            raise DoeksError(f"the job supervisor exited at start; see {home / 'supervisor.log'}")
+        time.sleep(0.05)
+    return process.pid
+
+
+def supervisor_pid(home: Path) -> int | None:
+    try:
+        pid = json.loads((home / "supervisor.json").read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
+def is_active(home: Path) -> bool:
+    return supervisor_pid(home) is not None
+
+
+def read_status(home: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((home / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def request_scale(home: Path, replicas: int) -> None:
+    tmp = home / ".desired.json.tmp"
+    tmp.write_text(json.dumps({"replicas": replicas}))
+    os.replace(tmp, home / "desired.json")
+
+
+def stop(home: Path, timeout: float = 30.0) -> bool:
+    """Stop the supervisor and every process it started; True if something was running."""
+    pid = supervisor_pid(home)
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and pid_alive(pid):
+        time.sleep(0.1)
+    if pid_alive(pid):
+        kill_group(pid, grace=1)
+    return True
+
+
+def last_progress(log: Path) -> dict[str, Any] | None:
+    """The last `step=...` line of a replica's log, parsed."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    matches = STEP_LINE.findall(tail)
+    if not matches:
+        return None
+    step, epoch, loss, acc, rate, world = matches[-1]
+    return {"step": int(step), "epoch": int(epoch), "loss": float(loss), "samples_per_s": float(rate), "world": int(world)}
+
+
+# -- process helpers ----------------------------------------------------------------------------------------------
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    result, frontier = [], [pid]
+    while frontier:
+        kids = [c for p in frontier for c in children_of(p)]
+        result.extend(kids)
+        frontier = kids
+    return result
+
+
+def kill_tree(pid: int, grace: float = 5.0) -> None:
+    """SIGTERM a process and all its descendants (torchrun's workers run in sessions of their own), then SIGKILL."""
+    tree = [pid] + descendants(pid)
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(pid_alive(p) for p in tree):
+        time.sleep(0.05)
+    for p in tree + descendants(pid):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# -- the supervisor -----------------------------------------------------------------------------------------------
+class Supervisor:
+    def __init__(self, home: Path):
+        self.home = home
+        self.spec = json.loads((home / "job.json").read_text())
+        self.desired = self.spec["replicas"]
+        self.agents: dict[int, int] = {}  # replica -> pid
+        self.replicas: dict[int, dict[str, Any]] = {}
+        self.restarts_total = 0
+        self.state = "Running"
+        self.finished_at: float | None = None
+        self.stopping = False
+
+    def _log(self, message: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+    def start_replica(self, index: int) -> None:
+        import subprocess
+
+        record = self.replicas.setdefault(index, {"restarts": -1, "state": "Pending", "exit_code": None})
+        record["restarts"] += 1
+        folder = self.home / "replicas" / str(index)
+        folder.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.spec["env"], "DOEKS_REPLICA": str(index)}
+        log = open(folder / "agent.log", "ab")
+        log.write(f"==== doeks: replica {index} start #{record['restarts']} at {time.strftime('%H:%M:%S')}\n".encode())
+        log.flush()
+        process = subprocess.Popen(self.spec["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=env, cwd=PROJECT_ROOT, start_new_session=True)
+        log.close()
+        self.agents[index] = process.pid
+        record.update(state="Running", pid=process.pid, started=time.time(), exit_code=None)
+        self._log(f"replica {index} started pid={process.pid}")
+
+    def stop_replica(self, index: int, state: str) -> None:
+        pid = self.agents.pop(index, None)
+        if pid is not None:
+            kill_tree(pid)
+            self._reap()
+        self.replicas[index].update(state=state, pid=None)
+        self._log(f"replica {index} {state}")
+
+    def _reap(self) -> list[tuple[int, int]]:
+        exited = []
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            exited.append((pid, os.waitstatus_to_exitcode(status)))
+        return exited
+
+    def _kill_orphans(self) -> None:
+        """Workers whose agent died are re-parented to us (subreaper): stop them, as a lost pod's processes are gone."""
+        live = set(self.agents.values())
+        for pid in children_of(os.getpid()):
+            if pid not in live:
+                kill_tree(pid, grace=0.5)
+
+    def write_status(self) -> None:
+        replicas = []
+        for index in sorted(self.replicas):
+            record = dict(self.replicas[index])
+            record["replica"] = index
+            record["progress"] = last_progress(self.home / "replicas" / str(index) / "agent.log")
+            replicas.append(record)
+        status = {"name": self.spec["name"], "state": self.state, "desired": self.desired, "min": self.spec["min"],
+                  "max": self.spec["max"], "restarts": self.restarts_total, "replicas": replicas, "updated": time.time()}
+        tmp = self.home / ".status.json.tmp"
+        tmp.write_text(json.dumps(status, indent=2))
+        os.replace(tmp, self.home / "status.json")
+
+    def _read_desired(self) -> None:
+        try:
+            wanted = json.loads((self.home / "desired.json").read_text())["replicas"]
+        except (OSError, ValueError, KeyError):
+            return
+        if wanted != self.desired:
+            self._log(f"scale {self.desired} -> {wanted}")
+            self.desired = wanted
+
+    def run(self) -> int:
+        try:  # PR_SET_CHILD_SUBREAPER
+            ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+        signal.signal(signal.SIGINT, lambda *_: setattr(self, "stopping", True))
+        for index in range(self.desired):
+            self.start_replica(index)
+        self.write_status()
+        pending_restart: dict[int, float] = {}
+        while True:
+            if self.stopping:
+                for index in list(self.agents):
+                    self.stop_replica(index, "Stopped")
+                self.state = "Stopped" if self.state == "Running" else self.state
+                break
+            self._read_desired()
+            for pid, code in self._reap():
+                index = next((i for i, p in self.agents.items() if p == pid), None)
+                if index is None:
+                    continue
+                del self.agents[index]
+                record = self.replicas[index]
+                record.update(exit_code=code, pid=None, ended=time.time())
+                if code == 0:
+                    record["state"] = "Succeeded"
+                    self.finished_at = self.finished_at or time.time()
+                    self._log(f"replica {index} succeeded")
+                elif index < self.desired and self.finished_at is None:
+                    self.restarts_total += 1
+                    if self.restarts_total > self.spec["backoff_limit"]:
+                        record["state"] = "Failed"
+                        self.state = "Failed"
+                        self._log(f"replica {index} failed (exit {code}); backoff limit reached")
+                    else:
+                        record["state"] = "Restarting"
+                        pending_restart[index] = time.time() + RESTART_DELAY
+                        self._log(f"replica {index} exited with {code}: restarting like a pod (OnFailure)")
+                else:
+                    record["state"] = "Failed" if code else "Stopped"
+            self._kill_orphans()
+            if self.state == "Failed":
+                for index in list(self.agents):
+                    self.stop_replica(index, "Stopped")
+                break
+            if self.finished_at is None:
+                for index in range(self.desired):  # scale up / restart lost replicas
+                    if index not in self.agents and self.replicas.get(index, {}).get("state") != "Succeeded":
+                        due = pending_restart.get(index, 0)
+                        if time.time() >= due:
+                            pending_restart.pop(index, None)
+                            self.start_replica(index)
+                for index in [i for i in self.agents if i >= self.desired]:  # scale down
+                    self.stop_replica(index, "Removed")
+            elif not self.agents or time.time() - self.finished_at > FINISH_GRACE:
+                for index in list(self.agents):
+                    self.stop_replica(index, "Stopped")
+                self.state = "Succeeded"
+                break
+            self.write_status()
+            time.sleep(0.1)
+        self._kill_orphans()
+        self.write_status()
+        self._log(f"job {self.state}")
+        return 0 if self.state in ("Succeeded", "Stopped") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(Supervisor(Path(sys.argv[1])).run())

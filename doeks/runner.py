@@ -1,0 +1,97 @@
+"""The one place side effects go through: shell commands, mutating API calls and applied manifests.
+
+With `dry_run` nothing changes: manifests are printed as a YAML stream on stdout (pipe it into `kubectl apply -f -`),
+commands and API requests are printed on stderr. Secrets are masked everywhere.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from typing import Any, Iterable, Sequence
+
+from . import ui
+from .errors import DoeksError, MissingTool
+
+
+class Runner:
+    def __init__(self, dry_run: bool = False, secrets: Iterable[str] = (), echo: bool = True):
+        self.dry_run = dry_run
+        self.secrets = [s for s in secrets if s]
+        self.echo = echo
+        self.planned: list[str] = []  # what a dry run would have done, in order
+
+    # -- output ---------------------------------------------------------------------------------------------------
+    def mask(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "****")
+        return text
+
+    def note(self, message: str) -> None:
+        if self.echo:
+            ui.say(self.mask(message), style="dim")
+
+    def _plan(self, line: str) -> None:
+        self.planned.append(self.mask(line))
+        ui.say(("would " if self.dry_run else "") + self.mask(line), style="cyan")
+
+    # -- commands -------------------------------------------------------------------------------------------------
+    def run(self, argv: Sequence[str], *, mutating: bool = True, check: bool = True, capture: bool = False,
+            env: dict[str, str] | None = None, cwd: str | None = None, input: str | None = None,
+            ) -> subprocess.CompletedProcess | None:
+        """Run a command; in a dry run a mutating command is only printed (returns None)."""
+        argv = [str(a) for a in argv]
+        line = "run: " + shlex.join(argv)
+        if self.dry_run and mutating:
+            self._plan(line)
+            return None
+        if self.echo:
+            ui.say(self.mask("$ " + shlex.join(argv)), style="dim")
+        if shutil.which(argv[0]) is None and "/" not in argv[0]:
+            raise MissingTool(f"'{argv[0]}' is not installed or not on PATH: install it or use the management container (invoke build run)")
+        try:
+            result = subprocess.run(argv, check=False, text=True, env=env, cwd=cwd, input=input,
+                                    stdout=subprocess.PIPE if capture else sys.stderr,
+                                    stderr=subprocess.PIPE if capture else None)
+        except OSError as exc:
+            raise DoeksError(f"could not start {argv[0]}: {exc.strerror}") from None
+        if check and result.returncode != 0:
+            detail = (result.stderr or "").strip().splitlines()[-1:] if capture else []
+            raise DoeksError(self.mask(f"'{shlex.join(argv[:3])}' failed with exit code {result.returncode}"
+                                       + (f": {detail[0]}" if detail else "")))
+        return result
+
+    # -- API calls ------------------------------------------------------------------------------------------------
+    def call(self, client: Any, operation: str, **params: Any) -> dict | None:
+        """A mutating boto3 call; a dry run prints the request (service, operation, parameters) and returns None."""
+        service = getattr(getattr(client, "meta", None), "service_model", None)
+        name = service.service_name if service else type(client).__name__
+        if self.dry_run:
+            self._plan(f"call: {name}.{operation} {json.dumps(params, default=str, sort_keys=True)}")
+            return None
+        self.note(f"{name}.{operation}")
+        return getattr(client, operation)(**params)
+
+    def step(self, description: str, fn, *args, **kwargs):
+        """A mutating step of another kind (start a process, write a file); a dry run only describes it."""
+        if self.dry_run:
+            self._plan(description)
+            return None
+        self.note(description)
+        return fn(*args, **kwargs)
+
+    # -- manifests ------------------------------------------------------------------------------------------------
+    def emit(self, manifests: Sequence[dict]) -> str:
+        """Print manifests as one YAML stream on stdout (always, so a run also shows what it applies)."""
+        text = to_yaml_stream(manifests)
+        sys.stdout.write(self.mask(text))
+        sys.stdout.flush()
+        return text
+
+
+def to_yaml_stream(manifests: Sequence[dict]) -> str:
+    import yaml
+
+    return "".join("---\n" + yaml.safe_dump(m, sort_keys=False) for m in manifests)

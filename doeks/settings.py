@@ -1,0 +1,382 @@
+"""Typed, validated settings from `.env` (python-dotenv) with environment variables taking precedence.
+
+Every key is declared once in `KEYS` with its unit, default, help and check; `.env` documents the same keys, and a
+test keeps the two in step. A bad value raises `SettingsError` with one line naming the key, the value and what is
+accepted.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import SettingsError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+TARGETS = ("local", "eks", "sagemaker")
+RDZV_BACKENDS = ("etcd", "etcd-v2", "c10d")
+ARCHES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "efficientnet_b7", "mobilenet_v3_small")
+EKS_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34")
+AMI_FAMILIES = ("AmazonLinux2023", "AmazonLinux2", "Bottlerocket", "Ubuntu2204", "Ubuntu2404")
+VOLUME_TYPES = ("gp2", "gp3", "io1", "io2")
+SECRET_WORDS = ("SECRET", "PASSWORD", "TOKEN")
+
+_REGION = re.compile(r"^(us|eu|ap|sa|ca|me|af|il|mx|cn)(-gov|-iso|-isob)?-(north|south|east|west|central|northeast|northwest|southeast|southwest)-\d$")
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_CLUSTER_NAME = re.compile(r"^[a-zA-Z][-a-zA-Z0-9]{0,99}$")
+_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.(nano|micro|small|medium|large|metal|\d*xlarge)(-\d+xl)?$")
+_IMAGE_NAME = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+_CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    unit: str
+    default: str
+    help: str
+    parse: Callable[[str], Any]
+    accepted: str
+
+    @property
+    def secret(self) -> bool:
+        return any(word in self.name for word in SECRET_WORDS)
+
+
+class _Bad(ValueError):
+    """Raised by a parser; the message says what is accepted."""
+
+
+def _choice(options: tuple[str, ...]):
+    def parse(raw: str) -> str:
+        if raw not in options:
+            raise _Bad(f"one of {', '.join(options)}")
+        return raw
+
+    return parse, f"one of {', '.join(options)}"
+
+
+def _int(low: int, high: int):
+    def parse(raw: str) -> int:
+        if not re.fullmatch(r"[+]?\d+", raw.strip()):
+            raise _Bad(f"an integer from {low} to {high}")
+        value = int(raw)
+        if not low <= value <= high:
+            raise _Bad(f"an integer from {low} to {high}")
+        return value
+
+    return parse, f"an integer from {low} to {high}"
+
+
+def _float(low: float, high: float):
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise _Bad(f"a number from {low} to {high}") from None
+        if not (low <= value <= high):  # also rejects nan
+            raise _Bad(f"a number from {low} to {high}")
+        return value
+
+    return parse, f"a number from {low} to {high}"
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise _Bad("true or false")
+
+
+def _pattern(regex: re.Pattern, accepted: str, optional: bool = False):
+    def parse(raw: str) -> str:
+        if optional and raw == "":
+            return ""
+        if not regex.fullmatch(raw):
+            raise _Bad(accepted)
+        return raw
+
+    return parse, accepted + (" (or empty)" if optional else "")
+
+
+def _dns_label(max_len: int = 63):
+    accepted = f"a Kubernetes name: lower-case letters, digits and '-', starting and ending alphanumeric, at most {max_len} characters"
+
+    def parse(raw: str) -> str:
+        if len(raw) > max_len or not _DNS1123_LABEL.fullmatch(raw):
+            raise _Bad(accepted)
+        return raw
+
+    return parse, accepted
+
+
+def _cidr(raw: str) -> str:
+    try:
+        net = ipaddress.IPv4Network(raw, strict=True)
+    except ValueError:
+        raise _Bad("an IPv4 network in CIDR form with a prefix of /16 to /24, e.g. 192.168.0.0/16") from None
+    if not 16 <= net.prefixlen <= 24 or "/" not in raw:
+        raise _Bad("an IPv4 network in CIDR form with a prefix of /16 to /24, e.g. 192.168.0.0/16")
+    return str(net)
+
+
+def _url(raw: str) -> str:
+    if raw == "":
+        return ""
+    if not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?/?", raw):
+        raise _Bad("empty (real AWS) or an http(s)://host:port URL")
+    return raw.rstrip("/")
+
+
+def _zones(raw: str) -> tuple[str, ...]:
+    if raw == "":
+        return ()
+    zones = tuple(z.strip() for z in raw.split(","))
+    if any(not re.fullmatch(r"[a-z]{2}(-gov)?-[a-z]+-\d[a-z]", z) for z in zones) or len(set(zones)) != len(zones):
+        raise _Bad("empty (eksctl picks) or distinct availability zones separated by commas, e.g. us-west-2a,us-west-2b")
+    return zones
+
+
+def _path(optional: bool = True):
+    def parse(raw: str) -> str:
+        if "\x00" in raw or "\n" in raw:
+            raise _Bad("a file system path")
+        return raw
+
+    return parse, "a file system path" + (" (or empty)" if optional else "")
+
+
+def _text(raw: str) -> str:
+    if "\n" in raw or "\x00" in raw:
+        raise _Bad("one line of text")
+    return raw
+
+
+def _registry(raw: str) -> str:
+    if raw in ("", "default"):
+        return raw
+    if not re.fullmatch(r"[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._/-]+)?", raw):
+        raise _Bad("empty (local only), 'default' (the account's ECR) or a registry host such as 123.dkr.ecr.us-west-2.amazonaws.com")
+    return raw
+
+
+def _labels(raw: str) -> dict[str, str]:
+    if raw == "":
+        return {}
+    labels = {}
+    for item in raw.split(","):
+        key, sep, value = item.strip().partition("=")
+        if not sep or not re.fullmatch(r"([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", key) or not re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?", value):
+            raise _Bad("empty or comma-separated Kubernetes labels key=value")
+        labels[key] = value
+    return labels
+
+
+def _key(name, unit, default, help, parser) -> Key:
+    parse, accepted = parser if isinstance(parser, tuple) else (parser, "")
+    if not accepted:
+        accepted = {_bool: "true or false", _cidr: "an IPv4 CIDR /16../24", _url: "empty or an http(s)://host:port URL",
+                    _zones: "empty or comma-separated availability zones", _text: "one line of text",
+                    _registry: "empty, 'default' or a registry host", _labels: "comma-separated key=value labels"}.get(parse, "")
+    return Key(name, unit, default, help, parse, accepted)
+
+
+KEYS: tuple[Key, ...] = (
+    # core
+    _key("TARGET", "core", "local", "Where jobs run: local (this machine), eks (the cluster) or sagemaker", _choice(TARGETS)),
+    _key("AWS_REGION", "core", "us-west-2", "AWS region for every AWS call", _pattern(_REGION, "an AWS region name such as us-west-2")),
+    _key("AWS_PROFILE", "core", "", "Named profile from ~/.aws to use (empty = default credentials chain)", _text),
+    _key("AWS_ENDPOINT_URL", "core", "", "AWS-API endpoint for every boto3 client (empty = real AWS; on TARGET=local the toolkit's moto server)", _url),
+    _key("STATE_DIR", "core", ".doeks", "Folder for local state: etcd data, moto server, job logs, volumes (relative to the project)", _path(False)),
+    # management container
+    _key("IMAGE_NAME", "container", "doeks", "Management container image name", _pattern(_IMAGE_NAME, "a docker image name: lower-case letters, digits, '.', '_', '-', '/'")),
+    _key("IMAGE_TAG", "container", "latest", "Management container image tag", _pattern(_IMAGE_TAG, "a docker tag: letters, digits, '_', '.', '-', at most 128")),
+    _key("CONTAINER_NAME", "container", "doeks", "Name of the running management container", _pattern(re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*"), "letters, digits, '_', '.', '-'")),
+    _key("REGISTRY", "container", "", "Where push/pull go: empty = local only, 'default' = this account's ECR, or a registry host", _registry),
+    _key("BASE_IMAGE", "container", "debian:bookworm-slim", "Base image of the management container (build arg)", _pattern(_IMAGE_REF, "an image reference")),
+    _key("CONTAINER_DOWNLOADS", "container", "true", "Download aws cli, eksctl, kubectl, helm, kubectx during the build (false = offline build)", _bool),
+    # eks
+    _key("CLUSTER_NAME", "eks", "doeks", "EKS cluster name", _pattern(_CLUSTER_NAME, "a cluster name: a letter, then letters, digits and '-', at most 100")),
+    _key("EKS_VERSION", "eks", "1.33", "Kubernetes version of the cluster", _choice(EKS_VERSIONS)),
+    _key("EKS_ZONES", "eks", "", "Availability zones for the cluster (empty = eksctl picks)", _zones),
+    _key("VPC_CIDR", "eks", "192.168.0.0/16", "CIDR of the cluster VPC", _cidr),
+    _key("EKS_YAML", "eks", "", "Path of a hand-written eksctl ClusterConfig to use as-is instead of rendering one (empty = render)", _path()),
+    _key("AMI_FAMILY", "eks", "AmazonLinux2023", "AMI family of the node groups", _choice(AMI_FAMILIES)),
+    _key("NODE_VOLUME_SIZE", "eks", "200", "Root volume size of each node in GiB", _int(20, 16384)),
+    _key("NODE_VOLUME_TYPE", "eks", "gp3", "Root volume type of each node", _choice(VOLUME_TYPES)),
+    _key("NODE_VOLUME_ENCRYPTED", "eks", "true", "Encrypt node root volumes", _bool),
+    _key("NODE_PRIVATE_NETWORKING", "eks", "true", "Put nodes in private subnets", _bool),
+    _key("SYSTEM_INSTANCE_TYPE", "eks", "c5.2xlarge", "Instance type of the system node group", _pattern(_INSTANCE_TYPE, "an EC2 instance type such as c5.2xlarge")),
+    _key("SYSTEM_NODES_MIN", "eks", "1", "System node group minimum size", _int(0, 100)),
+    _key("SYSTEM_NODES", "eks", "1", "System node group desired size", _int(0, 100)),
+    _key("SYSTEM_NODES_MAX", "eks", "3", "System node group maximum size", _int(1, 100)),
+    _key("CPU_INSTANCE_TYPE", "eks", "c5.4xlarge", "Instance type of the CPU node group", _pattern(_INSTANCE_TYPE, "an EC2 instance type such as c5.4xlarge")),
+    _key("CPU_NODES_MIN", "eks", "0", "CPU node group minimum size", _int(0, 1000)),
+    _key("CPU_NODES", "eks", "0", "CPU node group desired size (0 with min and max 0 = no CPU group)", _int(0, 1000)),
+    _key("CPU_NODES_MAX", "eks", "2", "CPU node group maximum size", _int(0, 1000)),
+    _key("GPU_INSTANCE_TYPE", "eks", "p4d.24xlarge", "Instance type of the GPU node group", _pattern(_INSTANCE_TYPE, "an EC2 instance type such as p4d.24xlarge")),
+    _key("GPU_NODES_MIN", "eks", "0", "GPU node group minimum size", _int(0, 1000)),
+    _key("GPU_NODES", "eks", "2", "GPU node group desired size", _int(0, 1000)),
+    _key("GPU_NODES_MAX", "eks", "4", "GPU node group maximum size", _int(0, 1000)),
+    _key("GPU_EFA", "eks", "true", "Enable EFA on the GPU node group (only for EFA-capable instance types)", _bool),
+    _key("GPU_SPOT", "eks", "false", "Use spot capacity for the GPU node group", _bool),
+    _key("PLACEMENT_GROUP", "eks", "", "Existing cluster placement group for the GPU nodes (empty = none)", _text),
+    _key("CAPACITY_RESERVATION_ID", "eks", "", "EC2 capacity reservation for the GPU nodes (empty = none)", _pattern(_CAPACITY_RESERVATION, "cr- and 8 to 17 hex digits", optional=True)),
+    # elastic job
+    _key("JOB_NAME", "elasticjob", "imagenet", "Name of the elastic training job", _dns_label(50)),
+    _key("NAMESPACE", "elasticjob", "default", "Kubernetes namespace for jobs", _dns_label(63)),
+    _key("REPLICAS", "elasticjob", "2", "Number of nodes (worker replicas) to start with", _int(1, 1000)),
+    _key("MIN_REPLICAS", "elasticjob", "1", "Fewest nodes the job keeps training with", _int(1, 1000)),
+    _key("MAX_REPLICAS", "elasticjob", "3", "Most nodes the job can grow to", _int(1, 1000)),
+    _key("NPROC_PER_NODE", "elasticjob", "2", "Processes per node (GPUs per node on EKS)", _int(1, 64)),
+    _key("MAX_RESTARTS", "elasticjob", "10", "Times torchrun restarts a node's workers before giving up", _int(0, 1000)),
+    _key("RDZV_BACKEND", "elasticjob", "etcd", "Rendezvous backend: etcd (an etcd server) or c10d (no extra server)", _choice(RDZV_BACKENDS)),
+    _key("ETCD_ENDPOINT", "elasticjob", "", "External etcd (http://host:port, v2 API) for local rendezvous (empty = doeks starts its own)", _url),
+    _key("ETCD_PORT", "elasticjob", "0", "Port of the local etcd doeks starts (0 = any free port)", _int(0, 65535)),
+    _key("ARCH", "elasticjob", "resnet18", "torchvision model to train", _choice(ARCHES)),
+    _key("EPOCHS", "elasticjob", "4", "Training epochs", _int(1, 10000)),
+    _key("BATCH_SIZE", "elasticjob", "16", "Batch size per process", _int(1, 4096)),
+    _key("LEARNING_RATE", "elasticjob", "0.02", "Learning rate (SGD with momentum)", _float(1e-6, 10.0)),
+    _key("CHECKPOINT_EVERY", "elasticjob", "10", "Write a checkpoint every N optimizer steps", _int(1, 1000000)),
+    _key("DATA_WORKERS", "elasticjob", "0", "DataLoader worker processes per training process", _int(0, 64)),
+    _key("DATA_CLASSES", "elasticjob", "4", "Classes in the generated synthetic data set", _int(2, 1000)),
+    _key("DATA_TRAIN_PER_CLASS", "elasticjob", "400", "Generated training images per class", _int(1, 100000)),
+    _key("DATA_VAL_PER_CLASS", "elasticjob", "50", "Generated validation images per class", _int(1, 100000)),
+    _key("DATA_IMAGE_SIZE", "elasticjob", "32", "Side of generated images in pixels", _int(16, 512)),
+    _key("TRAIN_IMAGE", "elasticjob", "public.ecr.aws/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime", "Container image of training pods on EKS", _pattern(_IMAGE_REF, "an image reference")),
+    _key("ETCD_IMAGE", "elasticjob", "quay.io/coreos/etcd:v3.4.35", "Pinned etcd image for the rendezvous server on EKS (v3.4: v2 API)", _pattern(_IMAGE_REF, "an image reference")),
+    _key("SHARED_PVC", "elasticjob", "fsx-pvc", "PersistentVolumeClaim with data and checkpoints (EKS); a local folder under STATE_DIR on local", _dns_label(63)),
+    _key("SHARED_MOUNT", "elasticjob", "/fsx-shared", "Where the shared volume is mounted in training pods", _pattern(re.compile(r"/[A-Za-z0-9._/-]*"), "an absolute path")),
+    _key("NODE_LABELS", "elasticjob", "", "Extra node selector labels for training pods (key=value,...)", _labels),
+    # secrets (masked in every output)
+    _key("AWS_ACCESS_KEY_ID", "secrets", "", "Access key id (empty = default credentials chain)", _text),
+    _key("AWS_SECRET_ACCESS_KEY", "secrets", "", "Secret access key (masked in all output)", _text),
+    _key("AWS_SESSION_TOKEN", "secrets", "", "Session token (masked in all output)", _text),
+)
+
+KEY_BY_NAME = {k.name: k for k in KEYS}
+
+
+class Settings:
+    """The effective, validated settings; read a key as an attribute in lower case (`settings.cluster_name`)."""
+
+    def __init__(self, values: dict[str, Any], raw: dict[str, str], sources: dict[str, str]):
+        self._values = values
+        self._raw = raw
+        self._sources = sources
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name.upper()]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def raw(self, name: str) -> str:
+        return self._raw[name]
+
+    def source(self, name: str) -> str:
+        return self._sources[name]
+
+    def secrets(self) -> list[str]:
+        return [self._raw[k.name] for k in KEYS if k.secret and self._raw[k.name]]
+
+    def with_overrides(self, **overrides: Any) -> "Settings":
+        """A copy with some keys replaced by raw strings (e.g. task flags), validated like `.env` values."""
+        raw = dict(self._raw)
+        sources = dict(self._sources)
+        for name, value in overrides.items():
+            if value is None:
+                continue
+            raw[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+            sources[name.upper()] = "flag"
+        return _validate(raw, sources)
+
+    @property
+    def state_dir(self) -> Path:
+        path = Path(self._values["STATE_DIR"])
+        return path if path.is_absolute() else PROJECT_ROOT / path
+
+    def rows(self) -> list[list[str]]:
+        return [[k.unit, k.name, mask_value(k, self._raw[k.name]), self._sources[k.name]] for k in KEYS]
+
+
+def mask_value(key: Key, raw: str) -> str:
+    if key.secret and raw:
+        return "****"
+    return raw
+
+
+def env_file() -> Path:
+    return Path(os.environ.get("DOEKS_ENV_FILE", PROJECT_ROOT / ".env"))
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    from dotenv import dotenv_values
+
+    return {k: ("" if v is None else v) for k, v in dotenv_values(path).items()}
+
+
+def load(environ: dict[str, str] | None = None, path: Path | None = None) -> Settings:
+    """Read `.env`, let the environment override it, validate every key; raises SettingsError on the first bad one."""
+    environ = os.environ if environ is None else environ
+    from_file = read_env_file(path or env_file())
+    raw, sources = {}, {}
+    for key in KEYS:
+        if key.name in environ:
+            raw[key.name], sources[key.name] = environ[key.name], "environment"
+        elif key.name in from_file:
+            raw[key.name], sources[key.name] = from_file[key.name], ".env"
+        else:
+            raw[key.name], sources[key.name] = key.default, "default"
+    return _validate(raw, sources)
+
+
+def _validate(raw: dict[str, str], sources: dict[str, str]) -> Settings:
+    values: dict[str, Any] = {}
+    for key in KEYS:
+        value = raw[key.name].strip() if not key.secret else raw[key.name]
+        try:
+            values[key.name] = key.parse(value)
+        except _Bad as bad:
+            shown = mask_value(key, value)
+            raise SettingsError(f"{key.name}={shown!r} is not accepted: expected {bad}") from None
+    _check_ranges(values, raw)
+    return Settings(values, raw, sources)
+
+
+def _check_ranges(values: dict[str, Any], raw: dict[str, str]) -> None:
+    def ordered(low: str, mid: str, high: str) -> None:
+        if not values[low] <= values[mid] <= values[high]:
+            raise SettingsError(
+                f"{mid}={raw[mid]!r} is not accepted: expected {low} <= {mid} <= {high} "
+                f"(here {values[low]} <= {values[mid]} <= {values[high]})")
+
+    ordered("MIN_REPLICAS", "REPLICAS", "MAX_REPLICAS")
+    for group in ("SYSTEM", "CPU", "GPU"):
+        ordered(f"{group}_NODES_MIN", f"{group}_NODES", f"{group}_NODES_MAX")
+    if values["CAPACITY_RESERVATION_ID"] and values["GPU_SPOT"]:
+        raise SettingsError("GPU_SPOT='true' is not accepted: expected false when CAPACITY_RESERVATION_ID is set")
+
+
+_CACHE: dict[str, Settings] = {}
+
+
+def current() -> Settings:
+    """The settings for this process, loaded and validated once."""
+    if "s" not in _CACHE:
+        _CACHE["s"] = load()
+    return _CACHE["s"]
+
+
+def reset() -> None:
+    _CACHE.clear()

@@ -1,0 +1,4 @@
+"""efa-device-plugin unit."""
+from invoke import Collection
+
+ns = Collection("efa")

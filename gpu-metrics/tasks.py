@@ -1,0 +1,4 @@
+"""gpu-metrics unit."""
+from invoke import Collection
+
+ns = Collection("gpu-metrics")

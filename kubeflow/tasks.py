@@ -1,0 +1,4 @@
+"""kubeflow unit."""
+from invoke import Collection
+
+ns = Collection("kubeflow")

@@ -1,0 +1,159 @@
+"""doeks root tasks: one collection per unit folder, `up`/`down` across units, the management container, and
+the local main job (`invoke demo`). Run `invoke --list` for everything.
+
+Kept thin and light: units are loaded by path (folders with a hyphen too) and nothing heavy is imported here.
+"""
+import importlib.util
+from pathlib import Path
+
+from invoke import Collection
+
+from doeks import container
+from doeks.taskkit import runner, settings, task
+
+ROOT = Path(__file__).resolve().parent
+UNIT_FOLDERS = {"eks": "eks", "csi": "csi", "efa": "efa-device-plugin", "gpu-metrics": "gpu-metrics",
+                "kubeflow": "kubeflow", "elasticjob": "elasticjob"}
+
+
+def _load_unit(name, folder):
+    spec = importlib.util.spec_from_file_location(f"doeks_unit_{name.replace('-', '_')}", ROOT / folder / "tasks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+UNITS = {name: _load_unit(name, folder) for name, folder in UNIT_FOLDERS.items()}
+
+
+def _ordered_units():
+    return sorted((m.UNIT for m in UNITS.values() if getattr(m, "UNIT", None)), key=lambda u: u.order)
+
+
+@task(help={"dry_run": "print every unit's plan; change nothing"})
+def up(c, dry_run=False):
+    """Set everything up: each unit's deploy/create step in setup order."""
+    from doeks import ui
+
+    for unit in _ordered_units():
+        ui.say(f"== up: {unit.name}", style="bold")
+        unit.up(c, dry_run=dry_run)
+
+
+@task(help={"dry_run": "print every unit's plan; change nothing"})
+def down(c, dry_run=False):
+    """Tear everything down: each unit's delete step in exactly the reverse order, going on past what is gone."""
+    from invoke import Exit
+
+    from doeks import ui
+
+    failed = []
+    for unit in reversed(_ordered_units()):
+        ui.say(f"== down: {unit.name}", style="bold")
+        try:
+            unit.down(c, dry_run=dry_run)
+        except Exit as error:
+            ui.warn(f"{unit.name}: {error.message}")
+            failed.append(unit.name)
+    if failed:
+        raise Exit(f"error: teardown incomplete for {', '.join(failed)}: fix the errors above and run `invoke down` again", code=1)
+
+
+@task
+def config(c):
+    """Print the effective settings (.env, environment, defaults) as a table; secrets masked."""
+    from doeks import ui
+
+    s = settings()
+    ui.table(f"doeks settings (TARGET={s.target})", ["unit", "key", "value", "from"], s.rows())
+
+
+@task(help={"docker": "also install and start a local docker daemon (Debian docker.io) and make a base image",
+            "dry_run": "print what would be installed"})
+def setup(c, docker=False, dry_run=False):
+    """Install what pip cannot (torchvision CPU shim, etcd check, optional docker daemon); idempotent."""
+    from doeks import preflight
+
+    preflight.setup(runner(dry_run), docker=docker)
+
+
+@task
+def doctor(c):
+    """Preflight: check every tool and service doeks uses and say how to fix what is missing."""
+    from doeks import preflight
+
+    preflight.doctor()
+
+
+@task(help={"keep": "leave etcd and the job's files running/in place at the end"})
+def demo(c, keep=False):
+    """The main job: make data, start etcd, run a 2-node x 2-process elastic job to the end, plot, tear down."""
+    from doeks import demo as main_job
+
+    main_job.run(settings(), keep=keep)
+
+
+# -- the management container -------------------------------------------------------------------------------------
+@task(help={"no_cache": "build without the layer cache", "dry_run": "print the build; change nothing"})
+def build(c, no_cache=False, dry_run=False):
+    """Build the management container image (streams progress)."""
+    container.build(settings(), runner(dry_run), no_cache=no_cache)
+
+
+@task(name="run", help={"dry_run": "print the container that would start"})
+def run_(c, dry_run=False):
+    """Start the management container (mounts ~/.aws read-only, ~/.kube, the project, the docker socket)."""
+    container.run(settings(), runner(dry_run))
+
+
+@task(name="exec", help={"command": "command to run inside (or give it after --); default: a shell"})
+def exec_(c, command=""):
+    """Open a shell in the running container, or run a command: `invoke exec -- CMD`."""
+    container.exec_(settings(), command or getattr(c, "remainder", ""))
+
+
+@task(name="status")
+def status_(c):
+    """Show the management container and the local runtime as tables."""
+    container.status(settings())
+
+
+@task(help={"dry_run": "print; change nothing"})
+def stop(c, dry_run=False):
+    """Stop and remove the management container (safe to run twice)."""
+    container.stop(settings(), runner(dry_run))
+
+
+@task(help={"follow": "keep streaming"})
+def logs(c, follow=False):
+    """Show the management container's logs."""
+    container.logs(settings(), follow=follow)
+
+
+@task(help={"dry_run": "print; change nothing"})
+def push(c, dry_run=False):
+    """Push the image to REGISTRY (ECR when 'default')."""
+    container.push(settings(), runner(dry_run))
+
+
+@task(help={"dry_run": "print; change nothing"})
+def pull(c, dry_run=False):
+    """Pull the image from REGISTRY."""
+    container.pull(settings(), runner(dry_run))
+
+
+@task(help={"dry_run": "print; change nothing"})
+def login(c, dry_run=False):
+    """Log docker in to the account's ECR with a token from boto3."""
+    container.login(settings(), runner(dry_run))
+
+
+@task(name="test")
+def test_(c):
+    """Run the image's self-test inside a throw-away container."""
+    container.self_test(settings())
+
+
+ns = Collection(up, down, config, setup, doctor, demo, build, run_, exec_, status_, stop, logs, push, pull, login, test_)
+for _name, _module in UNITS.items():
+    ns.add_collection(_module.ns, name=_name)
