@@ -329,7 +329,8 @@ def read_env_file(path: Path) -> dict[str, str]:
 def load(environ: dict[str, str] | None = None, path: Path | None = None) -> Settings:
     """Read `.env`, let the environment override it, validate every key; raises SettingsError on the first bad one."""
     environ = os.environ if environ is None else environ
-    from_file = read_env_file(path or env_file())
+    path = path or env_file()
+    from_file = {**read_env_file(path), **read_env_file(path.with_name(path.name + ".local"))}
     raw, sources = {}, {}
     for key in KEYS:
         if key.name in environ:
@@ -380,3 +381,18 @@ def current() -> Settings:
 
 def reset() -> None:
     _CACHE.clear()
+
+
+def render_env_file() -> str:
+    """The documented `.env` with every key at its default (what the repository ships)."""
+    lines = ["# doeks settings. Every key: what it is [unit] (default). Environment variables override this file.",
+             "# Validated at start: a bad value stops the task with one line naming the key. `invoke config` shows the effect.",
+             "# Keep secrets out of this file: put them in the environment or in .env.local (git-ignored, read after this)."]
+    unit = None
+    for key in KEYS:
+        if key.unit != unit:
+            unit = key.unit
+            lines += ["", f"# ---- {unit} ----"]
+        lines.append(f"# {key.help} [{key.unit}] (default: {key.default or 'empty'}; accepted: {key.accepted})")
+        lines.append(f"{key.name}={key.default}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,39 @@
+"""Shared fixtures: an isolated state folder and a helper that runs `invoke` as a user would."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMAS = Path(os.environ.get("DOEKS_SCHEMAS", ROOT.parent / "shared" / "schemas"))
+
+
+def invoke(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    result = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=full_env, capture_output=True,
+                            text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"invoke {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    """A fresh STATE_DIR for the test, also exported for `invoke` subprocesses; stops what it started."""
+    folder = tmp_path / "state"
+    monkeypatch.setenv("STATE_DIR", str(folder))
+    from doeks import settings
+
+    settings.reset()
+    yield folder
+    from doeks.local import jobs, services
+
+    for home in (folder / "jobs").glob("*") if (folder / "jobs").exists() else []:
+        jobs.stop(home)
+    for server in services.services(folder):
+        server.stop()
+    settings.reset()
