@@ -49,6 +49,18 @@ def build_args(settings) -> dict[str, str]:
     return {"BASE_IMAGE": settings.base_image, "DOWNLOADS": "true" if settings.container_downloads else "false"}
 
 
+def _build_extras() -> Path:
+    """.build/ in the context: the host's CA bundle for pip (when PIP_CERT names one), removed after the build."""
+    extras = PROJECT_ROOT / ".build"
+    extras.mkdir(exist_ok=True)
+    ca = os.environ.get("PIP_CERT") or os.environ.get("REQUESTS_CA_BUNDLE")
+    if ca and Path(ca).is_file():
+        import shutil
+
+        shutil.copyfile(ca, extras / "ca.crt")
+    return extras
+
+
 def build(settings, runner, no_cache: bool = False) -> None:
     args = build_args(settings)
     tag = image_ref(settings)
@@ -57,19 +69,23 @@ def build(settings, runner, no_cache: bool = False) -> None:
         runner.step(f"docker build --network host {shown} -t {tag} {PROJECT_ROOT}", lambda: None)
         return
     client = _client()
-    runner.note(f"docker build {shown} -t {tag} {PROJECT_ROOT}")
-    with ui.progress() as bar:
-        task_id = bar.add_task(f"building {tag}", total=None)
-        stream = client.api.build(path=str(PROJECT_ROOT), tag=tag, buildargs=args, network_mode="host",
-                                  nocache=no_cache, rm=True, decode=True)
-        for chunk in stream:
-            if "error" in chunk:
-                raise DoeksError(f"docker build failed: {chunk['error'].strip().splitlines()[-1]}")
-            line = chunk.get("stream", "").rstrip()
-            if line:
-                bar.console.print(line, markup=False, highlight=False)
-                if line.startswith("Step "):
-                    bar.update(task_id, description=f"building {tag}: {line.split(':')[0]}")
+    runner.note(f"docker build --network host {shown} -t {tag} {PROJECT_ROOT}")
+    extras = _build_extras()
+    try:
+        with ui.progress() as bar:
+            task_id = bar.add_task(f"building {tag}", total=None)
+            stream = client.api.build(path=str(PROJECT_ROOT), tag=tag, buildargs=args, network_mode="host",
+                                      nocache=no_cache, rm=True, decode=True)
+            for chunk in stream:
+                if "error" in chunk:
+                    raise DoeksError(f"docker build failed: {chunk['error'].strip().splitlines()[-1]}")
+                line = chunk.get("stream", "").rstrip()
+                if line:
+                    bar.console.print(line, markup=False, highlight=False)
+                    if line.startswith("Step "):
+                        bar.update(task_id, description=f"building {tag}: {line.split(':')[0]}")
+    finally:
+        (extras / "ca.crt").unlink(missing_ok=True)
     ui.say(f"built {tag}")
 
 

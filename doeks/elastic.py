@@ -58,9 +58,10 @@ def check_data(settings) -> None:
             raise DoeksError(f"data folder {folder} is missing or empty: run `invoke elasticjob.data` first")
 
 
-def deploy_local(settings, runner, extra_args: list[str] | None = None, fresh: bool = False) -> dict[str, Any]:
+def deploy_local(settings, runner, extra_args: list[str] | None = None, fresh: bool = False,
+                 job: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start the job on this machine and return at once; raises before starting anything when input is bad."""
-    job = jobspec.pytorchjob(settings, extra_args)
+    job = job or jobspec.pytorchjob(settings, extra_args)
     job_home = home(settings)
     if not runner.dry_run:
         if local_jobs.is_active(job_home):
@@ -135,6 +136,9 @@ def follow(settings, timeout: float | None = None, quiet: bool = False) -> dict[
             if deadline and time.monotonic() > deadline:
                 raise DoeksError(f"job {settings.job_name} still running after {timeout:.0f}s")
             time.sleep(0.25)
+    exit_deadline = time.monotonic() + 15  # the supervisor writes its last status, then exits
+    while local_jobs.is_active(job_home) and time.monotonic() < exit_deadline:
+        time.sleep(0.1)
     return status or {"state": "Unknown"}
 
 

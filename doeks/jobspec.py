@@ -65,8 +65,17 @@ def train_args(settings, mount: str | None = None) -> list[str]:
             "--metrics-dir", f"{mount}/metrics/{settings.job_name}"]
 
 
-def pytorchjob(settings, extra_args: list[str] | None = None) -> dict[str, Any]:
+def run_id() -> str:
+    """A fresh rendezvous id suffix: a finished run closes its rendezvous in etcd, so each deploy needs its own."""
+    import secrets
+    import time
+
+    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = None) -> dict[str, Any]:
     """The elastic PyTorchJob (training-operator v1) for the job in `settings`."""
+    run = run or run_id()
     instance = settings.gpu_instance_type
     gpus = settings.nproc_per_node
     resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
@@ -75,6 +84,7 @@ def pytorchjob(settings, extra_args: list[str] | None = None) -> dict[str, Any]:
             resources[part]["vpc.amazonaws.com/efa"] = EFA_ADAPTERS[instance]
     elastic: dict[str, Any] = {
         "rdzvBackend": settings.rdzv_backend,
+        "rdzvId": f"{settings.job_name}-{run}",
         "minReplicas": settings.min_replicas,
         "maxReplicas": settings.max_replicas,
         "maxRestarts": settings.max_restarts,
@@ -121,10 +131,10 @@ def pytorchjob(settings, extra_args: list[str] | None = None) -> dict[str, Any]:
     }
 
 
-def manifests(settings, extra_args: list[str] | None = None) -> list[dict[str, Any]]:
+def manifests(settings, extra_args: list[str] | None = None, run: str | None = None) -> list[dict[str, Any]]:
     """Everything `elasticjob.deploy` applies, in apply order."""
     head = etcd_manifests(settings) if settings.rdzv_backend.startswith("etcd") else []
-    return head + [pytorchjob(settings, extra_args)]
+    return head + [pytorchjob(settings, extra_args, run)]
 
 
 def pet_env(job: dict[str, Any], rdzv_endpoint: str) -> dict[str, str]:
@@ -136,7 +146,7 @@ def pet_env(job: dict[str, Any], rdzv_endpoint: str) -> dict[str, str]:
         "PET_NPROC_PER_NODE": str(spec.get("nprocPerNode", elastic.get("nProcPerNode", 1))),
         "PET_RDZV_BACKEND": elastic["rdzvBackend"],
         "PET_RDZV_ENDPOINT": rdzv_endpoint,
-        "PET_RDZV_ID": job["metadata"]["name"],
+        "PET_RDZV_ID": elastic.get("rdzvId") or job["metadata"]["name"],
         "PET_MAX_RESTARTS": str(elastic.get("maxRestarts", 3)),
     }
     conf = elastic.get("rdzvConf") or []

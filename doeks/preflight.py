@@ -54,6 +54,7 @@ def setup(runner, docker: bool = False) -> None:
         ui.say(f"etcd: {etcd_binary()}")
     if docker:
         ensure_docker(runner)
+        ensure_base_image(runner)
 
 
 def _apt(runner, packages: list[str]) -> None:
@@ -86,6 +87,38 @@ def ensure_docker(runner, state_dir: Path | None = None) -> None:
             return
         time.sleep(0.5)
     raise DoeksError(f"dockerd did not come up within 60s: see {log}")
+
+
+BASE_IMAGE = "doeks-base:bookworm"
+
+
+def ensure_base_image(runner, name: str = BASE_IMAGE) -> None:
+    """A Debian bookworm base image made here (debootstrap minbase + docker import), for builds with no registry."""
+    if runner.dry_run:
+        runner.run(["debootstrap", "--variant=minbase", "bookworm", "ROOTFS", "http://deb.debian.org/debian"])
+        runner.run(["docker", "import", "-", name])
+        return
+    import docker as docker_sdk
+
+    client = docker_sdk.from_env(timeout=600)
+    try:
+        client.images.get(name)
+        ui.say(f"base image {name}: present")
+        return
+    except docker_sdk.errors.ImageNotFound:
+        pass
+    if shutil.which("debootstrap") is None:
+        _apt(runner, ["debootstrap"])
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="doeks-rootfs-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        runner.run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), "http://deb.debian.org/debian"])
+        archive = Path(tmp) / "rootfs.tar"
+        runner.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."])
+        with open(archive, "rb") as data:
+            client.images.import_image(src=data, repository=name.split(":")[0], tag=name.split(":")[1])
+    ui.say(f"base image {name}: imported")
 
 
 def checks() -> list[tuple[str, bool, str]]:

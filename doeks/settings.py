@@ -244,7 +244,7 @@ KEYS: tuple[Key, ...] = (
     _key("ARCH", "elasticjob", "resnet18", "torchvision model to train", _choice(ARCHES)),
     _key("EPOCHS", "elasticjob", "4", "Training epochs", _int(1, 10000)),
     _key("BATCH_SIZE", "elasticjob", "16", "Batch size per process", _int(1, 4096)),
-    _key("LEARNING_RATE", "elasticjob", "0.02", "Learning rate (SGD with momentum)", _float(1e-6, 10.0)),
+    _key("LEARNING_RATE", "elasticjob", "0.01", "Learning rate (SGD with momentum)", _float(1e-6, 10.0)),
     _key("CHECKPOINT_EVERY", "elasticjob", "10", "Write a checkpoint every N optimizer steps", _int(1, 1000000)),
     _key("DATA_WORKERS", "elasticjob", "0", "DataLoader worker processes per training process", _int(0, 64)),
     _key("DATA_CLASSES", "elasticjob", "4", "Classes in the generated synthetic data set", _int(2, 1000)),
@@ -396,3 +396,23 @@ def render_env_file() -> str:
         lines.append(f"# {key.help} [{key.unit}] (default: {key.default or 'empty'}; accepted: {key.accepted})")
         lines.append(f"{key.name}={key.default}")
     return "\n".join(lines) + "\n"
+
+
+def render_reference_table() -> str:
+    """The README's `.env` reference (a test keeps README.md in step with KEYS)."""
+    rows = ["| key | unit | default | what | accepted |", "|---|---|---|---|---|"]
+    for key in KEYS:
+        rows.append(f"| `{key.name}` | {key.unit} | `{key.default}` | {key.help} | {key.accepted} |".replace("``", "(empty)"))
+    return "\n".join(rows)
+
+
+def sync_readme(path: Path = PROJECT_ROOT / "README.md") -> bool:
+    """Rewrite the README's reference block; True if it changed."""
+    text = path.read_text()
+    start, end = "<!-- env-reference:start -->", "<!-- env-reference:end -->"
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{start}\n{render_reference_table()}\n{end}{tail}"
+    if new != text:
+        path.write_text(new)
+    return new != text

@@ -48,7 +48,7 @@ def deploy(c, replicas=None, min_replicas=None, max_replicas=None, nproc_per_nod
     manifests = jobspec.manifests(s)
     if s.target == "local":
         r.emit(manifests)
-        elastic.deploy_local(s, r, fresh=fresh)
+        elastic.deploy_local(s, r, fresh=fresh, job=manifests[-1])
         if dry_run:
             return
         ui.say(f"job {s.job_name} started: {s.replicas} nodes x {s.nproc_per_node} processes, rendezvous {s.rdzv_backend}")

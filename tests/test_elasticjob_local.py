@@ -1,0 +1,168 @@
+"""The elastic job on the local target, for real: torchrun agents, a real etcd, real SIGKILLs."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from doeks import elastic
+from doeks import settings as S
+from doeks.local import jobs, services
+from doeks.runner import Runner
+
+from .conftest import invoke
+
+SMALL = {"DATA_TRAIN_PER_CLASS": "200", "DATA_VAL_PER_CLASS": "25", "REPLICAS": "2", "NPROC_PER_NODE": "1",
+         "EPOCHS": "4", "CHECKPOINT_EVERY": "5", "BATCH_SIZE": "16", "MIN_REPLICAS": "1", "MAX_REPLICAS": "3"}
+
+
+@pytest.fixture
+def small(state_dir, monkeypatch):
+    for key, value in SMALL.items():
+        monkeypatch.setenv(key, value)
+    S.reset()
+    s = S.current()
+    elastic.make_data(s, Runner(echo=False))
+    return s
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def max_step(s) -> int:
+    status = jobs.read_status(elastic.home(s)) or {"replicas": []}
+    return max([r["progress"]["step"] for r in status["replicas"] if r.get("progress")] or [0])
+
+
+def workers_of(s, replica: int) -> list[int]:
+    status = jobs.read_status(elastic.home(s))
+    agent = next(r["pid"] for r in status["replicas"] if r["replica"] == replica)
+    return [p for p in jobs.descendants(agent) if "train.py" in open(f"/proc/{p}/cmdline").read()]
+
+
+def leftover_processes(state_dir) -> list[str]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmdline = open(f"/proc/{entry}/cmdline").read().replace("\0", " ")
+            except OSError:
+                continue
+            if str(state_dir) in cmdline:
+                found.append(cmdline)
+    return found
+
+
+def log_text(s) -> str:
+    return "".join(p.read_text(errors="replace") for p in elastic.home(s).glob("replicas/*/agent.log"))
+
+
+@pytest.mark.slow
+def test_uninterrupted_then_killed_worker_and_node_finish_with_the_same_accuracy(small, state_dir):
+    s = small
+    # 1. the reference: an uninterrupted run of the same job
+    elastic.deploy_local(s, Runner(echo=False), fresh=True)
+    status = elastic.follow(s, timeout=400, quiet=True)
+    assert status["state"] == "Succeeded"
+    reference = elastic.final_result(s)["val_accuracy"]
+    assert reference > 0.45, reference  # 4 classes: chance is 0.25
+
+    # 2. the same job, with a worker SIGKILLed and then a whole node killed
+    elastic.deploy_local(s, Runner(echo=False), extra_args=["--step-delay", "0.25"], fresh=True)
+    wait_for(lambda: (elastic.checkpoint_dir(s) / "checkpoint.pt").exists() and max_step(s) >= 6, 240, "a checkpoint")
+    victim = wait_for(lambda: workers_of(s, 1), 30, "a worker of node 1")[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: log_text(s).count("resumed from checkpoint") >= 2, 120, "workers resuming from the checkpoint")
+    resumed_at = max_step(s)
+    wait_for(lambda: max_step(s) > resumed_at + 2, 120, "training to go on after the worker kill")
+
+    node1 = next(r["pid"] for r in jobs.read_status(elastic.home(s))["replicas"] if r["replica"] == 1)
+    for pid in [node1] + jobs.descendants(node1):  # the node dies at once: agent and workers
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_for(lambda: next(r for r in jobs.read_status(elastic.home(s))["replicas"] if r["replica"] == 1)["restarts"] >= 1,
+             60, "the supervisor to restart the lost node")
+    status = elastic.follow(s, timeout=400, quiet=True)
+    assert status["state"] == "Succeeded", status
+    assert status["restarts"] >= 1
+    result = elastic.final_result(s)
+    assert abs(result["val_accuracy"] - reference) <= 0.2, (result["val_accuracy"], reference)
+    assert not psutil_like_alive(victim)
+    wait_for(lambda: not jobs.is_active(elastic.home(s)), 30, "the supervisor to exit")
+    services.etcd(state_dir).stop()
+    assert leftover_processes(state_dir) == []
+
+
+def psutil_like_alive(pid: int) -> bool:
+    return services.pid_alive(pid)
+
+
+@pytest.mark.slow
+def test_scale_up_then_down_within_min_max(small, state_dir):
+    s = small
+    assert invoke("elasticjob.deploy", "--replicas", "1", "--fresh", "--epochs", "6").returncode == 0
+    wait_for(lambda: max_step(s) >= 3, 240, "training on one node")
+    result = invoke("elasticjob.scale", "--replicas", "2")
+    assert result.returncode == 0, result.stderr
+    wait_for(lambda: "world=2" in log_text(s), 180, "a second node to join (world size 2)")
+    step_at_two = max_step(s)
+    wait_for(lambda: max_step(s) > step_at_two + 2, 120, "training to go on with two nodes")
+    bad = invoke("elasticjob.scale", "--replicas", "4")
+    assert bad.returncode == 1 and "outside MIN_REPLICAS:MAX_REPLICAS" in bad.stderr and "Traceback" not in bad.stderr
+    assert invoke("elasticjob.scale", "--replicas", "1").returncode == 0
+    wait_for(lambda: any(r["state"] == "Removed" for r in jobs.read_status(elastic.home(s))["replicas"]), 60, "node 1 removed")
+    table = invoke("elasticjob.status", env={"COLUMNS": "200"})
+    assert "node-1" in table.stderr and "Removed" in table.stderr
+    assert invoke("elasticjob.delete").returncode == 0
+    assert invoke("elasticjob.delete").returncode == 0  # idempotent
+    assert not jobs.is_active(elastic.home(s))
+    assert (elastic.checkpoint_dir(s) / "checkpoint.pt").exists()  # checkpoints are kept
+    assert invoke("eks.delete").returncode == 0  # stops etcd
+    assert leftover_processes(state_dir) == []
+
+
+def test_missing_data_is_one_line_and_starts_nothing(state_dir):
+    result = invoke("elasticjob.deploy")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: data folder")
+    assert "Traceback" not in result.stderr
+    assert leftover_processes(state_dir) == []
+    assert not (state_dir / "services" / "etcd" / "service.json").exists()
+
+
+@pytest.mark.parametrize("args,key", [(["--arch", "vgg99"], "ARCH="), (["--replicas", "9"], "REPLICAS="),
+                                      (["--rdzv-backend", "zk"], "RDZV_BACKEND=")])
+def test_bad_flags_are_one_line_errors(state_dir, args, key):
+    result = invoke("elasticjob.deploy", *args)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith(f"error: {key}")
+    assert leftover_processes(state_dir) == []
+
+
+def test_etcd_port_taken_is_a_clear_error(small, state_dir, monkeypatch):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = invoke("elasticjob.deploy", env={"ETCD_PORT": str(port)})
+    assert result.returncode == 1 and f"port {port}" in result.stderr and "Traceback" not in result.stderr
+    assert leftover_processes(state_dir) == []
+
+
+def test_etcd_unreachable_is_a_clear_error(small, state_dir):
+    result = invoke("elasticjob.deploy", env={"ETCD_ENDPOINT": "http://127.0.0.1:9"})
+    assert result.returncode == 1 and "unreachable" in result.stderr and "Traceback" not in result.stderr
+    assert leftover_processes(state_dir) == []
