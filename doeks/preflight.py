@@ -116,8 +116,7 @@ def ensure_base_image(runner, name: str = BASE_IMAGE) -> None:
         runner.run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), "http://deb.debian.org/debian"])
         archive = Path(tmp) / "rootfs.tar"
         runner.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."])
-        with open(archive, "rb") as data:
-            client.images.import_image(src=data, repository=name.split(":")[0], tag=name.split(":")[1])
+        client.api.import_image_from_file(str(archive), repository=name.split(":")[0], tag=name.split(":")[1])
     ui.say(f"base image {name}: imported")
 
 

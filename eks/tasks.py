@@ -1,46 +1,112 @@
-"""eks: the cluster, made and removed by eksctl from `.env` (on TARGET=local: the local runtime instead)."""
+"""eks: the cluster, made, scaled and removed by eksctl from `.env`; read back with boto3 and kubernetes.
+
+On TARGET=local, create/delete bring the local runtime (etcd, the moto AWS-API endpoint, the volume folder) up and
+down instead, so the same setup and teardown order works everywhere.
+"""
 from invoke import Collection
 
 from doeks.taskkit import Unit, runner, settings, task
 
 
-@task(help={"dry_run": "print what would be created; change nothing"})
+@task(help={"out": "write the ClusterConfig to this file instead of stdout"})
+def config(c, out=None):
+    """Render the eksctl ClusterConfig (eksctl.io/v1alpha5) from .env (or show EKS_YAML as-is)."""
+    import sys
+    from pathlib import Path
+
+    from doeks import eks, ui
+
+    text = eks.config_yaml(settings())
+    if out:
+        Path(out).write_text(text)
+        ui.say(f"ClusterConfig written to {out}")
+    else:
+        sys.stdout.write(text)
+
+
+@task(help={"dry_run": "print the ClusterConfig and the eksctl commands; change nothing"})
 def create(c, dry_run=False):
-    """Create the cluster (TARGET=local: start etcd and the local AWS-API endpoint)."""
+    """Create the cluster with eksctl and connect kubectl (TARGET=local: start the local runtime)."""
+    from doeks import eks, ui
     from doeks.local import runtime
 
     s = settings()
     if s.target == "local":
+        ui.say("TARGET=local: no cluster; starting the local runtime (etcd, AWS-API endpoint, volume folder)")
         runtime.up(s, runner(dry_run))
         return
-    from doeks.errors import DoeksError
-
-    raise DoeksError("eks.create for TARGET=eks is not built yet (issue 4)")
+    eks.create(s, runner(dry_run))
 
 
-@task(help={"dry_run": "print what would be deleted; change nothing", "yes": "do not ask for confirmation"})
+@task(help={"dry_run": "print the eksctl command; change nothing", "yes": "do not ask for confirmation"})
 def delete(c, dry_run=False, yes=False):
-    """Delete the cluster (TARGET=local: stop the local runtime); safe to run twice."""
+    """Delete the cluster with eksctl and wait (TARGET=local: stop the local runtime); safe to run twice."""
+    from doeks import eks, ui
+    from doeks.errors import DoeksError
     from doeks.local import runtime
 
     s = settings()
     if s.target == "local":
+        ui.say("TARGET=local: stopping the local runtime (jobs, etcd, AWS-API endpoint); volumes are kept")
         runtime.down(s, runner(dry_run))
         return
-    from doeks.errors import DoeksError
+    if not dry_run and not yes:
+        import sys
 
-    raise DoeksError("eks.delete for TARGET=eks is not built yet (issue 4)")
+        if not sys.stdin.isatty():
+            raise DoeksError(f"eks.delete removes cluster {s.cluster_name} and all it runs: pass --yes to confirm")
+        answer = input(f"Delete cluster {s.cluster_name} in {s.aws_region}? Type its name to confirm: ")
+        if answer.strip() != s.cluster_name:
+            raise DoeksError("not confirmed: nothing deleted")
+    eks.delete(s, runner(dry_run))
 
 
 @task
 def status(c):
-    """Show the cluster (TARGET=local: the local runtime's servers) as a table."""
-    from doeks import ui
+    """Cluster, node groups (boto3) and nodes (kubernetes, when reachable) as tables."""
+    from doeks import eks, ui
     from doeks.local import runtime
 
     s = settings()
-    ui.table("local runtime", ["server", "state", "endpoint", "pid"], runtime.rows(s))
+    if s.target == "local":
+        ui.table("local runtime (TARGET=local)", ["server", "state", "endpoint", "pid"], runtime.rows(s))
+        return
+    head, groups = eks.status_rows(s)
+    ui.table(f"EKS cluster ({s.aws_region})", ["cluster", "status", "version", "endpoint", "platform"], head)
+    if groups:
+        ui.table("node groups", ["node group", "status", "instance types", "min/desired/max", "capacity", "processor"], groups)
+    try:
+        ui.table("nodes", ["node", "instance type", "ready", "nvidia.com/gpu", "vpc.amazonaws.com/efa"], eks.node_rows())
+    except Exception as error:  # noqa: BLE001 - the cluster API may be unreachable from here
+        ui.say(f"nodes: Kubernetes API not reachable ({type(error).__name__})")
 
 
-ns = Collection("eks", create, delete, status)
+@task(help={"nodegroup": "node group name (sys, cpu, gpu)", "size": "desired nodes", "min": "new minimum",
+            "max": "new maximum", "dry_run": "print the eksctl command; change nothing"})
+def scale(c, nodegroup, size, min=None, max=None, dry_run=False):  # noqa: A002 - flag names users expect
+    """Scale a node group with `eksctl scale nodegroup`."""
+    from doeks import eks
+
+    eks.scale(settings(), runner(dry_run), nodegroup, int(size), None if min is None else int(min),
+              None if max is None else int(max))
+
+
+@task(help={"dry_run": "print the command; change nothing"})
+def connect(c, dry_run=False):
+    """Write the cluster's kubeconfig (eksctl utils write-kubeconfig)."""
+    from doeks import eks
+
+    eks.connect(settings(), runner(dry_run))
+
+
+@task(help={"principal": "IAM role or user ARN", "access": "admin, edit or view", "namespace": "limit to namespaces (repeatable)",
+            "dry_run": "print the API requests; change nothing"}, iterable=["namespace"])
+def authorize(c, principal, access="admin", namespace=None, dry_run=False):
+    """Give an IAM principal access to the cluster with an EKS access entry."""
+    from doeks import eks
+
+    eks.authorize(settings(), runner(dry_run), principal, access, tuple(namespace or ()))
+
+
+ns = Collection("eks", config, create, delete, status, scale, connect, authorize)
 UNIT = Unit("eks", order=10, up=create, down=delete)

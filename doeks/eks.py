@@ -1,0 +1,218 @@
+"""The EKS cluster: an eksctl ClusterConfig rendered from settings, eksctl to create/scale/delete it (the
+ecosystem's tool; doeks builds no cluster itself), boto3 to read its state back and to manage access entries.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from . import ui
+from .errors import DoeksError, MissingTool
+from .jobspec import EFA_ADAPTERS
+
+ADDONS = ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent")
+ACCESS_POLICIES = {"admin": "AmazonEKSClusterAdminPolicy", "edit": "AmazonEKSEditPolicy", "view": "AmazonEKSViewPolicy"}
+
+
+def _nodegroup(settings, name: str, instance: str, low: int, desired: int, high: int, processor: str) -> dict[str, Any]:
+    group: dict[str, Any] = {
+        "name": name,
+        "instanceType": instance,
+        "minSize": low,
+        "desiredCapacity": desired,
+        "maxSize": high,
+        "volumeSize": settings.node_volume_size,
+        "volumeType": settings.node_volume_type,
+        "volumeEncrypted": settings.node_volume_encrypted,
+        "privateNetworking": settings.node_private_networking,
+        "amiFamily": settings.ami_family,
+        "labels": {"processor": processor, "doeks/nodegroup": name},
+        "tags": {"doeks/cluster": settings.cluster_name},
+    }
+    return group
+
+
+def cluster_config(settings) -> dict[str, Any]:
+    """The eksctl ClusterConfig (eksctl.io/v1alpha5) for the cluster in `settings`."""
+    config: dict[str, Any] = {
+        "apiVersion": "eksctl.io/v1alpha5",
+        "kind": "ClusterConfig",
+        "metadata": {"name": settings.cluster_name, "region": settings.aws_region, "version": settings.eks_version,
+                     "tags": {"doeks/cluster": settings.cluster_name}},
+        "vpc": {"cidr": settings.vpc_cidr},
+        "iam": {"withOIDC": True},
+        "accessConfig": {"authenticationMode": "API_AND_CONFIG_MAP"},
+        "addons": [{"name": name} for name in ADDONS],
+        "managedNodeGroups": [],
+    }
+    if settings.eks_zones:
+        config["availabilityZones"] = list(settings.eks_zones)
+    groups = config["managedNodeGroups"]
+    groups.append(_nodegroup(settings, "sys", settings.system_instance_type, settings.system_nodes_min,
+                             settings.system_nodes, settings.system_nodes_max, "cpu"))
+    if settings.cpu_nodes_max > 0:
+        groups.append(_nodegroup(settings, "cpu", settings.cpu_instance_type, settings.cpu_nodes_min,
+                                 settings.cpu_nodes, settings.cpu_nodes_max, "cpu"))
+    if settings.gpu_nodes_max > 0:
+        gpu = _nodegroup(settings, "gpu", settings.gpu_instance_type, settings.gpu_nodes_min, settings.gpu_nodes,
+                         settings.gpu_nodes_max, "gpu")
+        gpu["taints"] = [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
+        efa = settings.gpu_efa and settings.gpu_instance_type in EFA_ADAPTERS
+        if efa:
+            gpu["efaEnabled"] = True
+        if efa or settings.placement_group or settings.capacity_reservation_id:
+            # EFA, placement groups, reservations and FSx for Lustre all live in one AZ: pin the group to it
+            zone = settings.eks_zones[0] if settings.eks_zones else f"{settings.aws_region}a"
+            gpu["availabilityZones"] = [zone]
+        if settings.placement_group:
+            gpu["placement"] = {"groupName": settings.placement_group}
+        if settings.capacity_reservation_id:
+            gpu["capacityReservation"] = {"capacityReservationTarget": {"capacityReservationID": settings.capacity_reservation_id}}
+        if settings.gpu_spot:
+            gpu["spot"] = True
+        groups.append(gpu)
+    return config
+
+
+def config_yaml(settings) -> str:
+    import yaml
+
+    if settings.eks_yaml:
+        path = Path(settings.eks_yaml)
+        if not path.is_file():
+            raise DoeksError(f"EKS_YAML={settings.eks_yaml!r}: no such file")
+        return path.read_text()
+    return yaml.safe_dump(cluster_config(settings), sort_keys=False)
+
+
+def config_path(settings) -> Path:
+    return settings.state_dir / "eks" / f"{settings.cluster_name}.yaml"
+
+
+def eksctl() -> str:
+    found = shutil.which("eksctl")
+    if not found:
+        raise MissingTool("eksctl is not on PATH: run doeks in the management container (invoke build run exec), or install eksctl")
+    return found
+
+
+def _client(settings, service: str = "eks"):
+    from .aws import client
+
+    return client(settings, service)
+
+
+def describe(settings) -> dict[str, Any] | None:
+    """The cluster as EKS reports it, or None when there is no such cluster."""
+    eks = _client(settings)
+    try:
+        return eks.describe_cluster(name=settings.cluster_name)["cluster"]
+    except eks.exceptions.ResourceNotFoundException:
+        return None
+
+
+def nodegroups(settings) -> list[dict[str, Any]]:
+    eks = _client(settings)
+    names = eks.list_nodegroups(clusterName=settings.cluster_name).get("nodegroups", [])
+    return [eks.describe_nodegroup(clusterName=settings.cluster_name, nodegroupName=n)["nodegroup"] for n in names]
+
+
+def create(settings, runner) -> None:
+    text = config_yaml(settings)
+    import sys
+
+    sys.stdout.write(runner.mask(text if text.startswith("---") else "---\n" + text))
+    path = config_path(settings)
+    if runner.dry_run:
+        runner.run(["eksctl", "create", "cluster", "-f", str(path)])
+        runner.run(["eksctl", "utils", "write-kubeconfig", "--cluster", settings.cluster_name, "--region", settings.aws_region])
+        return
+    binary = eksctl()
+    if describe(settings) is not None:
+        ui.say(f"cluster {settings.cluster_name} already exists in {settings.aws_region}: connecting")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        runner.run([binary, "create", "cluster", "-f", str(path)])
+    connect(settings, runner)
+
+
+def connect(settings, runner) -> None:
+    argv = ["eksctl", "utils", "write-kubeconfig", "--cluster", settings.cluster_name, "--region", settings.aws_region]
+    runner.run(argv if runner.dry_run else [eksctl()] + argv[1:])
+
+
+def scale(settings, runner, nodegroup: str, size: int, low: int | None, high: int | None) -> None:
+    if size < 0 or (low is not None and low > size) or (high is not None and high < size):
+        raise DoeksError(f"--size {size} must be >= 0 and within --min {low} / --max {high}")
+    argv = ["eksctl", "scale", "nodegroup", "--cluster", settings.cluster_name, "--region", settings.aws_region,
+            "--name", nodegroup, "--nodes", str(size)]
+    if low is not None:
+        argv += ["--nodes-min", str(low)]
+    if high is not None:
+        argv += ["--nodes-max", str(high)]
+    if runner.dry_run:
+        runner.run(argv)
+        return
+    names = [g["nodegroupName"] for g in nodegroups(settings)] if describe(settings) else []
+    if nodegroup not in names:
+        raise DoeksError(f"node group {nodegroup!r} not found in cluster {settings.cluster_name}: one of {', '.join(names) or 'none'}")
+    runner.run([eksctl()] + argv[1:])
+
+
+def delete(settings, runner) -> bool:
+    """Delete the cluster with eksctl; False (and no error) when it is already gone."""
+    argv = ["eksctl", "delete", "cluster", "--name", settings.cluster_name, "--region", settings.aws_region, "--wait"]
+    if runner.dry_run:
+        runner.run(argv)
+        return True
+    if describe(settings) is None:
+        ui.say(f"cluster {settings.cluster_name} does not exist in {settings.aws_region}: nothing to delete")
+        return False
+    runner.run([eksctl()] + argv[1:])
+    return True
+
+
+def authorize(settings, runner, principal: str, access: str = "admin", namespaces: tuple[str, ...] = ()) -> None:
+    """Give an IAM principal cluster access with an EKS access entry and an access policy."""
+    import re
+
+    if not re.fullmatch(r"arn:aws[a-z-]*:(iam|sts)::\d{12}:(role|user|assumed-role)/[\w+=,.@/-]+", principal):
+        raise DoeksError(f"--principal {principal!r} is not an IAM role or user ARN (arn:aws:iam::123456789012:role/NAME)")
+    if access not in ACCESS_POLICIES:
+        raise DoeksError(f"--access {access!r}: expected one of {', '.join(ACCESS_POLICIES)}")
+    eks = _client(settings)
+    scope = {"type": "namespace", "namespaces": list(namespaces)} if namespaces else {"type": "cluster"}
+    try:
+        runner.call(eks, "create_access_entry", clusterName=settings.cluster_name, principalArn=principal)
+    except eks.exceptions.ResourceInUseException:
+        ui.say(f"access entry for {principal} exists: updating its policy")
+    runner.call(eks, "associate_access_policy", clusterName=settings.cluster_name, principalArn=principal,
+                policyArn=f"arn:aws:eks::aws:cluster-access-policy/{ACCESS_POLICIES[access]}", accessScope=scope)
+
+
+def status_rows(settings) -> tuple[list[list[Any]], list[list[Any]]]:
+    cluster = describe(settings)
+    if cluster is None:
+        return [[settings.cluster_name, "absent", "", "", ""]], []
+    head = [[cluster["name"], cluster["status"], cluster.get("version", ""), cluster.get("endpoint", ""),
+             cluster.get("platformVersion", "")]]
+    groups = [[g["nodegroupName"], g["status"], ",".join(g.get("instanceTypes", [])),
+               f"{g['scalingConfig'].get('minSize')}/{g['scalingConfig'].get('desiredSize')}/{g['scalingConfig'].get('maxSize')}",
+               g.get("capacityType", ""), (g.get("labels") or {}).get("processor", "")] for g in nodegroups(settings)]
+    return head, groups
+
+
+def node_rows() -> list[list[Any]]:
+    """Kubernetes nodes with instance type and allocatable GPUs/EFA, when a cluster is reachable."""
+    from .kube import client
+
+    rows = []
+    for node in client().list_node(_request_timeout=5).items:
+        labels = node.metadata.labels or {}
+        allocatable = node.status.allocatable or {}
+        ready = next((c.status for c in node.status.conditions or [] if c.type == "Ready"), "?")
+        rows.append([node.metadata.name, labels.get("node.kubernetes.io/instance-type", ""), ready,
+                     allocatable.get("nvidia.com/gpu", "0"), allocatable.get("vpc.amazonaws.com/efa", "0")])
+    return rows

@@ -1,0 +1,189 @@
+"""The eks unit: ClusterConfig against eksctl's own JSON schema; boto3 read-back and delete against a real moto
+server process; the eksctl boundary through a recorded-argv stand-in (eksctl itself cannot run here)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jsonschema
+import pytest
+import yaml
+from hypothesis import given, settings as hsettings, strategies as st
+
+from doeks import eks
+from doeks import settings as S
+from doeks.local import services
+
+from .conftest import ROOT, SCHEMAS, invoke
+
+SCHEMA = json.loads((SCHEMAS / "eksctl-clusterconfig-v1alpha5.schema.json").read_text())
+
+
+def render(**env):
+    return eks.cluster_config(S.load(environ={k: str(v) for k, v in env.items()}, path=ROOT / ".env"))
+
+
+def validate(config):
+    jsonschema.Draft7Validator(SCHEMA).validate(config)
+
+
+@pytest.mark.parametrize("env", [
+    {},
+    {"GPU_EFA": "false", "CPU_NODES": "1", "CPU_NODES_MAX": "4"},
+    {"GPU_INSTANCE_TYPE": "p5.48xlarge", "PLACEMENT_GROUP": "pg-train", "CAPACITY_RESERVATION_ID": "cr-0123456789abcdef0"},
+    {"GPU_INSTANCE_TYPE": "g5.12xlarge", "GPU_SPOT": "true", "EKS_ZONES": "us-east-1a,us-east-1b", "AWS_REGION": "us-east-1"},
+    {"GPU_NODES_MAX": "0", "GPU_NODES": "0", "CPU_NODES_MAX": "0", "AMI_FAMILY": "Bottlerocket", "NODE_VOLUME_TYPE": "io2"},
+])
+def test_cluster_config_validates_against_eksctl_schema(env):
+    config = render(**env)
+    validate(config)
+    groups = {g["name"]: g for g in config["managedNodeGroups"]}
+    assert all(g["volumeEncrypted"] for g in groups.values())  # encryption on by default
+    assert config["iam"]["withOIDC"] is True
+    assert {a["name"] for a in config["addons"]} == set(eks.ADDONS)
+    if "gpu" in groups:
+        gpu = groups["gpu"]
+        assert gpu["labels"]["processor"] == "gpu"
+        if gpu.get("efaEnabled") or "placement" in gpu:
+            assert len(gpu["availabilityZones"]) == 1  # EFA/FSx groups pinned to one AZ
+
+
+def test_efa_only_on_efa_instance_types():
+    assert render(GPU_INSTANCE_TYPE="p4d.24xlarge")["managedNodeGroups"][-1].get("efaEnabled") is True
+    assert "efaEnabled" not in render(GPU_INSTANCE_TYPE="g4dn.xlarge")["managedNodeGroups"][-1]
+
+
+def test_schema_rejects_an_unknown_field():
+    config = render()
+    config["managedNodeGroups"][0]["efaEnabeld"] = True
+    with pytest.raises(jsonschema.ValidationError):
+        validate(config)
+
+
+@hsettings(max_examples=60, deadline=None)
+@given(gpu=st.sampled_from(["p4d.24xlarge", "p5.48xlarge", "g5.xlarge", "p3.8xlarge", "trn1.32xlarge"]),
+       efa=st.booleans(), spot=st.booleans(), low=st.integers(0, 3), extra=st.integers(0, 3), volume=st.integers(20, 2000),
+       version=st.sampled_from(S.EKS_VERSIONS), private=st.booleans())
+def test_many_env_combinations_validate(gpu, efa, spot, low, extra, volume, version, private):
+    validate(render(GPU_INSTANCE_TYPE=gpu, GPU_EFA=efa, GPU_SPOT=spot, GPU_NODES_MIN=low, GPU_NODES=low + extra,
+                    GPU_NODES_MAX=low + 2 * extra + 1, NODE_VOLUME_SIZE=volume, EKS_VERSION=version,
+                    NODE_PRIVATE_NETWORKING=private))
+
+
+def test_eks_yaml_is_used_as_is(tmp_path, state_dir):
+    custom = tmp_path / "cluster.yaml"
+    custom.write_text("apiVersion: eksctl.io/v1alpha5\nkind: ClusterConfig\nmetadata: {name: mine, region: eu-west-1}\n")
+    result = invoke("eks.config", env={"EKS_YAML": str(custom)})
+    assert result.returncode == 0 and result.stdout == custom.read_text()
+    missing = invoke("eks.config", env={"EKS_YAML": str(tmp_path / "nope.yaml")})
+    assert missing.returncode == 1 and "EKS_YAML=" in missing.stderr
+
+
+@pytest.fixture
+def moto_endpoint(state_dir):
+    server = services.moto(state_dir)
+    server.start()
+    yield server.endpoint()
+    server.stop()
+
+
+@pytest.fixture
+def fake_eksctl(tmp_path, moto_endpoint):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shutil.copy(ROOT / "tests" / "eksctl_standin.py", bin_dir / "eksctl")
+    record = tmp_path / "eksctl.jsonl"
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "EKSCTL_RECORD": str(record), "TARGET": "eks",
+           "AWS_ENDPOINT_URL": moto_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "COLUMNS": "250"}
+    return env, record
+
+
+def calls(record):
+    return [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+
+
+def test_create_status_scale_delete_through_eksctl_and_boto3(fake_eksctl, state_dir):
+    env, record = fake_eksctl
+    created = invoke("eks.create", env=env)
+    assert created.returncode == 0, created.stderr
+    assert calls(record)[0][:3] == ["create", "cluster", "-f"]
+    assert calls(record)[1][:2] == ["utils", "write-kubeconfig"]
+    config = yaml.safe_load(open(calls(record)[0][3]))
+    validate(config)
+
+    status = invoke("eks.status", env=env)
+    assert status.returncode == 0, status.stderr
+    assert "ACTIVE" in status.stderr and "sys" in status.stderr and "gpu" in status.stderr and "0/2/4" in status.stderr
+
+    scaled = invoke("eks.scale", "--nodegroup", "gpu", "--size", "3", "--max", "4", env=env)
+    assert scaled.returncode == 0, scaled.stderr
+    assert calls(record)[-1] == ["scale", "nodegroup", "--cluster", "doeks", "--region", "us-west-2", "--name", "gpu",
+                                 "--nodes", "3", "--nodes-max", "4"]
+    bad = invoke("eks.scale", "--nodegroup", "nope", "--size", "1", env=env)
+    assert bad.returncode == 1 and "not found" in bad.stderr and "Traceback" not in bad.stderr
+
+    refused = invoke("eks.delete", env=env)
+    assert refused.returncode == 1 and "--yes" in refused.stderr
+    deleted = invoke("eks.delete", "--yes", env=env)
+    assert deleted.returncode == 0, deleted.stderr
+    assert calls(record)[-1] == ["delete", "cluster", "--name", "doeks", "--region", "us-west-2", "--wait"]
+    n = len(calls(record))
+    again = invoke("eks.delete", "--yes", env=env)  # idempotent: boto3 sees it gone, eksctl is not called
+    assert again.returncode == 0 and "nothing to delete" in again.stderr and len(calls(record)) == n
+    gone = invoke("eks.status", env=env)
+    assert "absent" in gone.stderr
+
+
+def test_create_dry_run_prints_config_and_commands_only(fake_eksctl, state_dir):
+    env, record = fake_eksctl
+    result = invoke("eks.create", "--dry-run", env=env)
+    assert result.returncode == 0, result.stderr
+    validate(yaml.safe_load(result.stdout))
+    assert "would run: eksctl create cluster -f" in result.stderr
+    assert calls(record) == []
+
+
+def test_missing_eksctl_is_a_clear_error(moto_endpoint, state_dir):
+    env = {"TARGET": "eks", "AWS_ENDPOINT_URL": moto_endpoint, "PATH": "/usr/bin:/bin:" + os.path.dirname(shutil.which("python3") or "")}
+    result = invoke("eks.create", env=env)
+    assert result.returncode == 1 and "eksctl is not on PATH" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_authorize_requests_match_the_eks_service_model(state_dir):
+    """moto does not implement access entries: botocore's Stubber checks the requests against AWS's own model."""
+    from botocore.stub import Stubber
+
+    from doeks.runner import Runner
+
+    s = S.load(environ={"TARGET": "eks", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, path=ROOT / ".env")
+    client = eks._client(s)
+    principal = "arn:aws:iam::123456789012:role/ml-team"
+    with Stubber(client) as stub:
+        stub.add_response("create_access_entry", {"accessEntry": {"principalArn": principal}},
+                          {"clusterName": "doeks", "principalArn": principal})
+        stub.add_response("associate_access_policy", {"clusterName": "doeks", "principalArn": principal},
+                          {"clusterName": "doeks", "principalArn": principal,
+                           "policyArn": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSViewPolicy",
+                           "accessScope": {"type": "namespace", "namespaces": ["ml"]}})
+        original = eks._client
+        eks._client = lambda *_: client
+        try:
+            eks.authorize(s, Runner(echo=False), principal, "view", ("ml",))
+        finally:
+            eks._client = original
+        stub.assert_no_pending_responses()
+    with pytest.raises(Exception, match="not an IAM role"):
+        eks.authorize(s, Runner(echo=False), "bob", "admin")
+
+
+def test_local_target_create_and_delete_manage_the_local_runtime(state_dir):
+    up = invoke("eks.create")
+    assert up.returncode == 0 and "TARGET=local" in up.stderr
+    assert services.etcd(state_dir).info() and services.moto(state_dir).info()
+    table = invoke("eks.status", env={"COLUMNS": "200"})
+    assert table.stderr.count("running") == 2
+    assert invoke("eks.delete").returncode == 0
+    assert services.etcd(state_dir).info() is None and services.moto(state_dir).info() is None
+    assert invoke("eks.delete").returncode == 0
