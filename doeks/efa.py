@@ -1,0 +1,90 @@
+"""EFA on EKS: the AWS EFA Kubernetes device plugin (pinned, >= 0.5.10: older ones count NVLink devices as EFA),
+the MPI operator (kubeflow.org/v2beta1) and the nccl-tests all_reduce_perf MPIJob that proves EFA is used.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .jobspec import EFA_ADAPTERS, GPUS
+
+DEVICE_PLUGIN_VERSION = "v0.5.10"
+DEVICE_PLUGIN_IMAGE = "602401143452.dkr.ecr.{region}.amazonaws.com/eks/aws-efa-k8s-device-plugin:" + DEVICE_PLUGIN_VERSION
+MPI_OPERATOR_VERSION = "v0.6.0"
+MPI_OPERATOR_MANIFEST = f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{MPI_OPERATOR_VERSION}/deploy/v2beta1/mpi-operator.yaml"
+NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:latest-efa"
+LABELS = {"app.kubernetes.io/part-of": "doeks", "app.kubernetes.io/name": "aws-efa-k8s-device-plugin"}
+
+
+def device_plugin(settings) -> list[dict[str, Any]]:
+    """The device-plugin DaemonSet, scheduled only on EFA instance types."""
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
+        "matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": sorted(EFA_ADAPTERS)}],
+    }]}}}
+    return [{
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "aws-efa-k8s-device-plugin-daemonset", "namespace": "kube-system", "labels": LABELS},
+        "spec": {
+            "selector": {"matchLabels": {"name": "aws-efa-k8s-device-plugin"}},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {
+                "metadata": {"labels": {"name": "aws-efa-k8s-device-plugin", **LABELS}},
+                "spec": {
+                    "priorityClassName": "system-node-critical",
+                    "hostNetwork": True,
+                    "affinity": affinity,
+                    "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                                    {"key": "aws.amazon.com/efa", "operator": "Exists", "effect": "NoSchedule"},
+                                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [{
+                        "name": "aws-efa-k8s-device-plugin",
+                        "image": DEVICE_PLUGIN_IMAGE.format(region=settings.aws_region),
+                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                        "resources": {"requests": {"cpu": "10m", "memory": "20Mi"}, "limits": {"memory": "100Mi"}},
+                        "volumeMounts": [{"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
+                                         {"name": "infiniband-volume", "mountPath": "/dev/infiniband/"}],
+                    }],
+                    "volumes": [{"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}},
+                                {"name": "infiniband-volume", "hostPath": {"path": "/dev/infiniband/"}}],
+                },
+            },
+        },
+    }]
+
+
+def test_sizes(settings, nodes: int | None = None) -> tuple[int, int, int]:
+    """(nodes, GPUs per node, EFA adapters per node) for the nccl test, from .env."""
+    instance = settings.gpu_instance_type
+    return (nodes or max(2, settings.gpu_nodes), GPUS.get(instance, settings.nproc_per_node), EFA_ADAPTERS.get(instance, 0))
+
+
+def nccl_mpijob(settings, nodes: int | None = None, name: str = "test-efa-nccl", begin: str = "8",
+                end: str = "1G") -> dict[str, Any]:
+    """nccl-tests all_reduce_perf as an MPIJob: -np = nodes x GPUs, slotsPerWorker = GPUs."""
+    count, gpus, adapters = test_sizes(settings, nodes)
+    resources = {"nvidia.com/gpu": gpus, "hugepages-2Mi": "5120Mi", "memory": "32000Mi"}
+    if adapters:
+        resources["vpc.amazonaws.com/efa"] = adapters
+    command = ["/opt/amazon/openmpi/bin/mpirun", "--allow-run-as-root", "--tag-output", "-np", str(count * gpus),
+               "-bind-to", "none", "-map-by", "slot", "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG=INFO",
+               "-x", "FI_PROVIDER=efa", "-x", "FI_EFA_USE_DEVICE_RDMA=1", "-x", "NCCL_PROTO=simple",
+               "--mca", "pml", "^cm", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_exclude", "lo,docker0",
+               "/opt/nccl-tests/build/all_reduce_perf", "-b", begin, "-e", end, "-f", "2", "-g", "1", "-c", "1", "-n", "100"]
+    return {
+        "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": {"app.kubernetes.io/part-of": "doeks"}},
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0},
+            "slotsPerWorker": gpus,
+            "mpiImplementation": "OpenMPI",
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": {"spec": {
+                    "containers": [{"name": "launcher", "image": NCCL_TESTS_IMAGE, "imagePullPolicy": "IfNotPresent",
+                                    "command": command}]}}},
+                "Worker": {"replicas": count, "template": {"spec": {
+                    "nodeSelector": {"node.kubernetes.io/instance-type": settings.gpu_instance_type},
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [{"name": "worker", "image": NCCL_TESTS_IMAGE, "imagePullPolicy": "IfNotPresent",
+                                    "resources": {"limits": resources, "requests": resources}}]}}},
+            },
+        },
+    }

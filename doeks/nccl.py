@@ -1,0 +1,121 @@
+"""Parse nccl-tests output (all_reduce_perf and friends) into rows, a summary and the transport NCCL used.
+
+Handles the formats of several nccl-tests versions: with or without the `root` column (2.13+ prints it), `error`
+floats or `#wrong` counts, `N/A` cells, and lines prefixed by `mpirun --tag-output` (`[1,0]<stdout>:`) or by
+`kubectl logs --prefix` (`[pod/NAME/CONTAINER] `) or a pod name (`[NAME] `). The transport decides whether EFA was really used: NCCL silently
+falls back to sockets (TCP) when the OFI plugin or the EFA device is missing.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_PREFIX = re.compile(r"^(\[\d+,\d+\]<std(?:out|err)>:|\[[^\]\s]+\]\s)")
+_TYPES = {"float", "half", "bfloat16", "double", "int8", "uint8", "int32", "uint32", "int64", "uint64", "fp8_e4m3", "fp8_e5m2"}
+_EFA = re.compile(r"NET/OFI Selected [Pp]rovider is efa", re.I)
+_SOCKET = re.compile(r"(NET/Socket|Using network Socket|NET/OFI Selected [Pp]rovider is (tcp|sockets))", re.I)
+_IB = re.compile(r"(NET/IB|Using network IB)", re.I)
+_AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
+
+
+@dataclass
+class Row:
+    size: int
+    count: int
+    dtype: str
+    oop_time_us: float | None
+    oop_algbw: float | None
+    oop_busbw: float | None
+    ip_time_us: float | None
+    ip_algbw: float | None
+    ip_busbw: float | None
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    avg_busbw: float | None = None
+    transport: str = "unknown"  # efa, socket, ib, gloo or unknown
+
+    @property
+    def max_busbw(self) -> float:
+        values = [v for r in self.rows for v in (r.oop_busbw, r.ip_busbw) if v is not None]
+        return max(values) if values else 0.0
+
+    @property
+    def efa(self) -> bool:
+        return self.transport == "efa"
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None  # N/A
+
+
+def strip_prefix(line: str) -> str:
+    return _PREFIX.sub("", line.rstrip("\n"), count=1)
+
+
+def parse(text: str) -> Report:
+    report = Report()
+    transports = set()
+    for raw in text.splitlines():
+        line = strip_prefix(raw)
+        if _EFA.search(line):
+            transports.add("efa")
+        elif _SOCKET.search(line):
+            transports.add("socket")
+        elif _IB.search(line):
+            transports.add("ib")
+        elif "transport: gloo" in line:
+            transports.add("gloo")
+        average = _AVG.search(line)
+        if average:
+            report.avg_busbw = float(average.group(1))
+            continue
+        tokens = line.split()
+        if len(tokens) < 8 or not tokens[0].isdigit() or tokens[2] not in _TYPES:
+            continue
+        rest = tokens[4:]  # after size count type redop
+        if len(rest) in (9, 5):  # a root column (nccl-tests >= 2.13)
+            rest = rest[1:]
+        if len(rest) not in (8, 4):
+            continue
+        oop = [_number(x) for x in rest[:3]]
+        ip = [_number(x) for x in rest[4:7]] if len(rest) == 8 else [None, None, None]
+        report.rows.append(Row(int(tokens[0]), int(tokens[1]), tokens[2], *oop, *ip))
+    # EFA counts only if nothing fell back; a socket line anywhere means some rank used TCP
+    for kind in ("socket", "efa", "ib", "gloo"):
+        if kind in transports:
+            report.transport = kind
+            break
+    if report.avg_busbw is None and report.rows:
+        values = [r.oop_busbw for r in report.rows if r.oop_busbw is not None]
+        report.avg_busbw = sum(values) / len(values) if values else None
+    return report
+
+
+def human_size(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size}{unit}"
+        size //= 1024
+    return f"{size}TiB"
+
+
+def table_rows(report: Report) -> list[list[str]]:
+    def cell(value):
+        return "N/A" if value is None else f"{value:.2f}"
+
+    return [[human_size(r.size), r.dtype, cell(r.oop_time_us), cell(r.oop_algbw), cell(r.oop_busbw),
+             cell(r.ip_algbw), cell(r.ip_busbw)] for r in report.rows]
+
+
+def chart(report: Report, out, title: str):
+    from .plots import series
+
+    return series({"out-of-place busbw": [(r.size, r.oop_busbw) for r in report.rows if r.oop_busbw is not None],
+                   "in-place busbw": [(r.size, r.ip_busbw) for r in report.rows if r.ip_busbw is not None]},
+                  out, title=title, xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)", logx=True)

@@ -1,0 +1,96 @@
+"""EFA unit: the nccl-tests parser on outputs of several versions, the EFA-or-fail check, manifests against the
+MPIJob CRD and Kubernetes schemas, and the local all-reduce sweep with 2 real processes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from doeks import efa, nccl
+from doeks import settings as S
+
+from .conftest import ROOT, SCHEMAS, invoke
+from .test_jobspec import crd_schema, k8s_validate
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SEED_LOG = SCHEMAS.parent / "fixtures" / "nccl-tests-p4d-efa4.txt"
+
+
+def test_parses_the_seed_log_with_efa():
+    report = nccl.parse(SEED_LOG.read_text())
+    assert report.transport == "efa" and report.efa
+    assert len(report.rows) == 28
+    assert report.rows[0].size == 8 and report.rows[-1].size == 1073741824
+    assert report.max_busbw == pytest.approx(42.04)
+    assert report.avg_busbw == pytest.approx(8.23785)
+    assert report.rows[-1].ip_busbw == pytest.approx(42.04) and report.rows[-1].oop_busbw == pytest.approx(42.03)
+
+
+def test_parses_root_column_and_detects_socket_fallback():
+    report = nccl.parse((FIXTURES / "nccl-tests-2.13-socket-fallback.txt").read_text())
+    assert report.transport == "socket" and not report.efa
+    assert [r.size for r in report.rows] == [8, 16, 1048576, 16777216, 1073741824]
+    assert report.rows[-1].oop_busbw == pytest.approx(2.21)
+    assert report.avg_busbw == pytest.approx(1.07584)
+
+
+def test_parses_new_efa_provider_line_and_na_cells():
+    report = nccl.parse((FIXTURES / "nccl-tests-2.13-efa-na.txt").read_text())
+    assert report.efa and report.max_busbw == pytest.approx(456.34)
+    assert len(report.rows) == 2
+
+
+def test_report_require_efa_exit_codes(tmp_path, state_dir):
+    ok = invoke("efa.report", str(SEED_LOG), "--require-efa", "--out", str(tmp_path))
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "nccl-busbw.png").stat().st_size > 5000
+    assert "max 42.04 GB/s" in ok.stderr
+    tcp = invoke("efa.report", str(FIXTURES / "nccl-tests-2.13-socket-fallback.txt"), "--require-efa", "--out", str(tmp_path))
+    assert tcp.returncode == 1 and "did not use EFA (transport: socket" in tcp.stderr and "Traceback" not in tcp.stderr
+    lenient = invoke("efa.report", str(FIXTURES / "nccl-tests-2.13-socket-fallback.txt"), "--out", str(tmp_path))
+    assert lenient.returncode == 0
+    empty = tmp_path / "empty.txt"
+    empty.write_text("hello\n")
+    assert invoke("efa.report", str(empty)).returncode == 1
+
+
+@pytest.mark.parametrize("instance,gpus,adapters", [("p4d.24xlarge", 8, 4), ("p5.48xlarge", 8, 32), ("g5.48xlarge", 8, 1)])
+def test_mpijob_is_sized_from_env_and_validates(instance, gpus, adapters):
+    s = S.load(environ={"GPU_INSTANCE_TYPE": instance, "GPU_NODES": "2"}, path=ROOT / ".env")
+    job = efa.nccl_mpijob(s)
+    jsonschema.validate(job, crd_schema("kubeflow.org_mpijobs-v2beta1.crd.yaml", "v2beta1"))
+    command = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("-np") + 1] == str(2 * gpus)
+    assert job["spec"]["slotsPerWorker"] == gpus
+    limits = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["vpc.amazonaws.com/efa"] == adapters
+    assert command[-8:-6] == ["-b", "8"] or "-b" in command
+
+
+def test_device_plugin_validates_and_is_pinned():
+    s = S.load(environ={}, path=ROOT / ".env")
+    for manifest in efa.device_plugin(s):
+        k8s_validate(manifest)
+        image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
+        major, minor, patch = (int(x) for x in image.rsplit(":v", 1)[1].split("."))
+        assert (major, minor, patch) >= (0, 5, 10)
+        terms = manifest["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert "p4d.24xlarge" in terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+
+
+def test_deploy_dry_run_prints_daemonset_and_operator(state_dir):
+    result = invoke("efa.deploy", "--dry-run", env={"TARGET": "eks"})
+    assert result.returncode == 0, result.stderr
+    assert "kind: DaemonSet" in result.stdout and efa.MPI_OPERATOR_VERSION in result.stderr
+
+
+@pytest.mark.slow
+def test_local_allreduce_sweep_runs_with_two_processes(state_dir):
+    result = invoke("efa.test", "--end", "1M", env={"NPROC_PER_NODE": "2", "COLUMNS": "200"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = nccl.parse((state_dir / "efa" / "allreduce-local.txt").read_text())
+    assert report.transport == "gloo"
+    assert [r.size for r in report.rows][:3] == [8, 16, 32] and report.rows[-1].size == 1048576
+    assert all(r.oop_busbw is not None and r.oop_time_us > 0 for r in report.rows)
+    assert (state_dir / "efa" / "nccl-busbw.png").exists()
