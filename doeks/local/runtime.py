@@ -39,7 +39,7 @@ def etcd_endpoint(settings, runner, start: bool = True) -> str | None:
 
 
 def up(settings, runner) -> None:
-    for server in services.services(settings.state_dir):
+    for server in (services.etcd(settings.state_dir), services.moto(settings.state_dir)):
         if server.info():
             runner.note(f"{server.name} already running at {server.endpoint()}")
             continue
@@ -54,7 +54,6 @@ def down(settings, runner) -> None:
         runner.step(f"stop local job {home.name} (checkpoints kept)", stop_job, home)
     for server in reversed(services.services(settings.state_dir)):
         if server.info() is None:
-            runner.note(f"{server.name} is not running")
             continue
         runner.step(f"stop {server.name}", server.stop)
 

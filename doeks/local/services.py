@@ -180,4 +180,16 @@ def moto(state_dir: Path) -> Service:
 
 
 def services(state_dir: Path) -> list[Service]:
-    return [etcd(state_dir), moto(state_dir)]
+    """The local runtime's servers, in start order (the GPU-metrics sampler is started by its own unit)."""
+    return [etcd(state_dir), moto(state_dir), gpu_sampler(state_dir)]
+
+
+def gpu_sampler(state_dir: Path, endpoint: str = "", region: str = "", cluster: str = "", interval: float = 10) -> Service:
+    """The local stand-in for the CloudWatch agent: samples and puts metrics every `interval` seconds."""
+    heartbeat = state_dir / "services" / "gpu-metrics" / "heartbeat"
+
+    def command(port: int, data: Path) -> list[str]:
+        heartbeat.unlink(missing_ok=True)
+        return [sys.executable, "-m", "doeks.local.sampler", endpoint, region, cluster, str(interval), str(heartbeat)]
+
+    return Service("gpu-metrics", state_dir, command, lambda port: heartbeat.exists())

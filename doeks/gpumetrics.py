@@ -1,0 +1,180 @@
+"""GPU metrics in CloudWatch: the CloudWatch agent as a DaemonSet on GPU nodes (EKS), or a local sampler process
+that puts the same metrics to the AWS-API endpoint (nvidia-smi when present, else CPU and memory); `show` reads the
+series back with GetMetricData and draws a PNG per metric per node.
+"""
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+NAMESPACE = "CWAgent"
+K8S_NAMESPACE = "amazon-cloudwatch"
+AGENT_IMAGE = "public.ecr.aws/cloudwatch-agent/cloudwatch-agent:1.300057.1b1167"
+GPU_MEASUREMENTS = ("utilization_gpu", "utilization_memory", "temperature_gpu", "power_draw", "memory_total", "memory_used")
+LABELS = {"app.kubernetes.io/part-of": "doeks", "app.kubernetes.io/name": "cloudwatch-agent-gpu"}
+
+
+def agent_config(settings, interval: int) -> dict[str, Any]:
+    return {
+        "agent": {"region": settings.aws_region, "metrics_collection_interval": interval},
+        "metrics": {
+            "namespace": NAMESPACE,
+            "append_dimensions": {"ClusterName": settings.cluster_name},
+            "metrics_collected": {"nvidia_gpu": {"measurement": list(GPU_MEASUREMENTS),
+                                                 "metrics_collection_interval": interval}},
+        },
+    }
+
+
+def manifests(settings, interval: int = 60) -> list[dict[str, Any]]:
+    meta = {"namespace": K8S_NAMESPACE, "labels": LABELS}
+    name = "cloudwatch-agent-gpu"
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": K8S_NAMESPACE, "labels": LABELS}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, **meta}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name, "labels": LABELS},
+         "rules": [{"apiGroups": [""], "resources": ["pods", "nodes", "endpoints"], "verbs": ["get", "list", "watch"]},
+                   {"apiGroups": [""], "resources": ["nodes/stats", "configmaps", "events"], "verbs": ["get", "create"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name, "labels": LABELS},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": K8S_NAMESPACE}]},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, **meta},
+         "data": {"cwagentconfig.json": json.dumps(agent_config(settings, interval), indent=2)}},
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, **meta},
+         "spec": {"selector": {"matchLabels": {"name": name}},
+                  "template": {"metadata": {"labels": {"name": name, **LABELS}}, "spec": {
+                      "serviceAccountName": name,
+                      "nodeSelector": {"processor": "gpu"},
+                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                      "containers": [{
+                          "name": "cloudwatch-agent", "image": AGENT_IMAGE,
+                          # the NVIDIA container runtime (EKS GPU AMIs) mounts nvidia-smi into the container
+                          "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                                  {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+                                  {"name": "AWS_REGION", "value": settings.aws_region},
+                                  {"name": "HOST_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                          "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+                          "volumeMounts": [{"name": "config", "mountPath": "/etc/cwagentconfig"}],
+                      }],
+                      "volumes": [{"name": "config", "configMap": {"name": name}}],
+                  }}}},
+    ]
+
+
+# -- local sampler ------------------------------------------------------------------------------------------------
+def sample() -> list[tuple[str, dict[str, str], float, str]]:
+    """(metric, dimensions, value, unit) now: GPU metrics from nvidia-smi, else host CPU and memory."""
+    import shutil
+    import socket
+    import subprocess
+
+    host = socket.gethostname()
+    if shutil.which("nvidia-smi"):
+        fields = ",".join(GPU_MEASUREMENTS).replace("utilization_", "utilization.").replace("temperature_gpu", "temperature.gpu") \
+            .replace("power_draw", "power.draw").replace("memory_total", "memory.total").replace("memory_used", "memory.used")
+        out = subprocess.run(["nvidia-smi", f"--query-gpu=index,{fields}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            points = []
+            for line in out.stdout.strip().splitlines():
+                index, *values = [v.strip() for v in line.split(",")]
+                for name, value in zip(GPU_MEASUREMENTS, values):
+                    try:
+                        points.append((f"nvidia_smi_{name}", {"host": host, "index": index}, float(value), "None"))
+                    except ValueError:
+                        continue
+            return points
+    return [("cpu_usage_active", {"host": host}, _cpu_percent(), "Percent"),
+            ("mem_used_percent", {"host": host}, _memory_percent(), "Percent")]
+
+
+_LAST_CPU: list[tuple[int, int]] = []
+
+
+def _cpu_percent() -> float:
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle, total = values[3] + values[4], sum(values)
+    if not _LAST_CPU:
+        _LAST_CPU.append((idle, total))
+        time.sleep(0.2)
+        return _cpu_percent()
+    last_idle, last_total = _LAST_CPU[-1]
+    _LAST_CPU[-1] = (idle, total)
+    return 100.0 * (1 - (idle - last_idle) / max(1, total - last_total))
+
+
+def _memory_percent() -> float:
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            info[key] = int(value.split()[0])
+    return 100.0 * (1 - info["MemAvailable"] / info["MemTotal"])
+
+
+def put(cloudwatch, cluster: str, points) -> None:
+    data = [{"MetricName": name, "Dimensions": [{"Name": k, "Value": v} for k, v in {**dims, "ClusterName": cluster}.items()],
+             "Value": value, "Unit": unit, "Timestamp": datetime.now(timezone.utc)} for name, dims, value, unit in points]
+    cloudwatch.put_metric_data(Namespace=NAMESPACE, MetricData=data)
+
+
+def run_sampler(endpoint: str, region: str, cluster: str, interval: float, heartbeat: Path) -> None:
+    """The local sampler's loop (its own process): sample, put, sleep; writes a heartbeat after each put."""
+    import boto3
+
+    cloudwatch = boto3.client("cloudwatch", endpoint_url=endpoint, region_name=region,
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+    while True:
+        put(cloudwatch, cluster, sample())
+        heartbeat.write_text(str(time.time()))
+        time.sleep(interval)
+
+
+# -- reading back -------------------------------------------------------------------------------------------------
+def series(cloudwatch, since: timedelta, period: int = 60) -> dict[str, dict[str, list[tuple[datetime, float]]]]:
+    """metric -> node (host[/gpu index]) -> [(time, value)], from every series in the CWAgent namespace."""
+    metrics = []
+    for page in cloudwatch.get_paginator("list_metrics").paginate(Namespace=NAMESPACE):
+        metrics.extend(page["Metrics"])
+    end = datetime.now(timezone.utc) + timedelta(minutes=1)
+    start = end - since - timedelta(minutes=1)
+    result: dict[str, dict[str, list[tuple[datetime, float]]]] = {}
+    for offset in range(0, len(metrics), 500):
+        batch = metrics[offset:offset + 500]
+        queries = [{"Id": f"m{i}", "MetricStat": {"Metric": m, "Period": period, "Stat": "Average"}, "ReturnData": True}
+                   for i, m in enumerate(batch)]
+        response = cloudwatch.get_metric_data(MetricDataQueries=queries, StartTime=start, EndTime=end)
+        for item in response["MetricDataResults"]:
+            metric = batch[int(item["Id"][1:])]
+            dims = {d["Name"]: d["Value"] for d in metric.get("Dimensions", [])}
+            node = dims.get("host", "?") + (f"/gpu{dims['index']}" if "index" in dims else "")
+            points = sorted(zip(item["Timestamps"], item["Values"]))
+            result.setdefault(metric["MetricName"], {}).setdefault(node, []).extend(points)
+    return result
+
+
+def plot_series(data, out_dir: Path) -> list[Path]:
+    from .plots import _pyplot
+
+    plt = _pyplot()
+    paths = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for metric, nodes in sorted(data.items()):
+        for node, points in sorted(nodes.items()):
+            if not points:
+                continue
+            fig, ax = plt.subplots(figsize=(8, 3))
+            times, values = zip(*points)
+            ax.plot(times, values, "o-", markersize=3)
+            ax.set(title=f"{metric} on {node}", xlabel="time (UTC)", ylabel=metric)
+            fig.autofmt_xdate()
+            fig.tight_layout()
+            path = out_dir / f"{metric}--{node.replace('/', '_')}.png"
+            fig.savefig(path, dpi=90)
+            plt.close(fig)
+            paths.append(path)
+    return paths
