@@ -9,7 +9,7 @@ from typing import Any
 
 ETCD_PORT = 2379
 CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks/workload/train.py
-RDZV_CONF = {"last_call_timeout": "2", "timeout": "600"}
+RDZV_CONF = {"last_call_timeout": "1", "timeout": "600"}
 
 # EFA adapters per instance (vpc.amazonaws.com/efa a node advertises)
 EFA_ADAPTERS = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,

@@ -36,16 +36,19 @@ def data(c, dry_run=False):
 
 
 @task(help={**_JOB_FLAGS, "follow": "stream all nodes' logs with a progress bar until the job ends",
-            "fresh": "remove this job's old checkpoints and metrics first (else it resumes)"})
+            "fresh": "remove this job's old checkpoints and metrics first (else it resumes)",
+            "train_args": "extra arguments for the training script, e.g. '--log-every 1'"})
 def deploy(c, replicas=None, min_replicas=None, max_replicas=None, nproc_per_node=None, arch=None, epochs=None,
-           rdzv_backend=None, follow=False, fresh=False, dry_run=False):
+           rdzv_backend=None, follow=False, fresh=False, train_args="", dry_run=False):
     """Launch the elastic job (etcd + PyTorchJob); returns at once unless --follow."""
     from doeks import elastic, jobspec, ui
 
     s = _job_settings(replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas,
                       nproc_per_node=nproc_per_node, arch=arch, epochs=epochs, rdzv_backend=rdzv_backend)
+    import shlex
+
     r = runner(dry_run)
-    manifests = jobspec.manifests(s)
+    manifests = jobspec.manifests(s, shlex.split(train_args or ""))
     if s.target == "local":
         r.emit(manifests)
         elastic.deploy_local(s, r, fresh=fresh, job=manifests[-1])

@@ -38,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--metrics-dir", default=env.get("SM_OUTPUT_DATA_DIR", "/fsx-shared/metrics"))
     p.add_argument("--model-dir", default=env.get("SM_MODEL_DIR", ""), help="where the final model is saved")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0 = all epochs)")
+    p.add_argument("--log-every", type=int, default=5, help="log (and record metrics) every N steps")
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (tests: slow training down)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -48,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def log(message: str) -> None:
     rank = os.environ.get("RANK", "0")
-    print(f"[rank {rank}] {message}", flush=True)
+    now = time.time()
+    print(f"{time.strftime('%H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} [rank {rank}] {message}", flush=True)
 
 
 class ResumableSampler:
@@ -107,6 +109,7 @@ def build_model(arch: str, classes: int):
 
 
 def main(argv=None) -> int:
+    log("process started")
     args = parse_args(argv)
     data = Path(args.data)
     for split in ("train", "val"):
@@ -180,7 +183,7 @@ def main(argv=None) -> int:
             window_samples += args.batch_size * world
             if args.step_delay:
                 time.sleep(args.step_delay)
-            if step % 5 == 0 or step == 1:
+            if step % args.log_every == 0 or step == 1:
                 elapsed = time.perf_counter() - window_start
                 rate = window_samples / elapsed if elapsed > 0 else 0.0
                 accuracy = (output.argmax(1) == labels).float().mean().item()
