@@ -12,18 +12,19 @@ from doeks import container
 from doeks.taskkit import runner, settings, task
 
 ROOT = Path(__file__).resolve().parent
-UNIT_FOLDERS = {"eks": "eks", "csi": "csi", "efa": "efa-device-plugin", "gpu-metrics": "gpu-metrics",
-                "kubeflow": "kubeflow", "elasticjob": "elasticjob"}
+UNIT_FILES = {"eks": "eks/tasks.py", "csi": "csi/tasks.py", "efa": "efa-device-plugin/tasks.py",
+              "gpu-metrics": "gpu-metrics/tasks.py", "kubeflow": "kubeflow/tasks.py", "sagemaker": "kubeflow/sagemaker.py",
+              "elasticjob": "elasticjob/tasks.py"}
 
 
-def _load_unit(name, folder):
-    spec = importlib.util.spec_from_file_location(f"doeks_unit_{name.replace('-', '_')}", ROOT / folder / "tasks.py")
+def _load_unit(name, path):
+    spec = importlib.util.spec_from_file_location(f"doeks_unit_{name.replace('-', '_')}", ROOT / path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-UNITS = {name: _load_unit(name, folder) for name, folder in UNIT_FOLDERS.items()}
+UNITS = {name: _load_unit(name, path) for name, path in UNIT_FILES.items()}
 
 
 def _ordered_units():

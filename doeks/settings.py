@@ -256,6 +256,20 @@ KEYS: tuple[Key, ...] = (
     _key("SHARED_PVC", "elasticjob", "fsx-pvc", "PersistentVolumeClaim with data and checkpoints (EKS); a local folder under STATE_DIR on local", _dns_label(63)),
     _key("SHARED_MOUNT", "elasticjob", "/fsx-shared", "Where the shared volume is mounted in training pods", _pattern(re.compile(r"/[A-Za-z0-9._/-]*"), "an absolute path")),
     _key("NODE_LABELS", "elasticjob", "", "Extra node selector labels for training pods (key=value,...)", _labels),
+    # sagemaker / kubeflow
+    _key("S3_BUCKET", "sagemaker", "doeks-training", "S3 bucket for code, data, checkpoints and models", _pattern(re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"), "an S3 bucket name: 3-63 lower-case letters, digits, '.', '-'")),
+    _key("DATA_S3_PREFIX", "sagemaker", "data/imagenet", "Prefix of the training data in S3_BUCKET (train/ and val/ under it)", _pattern(re.compile(r"[A-Za-z0-9!_.*'()/-]+"), "an S3 key prefix")),
+    _key("SAGEMAKER_ROLE_NAME", "sagemaker", "doeks-sagemaker-execution", "IAM execution role for SageMaker training jobs", _pattern(re.compile(r"[\w+=,.@-]{1,64}"), "an IAM role name")),
+    _key("SAGEMAKER_IMAGE", "sagemaker", "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker", "Training image (a PyTorch Deep Learning Container)", _pattern(_IMAGE_REF, "an image reference")),
+    _key("SAGEMAKER_INSTANCE_TYPE", "sagemaker", "ml.g5.12xlarge", "Instance type of SageMaker training", _pattern(re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+"), "a SageMaker instance type such as ml.g5.12xlarge")),
+    _key("SAGEMAKER_INSTANCE_COUNT", "sagemaker", "2", "Instances in the SageMaker training job", _int(1, 100)),
+    _key("SAGEMAKER_SPOT", "sagemaker", "false", "Use managed spot training (checkpoints in S3)", _bool),
+    _key("SAGEMAKER_MAX_RUN", "sagemaker", "86400", "Longest a training job may run, seconds", _int(60, 2419200)),
+    _key("SAGEMAKER_MAX_WAIT", "sagemaker", "172800", "Longest to wait for spot capacity plus run, seconds (>= SAGEMAKER_MAX_RUN)", _int(60, 2419200)),
+    _key("SAGEMAKER_SUBNETS", "sagemaker", "", "Subnets for VPC training (needed with EFS data), comma-separated", _pattern(re.compile(r"(subnet-[0-9a-f]{8,17})(,subnet-[0-9a-f]{8,17})*"), "subnet ids separated by commas", optional=True)),
+    _key("SAGEMAKER_SECURITY_GROUPS", "sagemaker", "", "Security groups for VPC training, comma-separated", _pattern(re.compile(r"(sg-[0-9a-f]{8,17})(,sg-[0-9a-f]{8,17})*"), "security group ids separated by commas", optional=True)),
+    _key("EFS_FILE_SYSTEM_ID", "sagemaker", "", "Read training data from this EFS file system instead of S3 (needs SAGEMAKER_SUBNETS)", _pattern(re.compile(r"fs-[0-9a-f]{8,17}"), "an EFS id such as fs-0123456789abcdef0", optional=True)),
+    _key("KFP_ENDPOINT", "kubeflow", "", "Kubeflow Pipelines API endpoint for pipeline upload/run (empty = port-forwarded ml-pipeline)", _url),
     # secrets (masked in every output)
     _key("AWS_ACCESS_KEY_ID", "secrets", "", "Access key id (empty = default credentials chain)", _text),
     _key("AWS_SECRET_ACCESS_KEY", "secrets", "", "Secret access key (masked in all output)", _text),
@@ -363,6 +377,10 @@ def _check_ranges(values: dict[str, Any], raw: dict[str, str]) -> None:
                 f"(here {values[low]} <= {values[mid]} <= {values[high]})")
 
     ordered("MIN_REPLICAS", "REPLICAS", "MAX_REPLICAS")
+    if values["SAGEMAKER_SPOT"] and values["SAGEMAKER_MAX_WAIT"] < values["SAGEMAKER_MAX_RUN"]:
+        raise SettingsError(f"SAGEMAKER_MAX_WAIT={raw['SAGEMAKER_MAX_WAIT']!r} is not accepted: expected >= SAGEMAKER_MAX_RUN ({values['SAGEMAKER_MAX_RUN']}) with spot training")
+    if values["EFS_FILE_SYSTEM_ID"] and not values["SAGEMAKER_SUBNETS"]:
+        raise SettingsError(f"EFS_FILE_SYSTEM_ID={raw['EFS_FILE_SYSTEM_ID']!r} is not accepted: expected SAGEMAKER_SUBNETS to be set too (EFS data needs VPC training)")
     for group in ("SYSTEM", "CPU", "GPU"):
         ordered(f"{group}_NODES_MIN", f"{group}_NODES", f"{group}_NODES_MAX")
     if values["CAPACITY_RESERVATION_ID"] and values["GPU_SPOT"]:

@@ -1,4 +1,145 @@
-"""kubeflow unit."""
+"""kubeflow: the Kubeflow training operator (PyTorchJob), PyTorchJobs from the repo's training script, and the
+hybrid KFP v2 pipeline that picks kubernetes, sagemaker or local at run time.
+"""
 from invoke import Collection
 
+from doeks.taskkit import Unit, runner, settings, task
+
+TRAINING_OPERATOR_REF = "v1.9.2"
+TRAINING_OPERATOR_KUSTOMIZE = f"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref={TRAINING_OPERATOR_REF}"
+
+
+def _kubectl(dry_run):
+    from doeks import kube
+
+    return "kubectl" if dry_run else kube.kubectl()
+
+
+@task(name="deploy", help={"dry_run": "print the command; change nothing"})
+def operator_deploy(c, dry_run=False):
+    """Deploy the standalone training operator (pinned) with server-side apply (TARGET=local: nothing to deploy)."""
+    from doeks import ui
+
+    s = settings()
+    if s.target == "local":
+        ui.say("TARGET=local: PyTorchJobs are interpreted by doeks' local runtime; no operator to deploy")
+        return
+    runner(dry_run).run([_kubectl(dry_run), "apply", "--server-side", "-k", TRAINING_OPERATOR_KUSTOMIZE])
+
+
+@task(name="delete", help={"dry_run": "print the command; change nothing"})
+def operator_delete(c, dry_run=False):
+    """Delete the training operator; safe to run twice."""
+    from doeks import ui
+
+    s = settings()
+    if s.target == "local":
+        ui.say("TARGET=local: no operator to delete")
+        return
+    runner(dry_run).run([_kubectl(dry_run), "delete", "--ignore-not-found", "-k", TRAINING_OPERATOR_KUSTOMIZE])
+
+
+@task(help={"elastic": "add elasticPolicy (min:max replicas, rendezvous) as elasticjob does",
+            "replicas": "worker replicas", "dry_run": "print the PyTorchJob as YAML on stdout; change nothing"})
+def submit(c, elastic=True, replicas=None, dry_run=False):
+    """Submit a PyTorchJob running the repo's training script (kubectl server-side apply)."""
+    from doeks import jobspec, kube
+
+    s = settings(replicas=replicas)
+    job = jobspec.pytorchjob(s)
+    if not elastic:
+        del job["spec"]["elasticPolicy"]
+        container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+        container["command"] = ["torchrun", "--nnodes", str(s.replicas), "--nproc-per-node", str(s.nproc_per_node), jobspec.CONTAINER_SCRIPT]
+    kube.apply(runner(dry_run), [job])
+
+
+@task(name="status")
+def job_status(c):
+    """Show the PyTorchJob."""
+    from doeks import kube
+
+    s = settings()
+    kube.show(runner(), ["pytorchjob", s.job_name, "-n", s.namespace, "-o", "wide"])
+
+
+@task(name="logs", help={"follow": "keep streaming"})
+def job_logs(c, follow=False):
+    """Logs of all the job's pods, prefixed."""
+    from doeks import kube
+
+    s = settings()
+    kube.follow_logs(runner(), s.namespace, f"training.kubeflow.org/job-name={s.job_name}", follow=follow)
+
+
+@task(name="delete", help={"dry_run": "print; change nothing"})
+def job_delete(c, dry_run=False):
+    """Delete the PyTorchJob; safe to run twice."""
+    from doeks import jobspec, kube
+
+    kube.delete(runner(dry_run), [jobspec.pytorchjob(settings())])
+
+
+@task(name="compile", help={"out": "IR YAML path", "runtime": "default for training_runtime: kubernetes, sagemaker or local",
+                            "steps": "training steps for the local/sagemaker branches"})
+def pipeline_compile(c, out="hybrid-pipeline.yaml", runtime="kubernetes", steps=5):
+    """Compile the hybrid pipeline to KFP v2 IR YAML, with defaults rendered from .env."""
+    from pathlib import Path
+
+    from doeks import pipeline, ui
+
+    s = settings()
+    args = pipeline.arguments(s, runtime, int(steps))
+    pipeline.compile_to(Path(out), args)
+    ui.say(f"pipeline compiled to {out} (training_runtime default: {runtime})")
+
+
+@task(name="run", help={"runtime": "kubernetes, sagemaker or local", "local": "execute here with kfp.local",
+                        "steps": "training steps", "dry_run": "print the arguments; change nothing"})
+def pipeline_run(c, runtime="local", local=False, steps=5, dry_run=False):
+    """Run the pipeline: on the Kubeflow Pipelines endpoint, or here with --local."""
+    import json
+    import sys
+
+    from doeks import aws, pipeline, ui
+    from doeks.errors import DoeksError
+
+    s = settings()
+    endpoint = (aws.endpoint_url(s) or "") if runtime == "sagemaker" else ""
+    role_arn = ""
+    if runtime == "sagemaker" and not dry_run:
+        iam = aws.client(s, "iam")
+        try:
+            role_arn = iam.get_role(RoleName=s.sagemaker_role_name)["Role"]["Arn"]
+        except iam.exceptions.NoSuchEntityException:
+            raise DoeksError(f"execution role {s.sagemaker_role_name} does not exist: run `invoke sagemaker.role`") from None
+    args = pipeline.arguments(s, runtime, int(steps), endpoint_url=endpoint, role_arn=role_arn)
+    if dry_run:
+        shown = {k: (v if k != "source_tar_b64" else f"<{len(v)} base64 chars>") for k, v in args.items()}
+        sys.stdout.write(json.dumps(shown, indent=2) + "\n")
+        return
+    if local:
+        if runtime == "local":
+            from doeks import elastic
+
+            elastic.check_data(s)
+        pipeline.run_local(s, args)
+        ui.say(f"pipeline finished locally (training_runtime={runtime}); artifacts under {s.state_dir / 'kfp'}")
+        return
+    import kfp
+
+    if not s.kfp_endpoint:
+        raise DoeksError("KFP_ENDPOINT is empty: set it (e.g. http://localhost:8080 after `kubectl port-forward svc/ml-pipeline-ui`), or use --local")
+    client = kfp.Client(host=s.kfp_endpoint)
+    run = client.create_run_from_pipeline_func(pipeline.hybrid, arguments=args)
+    ui.say(f"run {run.run_id} created on {s.kfp_endpoint}")
+
+
+operator = Collection("training-operator", operator_deploy, operator_delete)
+pytorchjob = Collection("pytorchjob", submit, job_status, job_logs, job_delete)
+pipeline_ns = Collection("pipeline", pipeline_compile, pipeline_run)
 ns = Collection("kubeflow")
+ns.add_collection(operator)
+ns.add_collection(pytorchjob)
+ns.add_collection(pipeline_ns)
+UNIT = Unit("kubeflow", order=50, up=operator_deploy, down=operator_delete)

@@ -1,0 +1,255 @@
+"""SageMaker training from the same training script and data: the execution role (scoped, not *FullAccess), the S3
+gateway VPC endpoint, and CreateTrainingJob built with boto3 so the request is plain to read (`--dry-run` prints it).
+
+The script goes to S3 as `sourcedir.tar.gz` and runs in a PyTorch Deep Learning Container under torchrun
+(`sagemaker_torch_distributed_enabled`), reading SM_CHANNEL_TRAINING / SM_MODEL_DIR like on SageMaker proper.
+"""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import ui
+from .errors import DoeksError
+from .settings import PROJECT_ROOT
+
+WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
+TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"},
+                                                 "Action": "sts:AssumeRole"}]}
+
+
+def role_policy(settings) -> dict[str, Any]:
+    """Only what a training job needs: its bucket, logs, metrics, pulling the image and VPC interfaces."""
+    bucket = f"arn:aws:s3:::{settings.s3_bucket}"
+    statements = [
+        {"Sid": "Bucket", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": bucket},
+        {"Sid": "Objects", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], "Resource": f"{bucket}/*"},
+        {"Sid": "Logs", "Effect": "Allow", "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+         "Resource": f"arn:aws:logs:{settings.aws_region}:*:log-group:/aws/sagemaker/*"},
+        {"Sid": "Metrics", "Effect": "Allow", "Action": ["cloudwatch:PutMetricData"], "Resource": "*",
+         "Condition": {"StringLike": {"cloudwatch:namespace": "/aws/sagemaker/*"}}},
+        {"Sid": "Image", "Effect": "Allow", "Action": ["ecr:GetAuthorizationToken", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
+                                                       "ecr:BatchCheckLayerAvailability"], "Resource": "*"},
+        {"Sid": "Vpc", "Effect": "Allow", "Action": ["ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission",
+                                                     "ec2:DeleteNetworkInterface", "ec2:DeleteNetworkInterfacePermission",
+                                                     "ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions",
+                                                     "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"], "Resource": "*"},
+    ]
+    if settings.efs_file_system_id:
+        statements.append({"Sid": "Efs", "Effect": "Allow", "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:DescribeMountTargets"],
+                           "Resource": "*"})
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def ensure_role(settings, runner) -> str:
+    from .aws import client
+
+    iam = client(settings, "iam")
+    name = settings.sagemaker_role_name
+    try:
+        arn = iam.get_role(RoleName=name)["Role"]["Arn"]
+        ui.say(f"role {name} exists")
+    except iam.exceptions.NoSuchEntityException:
+        created = runner.call(iam, "create_role", RoleName=name, AssumeRolePolicyDocument=json.dumps(TRUST),
+                              Description="doeks: SageMaker training execution role", Tags=[{"Key": "doeks", "Value": "true"}])
+        arn = created["Role"]["Arn"] if created else f"arn:aws:iam::<account>:role/{name}"
+    runner.call(iam, "put_role_policy", RoleName=name, PolicyName="doeks-training", PolicyDocument=json.dumps(role_policy(settings)))
+    return arn
+
+
+def delete_role(settings, runner) -> None:
+    from .aws import client
+
+    iam = client(settings, "iam")
+    name = settings.sagemaker_role_name
+    try:
+        for policy in iam.list_role_policies(RoleName=name)["PolicyNames"]:
+            runner.call(iam, "delete_role_policy", RoleName=name, PolicyName=policy)
+        runner.call(iam, "delete_role", RoleName=name)
+    except iam.exceptions.NoSuchEntityException:
+        ui.say(f"role {name} does not exist: nothing to delete")
+
+
+def source_archive() -> bytes:
+    """doeks/workload as sourcedir.tar.gz (train.py at the top, as SageMaker's framework containers expect)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path in sorted(WORKLOAD.glob("*.py")):
+            info = tar.gettarinfo(str(path), arcname=path.name)
+            info.mtime = 0
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
+    return buffer.getvalue()
+
+
+def job_name(settings) -> str:
+    return f"{settings.job_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def training_request(settings, role_arn: str, name: str, max_steps: int = 0) -> dict[str, Any]:
+    """The full CreateTrainingJob request: same script, same data layout, torchrun distribution."""
+    prefix = f"s3://{settings.s3_bucket}/doeks/{name}"
+    hyper = {"sagemaker_program": "train.py", "sagemaker_submit_directory": f"{prefix}/source/sourcedir.tar.gz",
+             "sagemaker_torch_distributed_enabled": "true", "sagemaker_region": settings.aws_region,
+             "arch": settings.arch, "epochs": str(settings.epochs), "batch-size": str(settings.batch_size),
+             "lr": str(settings.learning_rate), "checkpoint-every": str(settings.checkpoint_every),
+             "checkpoint-dir": "/opt/ml/checkpoints", "workers": str(settings.data_workers)}
+    if max_steps:
+        hyper["max-steps"] = str(max_steps)
+    if settings.efs_file_system_id:
+        source = {"FileSystemDataSource": {"FileSystemId": settings.efs_file_system_id, "FileSystemAccessMode": "ro",
+                                           "FileSystemType": "EFS", "DirectoryPath": f"/{settings.data_s3_prefix.strip('/')}"}}
+    else:
+        source = {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": f"s3://{settings.s3_bucket}/{settings.data_s3_prefix.strip('/')}/",
+                                   "S3DataDistributionType": "FullyReplicated"}}
+    request: dict[str, Any] = {
+        "TrainingJobName": name,
+        "RoleArn": role_arn,
+        "AlgorithmSpecification": {"TrainingImage": settings.sagemaker_image, "TrainingInputMode": "File",
+                                   "EnableSageMakerMetricsTimeSeries": True,
+                                   "MetricDefinitions": [{"Name": "train:loss", "Regex": r"loss=([0-9.]+)"},
+                                                         {"Name": "val:accuracy", "Regex": r"val_acc=([0-9.]+)"},
+                                                         {"Name": "train:samples_per_s", "Regex": r"samples/s=([0-9.]+)"}]},
+        "HyperParameters": hyper,
+        "InputDataConfig": [{"ChannelName": "training", "DataSource": source, "InputMode": "File"}],
+        "OutputDataConfig": {"S3OutputPath": f"{prefix}/output"},
+        "ResourceConfig": {"InstanceType": settings.sagemaker_instance_type, "InstanceCount": settings.sagemaker_instance_count,
+                           "VolumeSizeInGB": 100},
+        "StoppingCondition": {"MaxRuntimeInSeconds": settings.sagemaker_max_run},
+        "Tags": [{"Key": "doeks/job", "Value": settings.job_name}],
+    }
+    if settings.sagemaker_subnets:
+        request["VpcConfig"] = {"Subnets": settings.sagemaker_subnets.split(","),
+                                "SecurityGroupIds": settings.sagemaker_security_groups.split(",") if settings.sagemaker_security_groups else []}
+    if settings.sagemaker_spot:
+        request["EnableManagedSpotTraining"] = True
+        request["StoppingCondition"]["MaxWaitTimeInSeconds"] = settings.sagemaker_max_wait
+        request["CheckpointConfig"] = {"S3Uri": f"s3://{settings.s3_bucket}/doeks/{settings.job_name}/checkpoints",
+                                       "LocalPath": "/opt/ml/checkpoints"}
+    return request
+
+
+def submit(settings, runner, max_steps: int = 0) -> dict[str, Any]:
+    from .aws import client
+
+    if settings.efs_file_system_id and not settings.sagemaker_subnets:
+        raise DoeksError("EFS data needs VPC training: set SAGEMAKER_SUBNETS (and SAGEMAKER_SECURITY_GROUPS)")
+    name = job_name(settings)
+    if runner.dry_run:
+        role_arn = f"arn:aws:iam::<account>:role/{settings.sagemaker_role_name}"
+    else:
+        iam = client(settings, "iam")
+        try:
+            role_arn = iam.get_role(RoleName=settings.sagemaker_role_name)["Role"]["Arn"]
+        except iam.exceptions.NoSuchEntityException:
+            raise DoeksError(f"execution role {settings.sagemaker_role_name} does not exist: run `invoke kubeflow.sagemaker.role`") from None
+    request = training_request(settings, role_arn, name, max_steps)
+    s3 = client(settings, "s3")
+    key = request["HyperParameters"]["sagemaker_submit_directory"].split(f"s3://{settings.s3_bucket}/", 1)[1]
+    runner.call(s3, "put_object", Bucket=settings.s3_bucket, Key=key, Body=f"<sourcedir.tar.gz of {WORKLOAD}>" if runner.dry_run else source_archive())
+    runner.call(client(settings, "sagemaker"), "create_training_job", **request)
+    if not runner.dry_run:
+        ui.say(f"training job {name} submitted ({settings.sagemaker_instance_count} x {settings.sagemaker_instance_type})")
+    return request
+
+
+def describe(settings, name: str) -> dict[str, Any]:
+    from .aws import client
+
+    sm = client(settings, "sagemaker")
+    try:
+        return sm.describe_training_job(TrainingJobName=name)
+    except sm.exceptions.ClientError as error:
+        raise DoeksError(f"training job {name}: {error.response['Error']['Message']}") from None
+
+
+def latest_job(settings) -> str:
+    from .aws import client
+
+    jobs = client(settings, "sagemaker").list_training_jobs(NameContains=settings.job_name, SortBy="CreationTime",
+                                                            SortOrder="Descending", MaxResults=1)["TrainingJobSummaries"]
+    if not jobs:
+        raise DoeksError(f"no SageMaker training job named {settings.job_name}-*: submit one with `invoke kubeflow.sagemaker.train`")
+    return jobs[0]["TrainingJobName"]
+
+
+def stop(settings, runner, name: str) -> None:
+    from .aws import client
+
+    status = describe(settings, name)["TrainingJobStatus"]
+    if status not in ("InProgress",):
+        ui.say(f"training job {name} is {status}: nothing to stop")
+        return
+    runner.call(client(settings, "sagemaker"), "stop_training_job", TrainingJobName=name)
+
+
+def logs(settings, name: str) -> list[str]:
+    """The job's CloudWatch log lines; says so when the backend keeps none (e.g. a local AWS-API endpoint)."""
+    from .aws import client
+
+    cw = client(settings, "logs")
+    group = "/aws/sagemaker/TrainingJobs"
+    try:
+        streams = cw.describe_log_streams(logGroupName=group, logStreamNamePrefix=name)["logStreams"]
+    except cw.exceptions.ResourceNotFoundException:
+        return []
+    lines = []
+    for stream in streams:
+        for event in cw.get_log_events(logGroupName=group, logStreamName=stream["logStreamName"], startFromHead=True)["events"]:
+            lines.append(f"[{stream['logStreamName']}] {event['message']}")
+    return lines
+
+
+def ensure_s3_endpoint(settings, runner, vpc_id: str) -> str | None:
+    """The S3 gateway endpoint for a VPC (so training in that VPC reaches S3); idempotent."""
+    from .aws import client
+
+    ec2 = client(settings, "ec2")
+    service = f"com.amazonaws.{settings.aws_region}.s3"
+    found = ec2.describe_vpc_endpoints(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "service-name", "Values": [service]}])["VpcEndpoints"]
+    live = [e for e in found if e.get("State", "").lower() not in ("deleted", "deleting")]
+    if live:
+        ui.say(f"S3 gateway endpoint {live[0]['VpcEndpointId']} exists in {vpc_id}")
+        return live[0]["VpcEndpointId"]
+    tables = [t["RouteTableId"] for t in ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}])["RouteTables"]]
+    created = runner.call(ec2, "create_vpc_endpoint", VpcEndpointType="Gateway", VpcId=vpc_id, ServiceName=service,
+                          RouteTableIds=tables, TagSpecifications=[{"ResourceType": "vpc-endpoint", "Tags": [{"Key": "doeks", "Value": "s3"}]}])
+    return created["VpcEndpoint"]["VpcEndpointId"] if created else None
+
+
+def delete_s3_endpoint(settings, runner, vpc_id: str) -> int:
+    from .aws import client
+
+    ec2 = client(settings, "ec2")
+    service = f"com.amazonaws.{settings.aws_region}.s3"
+    found = ec2.describe_vpc_endpoints(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "service-name", "Values": [service]}])["VpcEndpoints"]
+    ids = [e["VpcEndpointId"] for e in found if e.get("State", "").lower() not in ("deleted", "deleting")]
+    if ids:
+        runner.call(ec2, "delete_vpc_endpoints", VpcEndpointIds=ids)
+    else:
+        ui.say(f"no S3 gateway endpoint in {vpc_id}: nothing to delete")
+    return len(ids)
+
+
+def upload_data(settings, runner, local: Path) -> int:
+    """Copy a local data folder (train/, val/) to s3://S3_BUCKET/DATA_S3_PREFIX/."""
+    from .aws import client
+
+    s3 = client(settings, "s3")
+    try:
+        s3.head_bucket(Bucket=settings.s3_bucket)
+    except Exception:  # noqa: BLE001 - absent bucket
+        runner.call(s3, "create_bucket", Bucket=settings.s3_bucket,
+                    **({} if settings.aws_region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": settings.aws_region}}))
+    files = [p for p in local.rglob("*") if p.is_file()]
+    for path in files:
+        key = f"{settings.data_s3_prefix.strip('/')}/{path.relative_to(local).as_posix()}"
+        if runner.dry_run:
+            continue
+        s3.upload_file(str(path), settings.s3_bucket, key)
+    runner.note(f"{len(files)} files {'would be ' if runner.dry_run else ''}uploaded to s3://{settings.s3_bucket}/{settings.data_s3_prefix}/")
+    return len(files)
