@@ -256,6 +256,15 @@ KEYS: tuple[Key, ...] = (
     _key("SHARED_PVC", "elasticjob", "fsx-pvc", "PersistentVolumeClaim with data and checkpoints (EKS); a local folder under STATE_DIR on local", _dns_label(63)),
     _key("SHARED_MOUNT", "elasticjob", "/fsx-shared", "Where the shared volume is mounted in training pods", _pattern(re.compile(r"/[A-Za-z0-9._/-]*"), "an absolute path")),
     _key("NODE_LABELS", "elasticjob", "", "Extra node selector labels for training pods (key=value,...)", _labels),
+    # csi (shared storage)
+    _key("FSX_DEPLOYMENT_TYPE", "csi", "PERSISTENT_2", "FSx for Lustre deployment type", _choice(("PERSISTENT_2", "PERSISTENT_1", "SCRATCH_2"))),
+    _key("FSX_STORAGE_CAPACITY", "csi", "1200", "FSx capacity in GiB (1200, 2400, then steps of 2400)", _int(1200, 524400)),
+    _key("FSX_THROUGHPUT", "csi", "250", "FSx throughput per TiB (MB/s): PERSISTENT_2 125/250/500/1000, PERSISTENT_1 50/100/200", _int(0, 1000)),
+    _key("FSX_COMPRESSION", "csi", "LZ4", "FSx data compression", _choice(("LZ4", "NONE"))),
+    _key("FSX_SUBNET_ID", "csi", "", "Subnet for FSx (empty = the private subnet of the GPU nodes' AZ)", _pattern(re.compile(r"subnet-[0-9a-f]{8,17}"), "a subnet id such as subnet-0123456789abcdef0", optional=True)),
+    _key("FSX_FILE_SYSTEM_ID", "csi", "", "Use this existing FSx file system (static PV) instead of provisioning one", _pattern(re.compile(r"fs-[0-9a-f]{8,17}"), "an FSx id such as fs-0123456789abcdef0", optional=True)),
+    _key("FSX_IMPORT_PATH", "csi", "", "S3 path linked to FSx with a data repository association (empty = none)", _pattern(re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?"), "an s3://bucket/prefix path", optional=True)),
+    _key("STAGE_THREADS", "csi", "64", "Parallel downloads when staging data from S3", _int(1, 512)),
     # sagemaker / kubeflow
     _key("S3_BUCKET", "sagemaker", "doeks-training", "S3 bucket for code, data, checkpoints and models", _pattern(re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"), "an S3 bucket name: 3-63 lower-case letters, digits, '.', '-'")),
     _key("DATA_S3_PREFIX", "sagemaker", "data/imagenet", "Prefix of the training data in S3_BUCKET (train/ and val/ under it)", _pattern(re.compile(r"[A-Za-z0-9!_.*'()/-]+"), "an S3 key prefix")),
@@ -377,6 +386,7 @@ def _check_ranges(values: dict[str, Any], raw: dict[str, str]) -> None:
                 f"(here {values[low]} <= {values[mid]} <= {values[high]})")
 
     ordered("MIN_REPLICAS", "REPLICAS", "MAX_REPLICAS")
+    _check_fsx(values, raw)
     if values["SAGEMAKER_SPOT"] and values["SAGEMAKER_MAX_WAIT"] < values["SAGEMAKER_MAX_RUN"]:
         raise SettingsError(f"SAGEMAKER_MAX_WAIT={raw['SAGEMAKER_MAX_WAIT']!r} is not accepted: expected >= SAGEMAKER_MAX_RUN ({values['SAGEMAKER_MAX_RUN']}) with spot training")
     if values["EFS_FILE_SYSTEM_ID"] and not values["SAGEMAKER_SUBNETS"]:
@@ -385,6 +395,15 @@ def _check_ranges(values: dict[str, Any], raw: dict[str, str]) -> None:
         ordered(f"{group}_NODES_MIN", f"{group}_NODES", f"{group}_NODES_MAX")
     if values["CAPACITY_RESERVATION_ID"] and values["GPU_SPOT"]:
         raise SettingsError("GPU_SPOT='true' is not accepted: expected false when CAPACITY_RESERVATION_ID is set")
+
+
+def _check_fsx(values: dict[str, Any], raw: dict[str, str]) -> None:
+    kind, capacity, throughput = values["FSX_DEPLOYMENT_TYPE"], values["FSX_STORAGE_CAPACITY"], values["FSX_THROUGHPUT"]
+    if capacity != 1200 and capacity % 2400:
+        raise SettingsError(f"FSX_STORAGE_CAPACITY={raw['FSX_STORAGE_CAPACITY']!r} is not accepted: expected 1200 or a multiple of 2400")
+    allowed = {"PERSISTENT_2": (125, 250, 500, 1000), "PERSISTENT_1": (50, 100, 200), "SCRATCH_2": (0, 125, 250, 500, 1000)}[kind]
+    if throughput not in allowed:
+        raise SettingsError(f"FSX_THROUGHPUT={raw['FSX_THROUGHPUT']!r} is not accepted: expected one of {', '.join(map(str, allowed))} for {kind}")
 
 
 _CACHE: dict[str, Settings] = {}

@@ -96,10 +96,11 @@ def s3_endpoint_delete(c, vpc=None, dry_run=False):
 def _cluster_vpc(s, eks):
     from doeks.errors import DoeksError
 
-    cluster = eks.describe(s)
-    if cluster is None:
+    from doeks import storage
+
+    if eks.describe(s) is None:
         raise DoeksError(f"cluster {s.cluster_name} not found: pass --vpc vpc-... or create the cluster first")
-    return cluster["resourcesVpcConfig"]["vpcId"]
+    return storage.cluster_network(s)["vpc"]
 
 
 ns = Collection("sagemaker", role, role_delete, train, status, logs, stop, s3_endpoint, s3_endpoint_delete)

@@ -1,0 +1,341 @@
+"""Shared storage for training pods: EFS and FSx for Lustre with their CSI drivers, IAM, security groups and
+Kubernetes objects (boto3 for AWS, kubectl server-side apply for the cluster). Everything is found by tags and names
+derived from CLUSTER_NAME, never "the first file system in the region" or "the first cluster in the account".
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from . import ui
+from .errors import DoeksError
+
+EFS_DRIVER_ADDON = "aws-efs-csi-driver"
+FSX_CHART_VERSION = "1.11.0"
+FSX_CHART_REPO = "https://kubernetes-sigs.github.io/aws-fsx-csi-driver"
+TAG = "doeks/cluster"
+
+
+def _client(settings, service):
+    from .aws import client
+
+    return client(settings, service)
+
+
+# -- the cluster's network ----------------------------------------------------------------------------------------
+def cluster_network(settings) -> dict[str, Any]:
+    """VPC, CIDR, cluster security group and the private subnets (one per AZ) of *this* cluster."""
+    from . import eks
+
+    cluster = eks.describe(settings)
+    if cluster is None:
+        raise DoeksError(f"cluster {settings.cluster_name} not found in {settings.aws_region}: create it first (invoke eks.create)")
+    vpc_config = cluster["resourcesVpcConfig"]
+    ec2 = _client(settings, "ec2")
+    subnets = ec2.describe_subnets(SubnetIds=vpc_config["subnetIds"])["Subnets"]
+    vpc_id = vpc_config.get("vpcId") or subnets[0]["VpcId"]
+    cidr = ec2.describe_vpcs(VpcIds=[vpc_id])["Vpcs"][0]["CidrBlock"]
+    private = [s for s in subnets if not s.get("MapPublicIpOnLaunch")]
+    if not private:
+        raise DoeksError(f"cluster {settings.cluster_name} has no private subnets to put mount targets in")
+    per_zone: dict[str, str] = {}
+    for subnet in sorted(private, key=lambda s: s["SubnetId"]):
+        per_zone.setdefault(subnet["AvailabilityZone"], subnet["SubnetId"])
+    security_group = vpc_config.get("clusterSecurityGroupId") or (vpc_config.get("securityGroupIds") or [None])[0]
+    return {"vpc": vpc_id, "cidr": cidr, "subnets": per_zone, "security_group": security_group}
+
+
+def _find_group(ec2, vpc: str, name: str) -> str | None:
+    groups = ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpc]}, {"Name": "group-name", "Values": [name]}])
+    return groups["SecurityGroups"][0]["GroupId"] if groups["SecurityGroups"] else None
+
+
+def ensure_security_group(settings, runner, net, name: str, description: str, permissions: list[dict]) -> str | None:
+    ec2 = _client(settings, "ec2")
+    existing = _find_group(ec2, net["vpc"], name)
+    if existing:
+        ui.say(f"security group {name} exists ({existing})")
+        return existing
+    created = runner.call(ec2, "create_security_group", GroupName=name, Description=description, VpcId=net["vpc"],
+                          TagSpecifications=[{"ResourceType": "security-group", "Tags": [{"Key": TAG, "Value": settings.cluster_name}]}])
+    group = created["GroupId"] if created else f"<{name}>"
+    for permission in permissions:
+        if permission.get("self"):
+            permission = {k: v for k, v in permission.items() if k != "self"}
+            permission["UserIdGroupPairs"] = [{"GroupId": group}]
+        runner.call(ec2, "authorize_security_group_ingress", GroupId=group, IpPermissions=[permission])
+    return group if created else None
+
+
+def delete_security_group(settings, runner, vpc: str, name: str) -> None:
+    ec2 = _client(settings, "ec2")
+    group = _find_group(ec2, vpc, name)
+    if group is None:
+        ui.say(f"security group {name} is gone already")
+        return
+    runner.call(ec2, "delete_security_group", GroupId=group)
+
+
+# -- EFS ----------------------------------------------------------------------------------------------------------
+def efs_token(settings) -> str:
+    return f"doeks-{settings.cluster_name}"
+
+
+def find_efs(settings) -> dict[str, Any] | None:
+    efs = _client(settings, "efs")
+    found = efs.describe_file_systems(CreationToken=efs_token(settings))["FileSystems"]
+    return found[0] if found else None
+
+
+def efs_create(settings, runner) -> str | None:
+    """An encrypted file system for this cluster, an NFS security group and mount targets in its private subnets."""
+    net = cluster_network(settings)
+    efs = _client(settings, "efs")
+    fs = find_efs(settings)
+    if fs:
+        fs_id = fs["FileSystemId"]
+        ui.say(f"EFS {fs_id} for {settings.cluster_name} exists")
+    else:
+        created = runner.call(efs, "create_file_system", CreationToken=efs_token(settings), Encrypted=True,
+                              PerformanceMode="generalPurpose", ThroughputMode="elastic",
+                              Tags=[{"Key": "Name", "Value": efs_token(settings)}, {"Key": TAG, "Value": settings.cluster_name}])
+        fs_id = created["FileSystemId"] if created else "<new-fs>"
+        if created:
+            _wait(lambda: efs.describe_file_systems(FileSystemId=fs_id)["FileSystems"][0]["LifeCycleState"] == "available",
+                  f"EFS {fs_id} to become available")
+    nfs = {"IpProtocol": "tcp", "FromPort": 2049, "ToPort": 2049}
+    source = {"UserIdGroupPairs": [{"GroupId": net["security_group"]}]} if net["security_group"] else {"IpRanges": [{"CidrIp": net["cidr"]}]}
+    group = ensure_security_group(settings, runner, net, f"doeks-efs-{settings.cluster_name}",
+                                  "doeks: NFS to EFS from the cluster only", [{**nfs, **source}])
+    existing = {} if runner.dry_run and not fs else {m["SubnetId"] for m in efs.describe_mount_targets(FileSystemId=fs_id)["MountTargets"]}
+    for zone, subnet in sorted(net["subnets"].items()):
+        if subnet in existing:
+            continue
+        runner.call(efs, "create_mount_target", FileSystemId=fs_id, SubnetId=subnet, SecurityGroups=[group or "<efs-sg>"])
+    return fs_id
+
+
+def efs_destroy(settings, runner) -> bool:
+    """Mount targets (waiting until gone), the file system, the security group; False if nothing was there."""
+    efs = _client(settings, "efs")
+    fs = find_efs(settings)
+    if fs:
+        fs_id = fs["FileSystemId"]
+        targets = efs.describe_mount_targets(FileSystemId=fs_id)["MountTargets"]
+        for target in targets:
+            runner.call(efs, "delete_mount_target", MountTargetId=target["MountTargetId"])
+        if not runner.dry_run:
+            _wait(lambda: not efs.describe_mount_targets(FileSystemId=fs_id)["MountTargets"], f"mount targets of {fs_id} to go")
+        runner.call(efs, "delete_file_system", FileSystemId=fs_id)
+    else:
+        ui.say(f"no EFS for cluster {settings.cluster_name}: nothing to destroy")
+    from . import eks
+
+    if eks.describe(settings):
+        delete_security_group(settings, runner, cluster_network(settings)["vpc"], f"doeks-efs-{settings.cluster_name}")
+    return fs is not None
+
+
+def efs_manifests(settings, fs_id: str) -> list[dict[str, Any]]:
+    labels = {"app.kubernetes.io/part-of": "doeks"}
+    return [
+        {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "efs-sc", "labels": labels},
+         "provisioner": "efs.csi.aws.com", "parameters": {"provisioningMode": "efs-ap", "fileSystemId": fs_id, "directoryPerms": "700"}},
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "efs-pv", "labels": labels},
+         "spec": {"capacity": {"storage": "5Ti"}, "volumeMode": "Filesystem", "accessModes": ["ReadWriteMany"],
+                  "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "efs-sc",
+                  "csi": {"driver": "efs.csi.aws.com", "volumeHandle": fs_id}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "efs-pvc", "namespace": settings.namespace, "labels": labels},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "efs-sc", "volumeName": "efs-pv",
+                  "resources": {"requests": {"storage": "5Ti"}}}},
+    ]
+
+
+def efs_deploy(settings, runner) -> None:
+    """The EFS CSI driver as an EKS add-on (Pod Identity role), then StorageClass efs-sc and PV + PVC efs-pvc."""
+    from . import kube
+
+    fs = find_efs(settings)
+    if fs is None and not runner.dry_run:
+        raise DoeksError(f"no EFS for cluster {settings.cluster_name}: run `invoke csi.efs.create` first")
+    role = ensure_driver_role(settings, runner, "efs", ["arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"])
+    eks = _client(settings, "eks")
+    runner.call(eks, "create_addon", clusterName=settings.cluster_name, addonName=EFS_DRIVER_ADDON, resolveConflicts="OVERWRITE",
+                podIdentityAssociations=[{"serviceAccount": "efs-csi-controller-sa", "roleArn": role}])
+    kube.apply(runner, efs_manifests(settings, fs["FileSystemId"] if fs else "<fs-id>"))
+
+
+def efs_delete(settings, runner) -> None:
+    from . import kube
+
+    fs = find_efs(settings)
+    kube.delete(runner, list(reversed(efs_manifests(settings, fs["FileSystemId"] if fs else "fs-unknown"))))
+    eks = _client(settings, "eks")
+    try:
+        runner.call(eks, "delete_addon", clusterName=settings.cluster_name, addonName=EFS_DRIVER_ADDON)
+    except eks.exceptions.ResourceNotFoundException:
+        ui.say(f"add-on {EFS_DRIVER_ADDON} is gone already")
+    delete_driver_role(settings, runner, "efs")
+
+
+# -- IAM for the CSI drivers (Pod Identity) --------------------------------------------------------------------------
+POD_IDENTITY_TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
+                                                              "Action": ["sts:AssumeRole", "sts:TagSession"]}]}
+
+
+def driver_role_name(settings, driver: str) -> str:
+    return f"doeks-{settings.cluster_name}-{driver}-csi"[:64]
+
+
+def ensure_driver_role(settings, runner, driver: str, managed: list[str] = (), inline: dict | None = None) -> str:
+    iam = _client(settings, "iam")
+    name = driver_role_name(settings, driver)
+    try:
+        arn = iam.get_role(RoleName=name)["Role"]["Arn"]
+    except iam.exceptions.NoSuchEntityException:
+        created = runner.call(iam, "create_role", RoleName=name, AssumeRolePolicyDocument=json.dumps(POD_IDENTITY_TRUST),
+                              Tags=[{"Key": TAG, "Value": settings.cluster_name}])
+        arn = created["Role"]["Arn"] if created else f"arn:aws:iam::<account>:role/{name}"
+    for policy in managed:
+        runner.call(iam, "attach_role_policy", RoleName=name, PolicyArn=policy)
+    if inline:
+        runner.call(iam, "put_role_policy", RoleName=name, PolicyName=f"doeks-{driver}-csi", PolicyDocument=json.dumps(inline))
+    return arn
+
+
+def delete_driver_role(settings, runner, driver: str) -> None:
+    iam = _client(settings, "iam")
+    name = driver_role_name(settings, driver)
+    try:
+        for policy in iam.list_attached_role_policies(RoleName=name)["AttachedPolicies"]:
+            runner.call(iam, "detach_role_policy", RoleName=name, PolicyArn=policy["PolicyArn"])
+        for policy in iam.list_role_policies(RoleName=name)["PolicyNames"]:
+            runner.call(iam, "delete_role_policy", RoleName=name, PolicyName=policy)
+        runner.call(iam, "delete_role", RoleName=name)
+    except iam.exceptions.NoSuchEntityException:
+        ui.say(f"role {name} is gone already")
+
+
+# -- FSx for Lustre -----------------------------------------------------------------------------------------------
+def fsx_policy(settings) -> dict[str, Any]:
+    """What the FSx CSI driver needs, scoped to FSx and to the import bucket (no fsx:* on everything else)."""
+    statements = [
+        {"Effect": "Allow", "Action": ["fsx:CreateFileSystem", "fsx:DeleteFileSystem", "fsx:DescribeFileSystems",
+                                       "fsx:UpdateFileSystem", "fsx:TagResource", "fsx:CreateDataRepositoryAssociation",
+                                       "fsx:DescribeDataRepositoryAssociations"], "Resource": "*"},
+        {"Effect": "Allow", "Action": ["iam:CreateServiceLinkedRole", "iam:AttachRolePolicy", "iam:PutRolePolicy"],
+         "Resource": "arn:aws:iam::*:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/*"},
+        {"Effect": "Allow", "Action": "iam:CreateServiceLinkedRole", "Resource": "*",
+         "Condition": {"StringLike": {"iam:AWSServiceName": ["fsx.amazonaws.com"]}}},
+        {"Effect": "Allow", "Action": ["ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:DescribeNetworkInterfaces"], "Resource": "*"},
+    ]
+    if settings.fsx_import_path:
+        bucket = settings.fsx_import_path[len("s3://"):].split("/", 1)[0]
+        statements.append({"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:GetBucketPolicy",
+                                                         "s3:PutBucketPolicy"], "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]})
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def fsx_subnet(settings, net) -> str:
+    if settings.fsx_subnet_id:
+        if settings.fsx_subnet_id not in net["subnets"].values():
+            raise DoeksError(f"FSX_SUBNET_ID={settings.fsx_subnet_id!r} is not a private subnet of cluster {settings.cluster_name}: "
+                             f"expected one of {', '.join(sorted(net['subnets'].values()))}")
+        return settings.fsx_subnet_id
+    zone = settings.eks_zones[0] if settings.eks_zones else f"{settings.aws_region}a"
+    return net["subnets"].get(zone) or sorted(net["subnets"].items())[0][1]
+
+
+def fsx_manifests(settings, subnet: str, group: str) -> list[dict[str, Any]]:
+    labels = {"app.kubernetes.io/part-of": "doeks"}
+    if settings.fsx_file_system_id:
+        fs = _client(settings, "fsx").describe_file_systems(FileSystemIds=[settings.fsx_file_system_id])["FileSystems"][0]
+        lustre = fs["LustreConfiguration"]
+        return [
+            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "fsx-pv", "labels": labels},
+             "spec": {"capacity": {"storage": f"{fs['StorageCapacity']}Gi"}, "volumeMode": "Filesystem", "accessModes": ["ReadWriteMany"],
+                      "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                      "csi": {"driver": "fsx.csi.aws.com", "volumeHandle": fs["FileSystemId"],
+                              "volumeAttributes": {"dnsname": fs["DNSName"], "mountname": lustre.get("MountName", "fsx")}}}},
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": settings.shared_pvc, "namespace": settings.namespace, "labels": labels},
+             "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": "fsx-pv",
+                      "resources": {"requests": {"storage": f"{fs['StorageCapacity']}Gi"}}}},
+        ]
+    parameters = {"subnetId": subnet, "securityGroupIds": group, "deploymentType": settings.fsx_deployment_type,
+                  "dataCompressionType": settings.fsx_compression, "fileSystemTypeVersion": "2.15"}
+    if settings.fsx_deployment_type != "SCRATCH_2":
+        parameters["perUnitStorageThroughput"] = str(settings.fsx_throughput)
+    return [
+        {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "fsx-sc", "labels": labels},
+         "provisioner": "fsx.csi.aws.com", "parameters": parameters, "mountOptions": ["flock"], "reclaimPolicy": "Delete"},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": settings.shared_pvc, "namespace": settings.namespace, "labels": labels},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "fsx-sc",
+                  "resources": {"requests": {"storage": f"{settings.fsx_storage_capacity}Gi"}}}},
+    ]
+
+
+def fsx_group_permissions(net) -> list[dict]:
+    return [{"IpProtocol": "tcp", "FromPort": 988, "ToPort": 988, "self": True},
+            {"IpProtocol": "tcp", "FromPort": 1018, "ToPort": 1023, "self": True},
+            {"IpProtocol": "tcp", "FromPort": 988, "ToPort": 988, "IpRanges": [{"CidrIp": net["cidr"]}]},
+            {"IpProtocol": "tcp", "FromPort": 1018, "ToPort": 1023, "IpRanges": [{"CidrIp": net["cidr"]}]}]
+
+
+def fsx_deploy(settings, runner) -> None:
+    from . import kube
+
+    net = cluster_network(settings)
+    subnet = fsx_subnet(settings, net)
+    ensure_driver_role(settings, runner, "fsx", inline=fsx_policy(settings))
+    group = ensure_security_group(settings, runner, net, f"doeks-fsx-{settings.cluster_name}", "doeks: Lustre 988, 1018-1023 within the VPC",
+                                  fsx_group_permissions(net)) or "<fsx-sg>"
+    helm = ["helm", "upgrade", "--install", "aws-fsx-csi-driver", "aws-fsx-csi-driver", "--repo", FSX_CHART_REPO,
+            "--version", FSX_CHART_VERSION, "--namespace", "kube-system", "--set", "controller.serviceAccount.create=true"]
+    runner.run(helm)
+    kube.apply(runner, fsx_manifests(settings, subnet, group))
+    if settings.fsx_import_path and settings.fsx_file_system_id:
+        fsx = _client(settings, "fsx")
+        runner.call(fsx, "create_data_repository_association", FileSystemId=settings.fsx_file_system_id,
+                    FileSystemPath="/data", DataRepositoryPath=settings.fsx_import_path, BatchImportMetaDataOnCreate=True,
+                    S3={"AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}})
+
+
+def fsx_delete(settings, runner, force: bool = False, bound: bool | None = None) -> None:
+    """Kubernetes objects, the driver, the policy and the security group. Refuses while the PVC is bound unless force."""
+    from . import eks, kube
+
+    if bound is None and not runner.dry_run and not force:
+        bound = pvc_bound(settings)
+    if bound and not force:
+        raise DoeksError(f"PVC {settings.shared_pvc} is still bound (pods may be using the file system): delete the job first, or pass --force")
+    cluster = eks.describe(settings)
+    subnet = group = "-"
+    kube.delete(runner, list(reversed(fsx_manifests(settings.with_overrides(fsx_file_system_id=""), subnet, group))))
+    runner.run(["helm", "uninstall", "aws-fsx-csi-driver", "--namespace", "kube-system", "--ignore-not-found"])
+    delete_driver_role(settings, runner, "fsx")
+    if cluster:
+        delete_security_group(settings, runner, cluster_network(settings)["vpc"], f"doeks-fsx-{settings.cluster_name}")
+
+
+def pvc_bound(settings) -> bool:
+    from .kube import client
+
+    try:
+        claim = client().read_namespaced_persistent_volume_claim(settings.shared_pvc, settings.namespace, _request_timeout=5)
+    except Exception as error:  # noqa: BLE001
+        if getattr(error, "status", None) == 404:
+            return False
+        raise DoeksError(f"cannot tell whether PVC {settings.shared_pvc} is bound ({type(error).__name__}): pass --force to delete anyway") from None
+    return claim.status.phase == "Bound"
+
+
+def _wait(predicate, what: str, timeout: float = 600, interval: float = 2) -> None:
+    with ui.progress(transient=True) as bar:
+        bar.add_task(f"waiting for {what}", total=None)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(interval)
+    raise DoeksError(f"timed out after {timeout:.0f}s waiting for {what}")
