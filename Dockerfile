@@ -1,6 +1,7 @@
 # doeks management container: aws cli v2, eksctl, kubectl, helm, kubectx/kubens, jq and doeks itself.
 # Versions are pinned build args. DOWNLOADS=false skips the binary downloads (an offline build on a base image made
 # locally, e.g. debootstrap + `docker import`); `invoke build` passes BASE_IMAGE and DOWNLOADS from .env.
+# Few layers on purpose: with the vfs storage driver every layer is a full copy of the file system.
 ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
 
@@ -14,12 +15,12 @@ ARG TARGETARCH=amd64
 
 ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/doeks/bin:$PATH
 
-RUN apt-get update -qq \
- && apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates curl unzip jq git bash-completion less \
- && rm -rf /var/lib/apt/lists/*
-
-# Binary tools, pinned. Skipped when DOWNLOADS=false (no internet during the build).
-RUN set -eu; if [ "$DOWNLOADS" = "true" ]; then \
+# System packages, then the pinned binary tools (skipped when DOWNLOADS=false: no internet during the build).
+RUN set -eu; \
+    apt-get update -qq; \
+    apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates curl unzip jq git bash-completion less; \
+    rm -rf /var/lib/apt/lists/*; \
+    if [ "$DOWNLOADS" = "true" ]; then \
       cd /tmp; \
       curl -fsSL "https://awscli.amazonaws.com/awscli-exe-linux-x86_64-${AWS_CLI_VERSION}.zip" -o awscli.zip && unzip -q awscli.zip && ./aws/install && rm -rf aws awscli.zip; \
       curl -fsSL "https://github.com/eksctl-io/eksctl/releases/download/v${EKSCTL_VERSION}/eksctl_Linux_${TARGETARCH}.tar.gz" | tar -xz -C /usr/local/bin eksctl; \
@@ -30,20 +31,13 @@ RUN set -eu; if [ "$DOWNLOADS" = "true" ]; then \
       chmod +x /usr/local/bin/kubectx /usr/local/bin/kubens; \
     else echo "DOWNLOADS=false: aws cli, eksctl, kubectl, helm and kubectx are not installed in this image"; fi
 
-# doeks itself, in a virtual environment. .build/ holds what `invoke build` adds at build time only (e.g. a CA bundle
-# for pip behind a TLS-inspecting proxy); it is git-ignored and never committed.
-WORKDIR /opt/src/doeks
-COPY pyproject.toml README.md tasks.py .env ./
-COPY doeks ./doeks
-COPY .build ./.build
-RUN set -eu; if [ -s .build/ca.crt ]; then export PIP_CERT=/opt/src/doeks/.build/ca.crt; fi; \
-    python3 -m venv /opt/doeks && pip install -q --no-cache-dir . && rm -rf .build
-COPY eks ./eks
-COPY kubeflow ./kubeflow
-COPY csi ./csi
-COPY efa-device-plugin ./efa-device-plugin
-COPY gpu-metrics ./gpu-metrics
-COPY elasticjob ./elasticjob
-COPY docker/selftest /usr/local/bin/doeks-selftest
+# doeks itself (the context is filtered by .dockerignore), in a virtual environment. .build/ holds what
+# `invoke build` adds at build time only (e.g. a CA bundle for pip behind a TLS-inspecting proxy); it is git-ignored,
+# never committed, and removed from the image in the same layer.
+COPY . /opt/src/doeks
+RUN set -eu; cd /opt/src/doeks; \
+    if [ -s .build/ca.crt ]; then export PIP_CERT=/opt/src/doeks/.build/ca.crt; fi; \
+    python3 -m venv /opt/doeks && pip install -q --no-cache-dir . && rm -rf .build; \
+    install -m 0755 docker/selftest /usr/local/bin/doeks-selftest; mkdir -p /doeks
 WORKDIR /doeks
 CMD ["bash"]

@@ -283,6 +283,7 @@ KEYS: tuple[Key, ...] = (
     _key("AWS_ACCESS_KEY_ID", "secrets", "", "Access key id (empty = default credentials chain)", _text),
     _key("AWS_SECRET_ACCESS_KEY", "secrets", "", "Secret access key (masked in all output)", _text),
     _key("AWS_SESSION_TOKEN", "secrets", "", "Session token (masked in all output)", _text),
+    _key("KUBEFLOW_PASSWORD", "secrets", "", "Kubeflow dashboard password for user@example.com (empty = generated into STATE_DIR/kubeflow/password)", _text),
 )
 
 KEY_BY_NAME = {k.name: k for k in KEYS}

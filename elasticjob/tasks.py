@@ -212,5 +212,19 @@ def tensorboard(c, port=6006):
                     "--host", "127.0.0.1"], check=False)
 
 
+def _up(c, dry_run=False):
+    """`invoke up`'s step: on local, make the synthetic data first when the volume has none; then deploy."""
+    from doeks import elastic
+    from doeks.errors import DoeksError
+
+    s = settings()
+    if s.target == "local":
+        try:
+            elastic.check_data(s)
+        except DoeksError:
+            data(c, dry_run=dry_run)
+    deploy(c, dry_run=dry_run)
+
+
 ns = Collection("elasticjob", data, deploy, status, logs, scale, delete, plot, scaling, tensorboard)
-UNIT = Unit("elasticjob", order=60, up=deploy, down=delete)
+UNIT = Unit("elasticjob", order=60, up=_up, down=delete)

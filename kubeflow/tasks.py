@@ -135,10 +135,47 @@ def pipeline_run(c, runtime="local", local=False, steps=5, dry_run=False):
     ui.say(f"run {run.run_id} created on {s.kfp_endpoint}")
 
 
+@task(name="deploy", help={"dry_run": "print the commands; change nothing"})
+def platform_deploy(c, dry_run=False):
+    """Deploy Kubeflow from the pinned manifests: prerequisites, own password, server-side apply until settled, wait."""
+    from doeks import kubeflow, ui
+
+    s = settings()
+    if s.target == "local":
+        ui.say("TARGET=local: no cluster for Kubeflow; `invoke kubeflow.pipeline.run --local` runs the pipeline here")
+        return
+    kubeflow.deploy(s, runner(dry_run))
+
+
+@task(help={"dry_run": "print the command; change nothing"})
+def remove(c, dry_run=False):
+    """Remove what kubeflow.deploy applied; safe to run twice."""
+    from doeks import kubeflow
+
+    kubeflow.remove(settings(), runner(dry_run))
+
+
+@task(name="status")
+def platform_status(c):
+    """Kubeflow's pods per namespace as a table."""
+    from doeks import kubeflow, ui
+
+    ui.table(f"Kubeflow {kubeflow.VERSION}", ["namespace", "pods", "running"], kubeflow.pod_rows(kubeflow.api_client()))
+
+
+@task(help={"port": "local port for the dashboard"})
+def expose(c, port=8080):
+    """Port-forward the Kubeflow dashboard (istio ingress gateway) to localhost (Ctrl-C to stop)."""
+    from doeks import kube, ui
+
+    ui.say(f"Kubeflow dashboard on http://localhost:{port} (user@example.com)")
+    runner().run([kube.kubectl(), "port-forward", "-n", "istio-system", "svc/istio-ingressgateway", f"{port}:80"], mutating=False)
+
+
 operator = Collection("training-operator", operator_deploy, operator_delete)
 pytorchjob = Collection("pytorchjob", submit, job_status, job_logs, job_delete)
 pipeline_ns = Collection("pipeline", pipeline_compile, pipeline_run)
-ns = Collection("kubeflow")
+ns = Collection("kubeflow", platform_deploy, remove, platform_status, expose)
 ns.add_collection(operator)
 ns.add_collection(pytorchjob)
 ns.add_collection(pipeline_ns)

@@ -68,6 +68,6 @@ def test_deploy_dry_run_prints_yaml_stream_and_commands_and_starts_nothing(state
     docs = list(yaml.safe_load_all(result.stdout))
     assert [d["kind"] for d in docs] == ["Deployment", "Service", "PyTorchJob"]
     assert docs[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
-    assert "would start node 2:" in result.stderr and "torch.distributed.run" in result.stderr
+    assert "would start node 2:" in result.stderr and "doeks.local.agent" in result.stderr
     assert "would start etcd" in result.stderr
     assert not (state_dir / "jobs").exists() and not (state_dir / "services").exists()

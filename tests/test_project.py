@@ -54,3 +54,50 @@ def test_up_and_down_dry_run_go_in_opposite_orders(state_dir):
     order_down = re.findall(r"== down: (\S+)", down.stderr)
     assert order_up and order_down == list(reversed(order_up))
     assert not (state_dir / "services").exists()
+
+
+def test_up_then_down_on_local_for_real_leaves_nothing_running(state_dir):
+    from .test_elasticjob_local import leftover_processes
+
+    env = {"DATA_TRAIN_PER_CLASS": "20", "DATA_VAL_PER_CLASS": "5"}
+    up = invoke("up", env=env, timeout=300)
+    assert up.returncode == 0, up.stderr[-2000:]
+    from doeks.local import jobs, services
+
+    assert services.etcd(state_dir).info() and services.moto(state_dir).info() and services.gpu_sampler(state_dir).info()
+    assert jobs.is_active(state_dir / "jobs" / "imagenet")
+    down = invoke("down", env=env, timeout=300)
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert leftover_processes(state_dir) == []
+    assert all(server.info() is None for server in services.services(state_dir))
+    assert (state_dir / "volumes" / "fsx-pvc" / "data" / "train").is_dir()  # data is kept
+    again = invoke("down", env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+
+
+def test_login_and_push_dry_run_use_ecr_and_never_show_the_token(state_dir):
+    from doeks.local import services
+
+    server = services.moto(state_dir)
+    server.start()
+    try:
+        env = {"AWS_ENDPOINT_URL": server.endpoint(), "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "REGISTRY": "default"}
+        import base64
+
+        import boto3
+
+        token = boto3.client("ecr", endpoint_url=server.endpoint(), region_name="us-west-2", aws_access_key_id="testing",
+                             aws_secret_access_key="testing").get_authorization_token()["authorizationData"][0]["authorizationToken"]
+        password = base64.b64decode(token).decode().split(":", 1)[1]
+        login = invoke("login", "--dry-run", env=env)
+        assert login.returncode == 0, login.stderr
+        assert "would docker login --username AWS --password-stdin" in login.stderr
+        assert password not in login.stdout + login.stderr
+        push = invoke("push", "--dry-run", env=env)
+        assert push.returncode == 0, push.stderr
+        assert ".dkr.ecr.us-west-2.amazonaws.com/doeks:latest" in push.stderr
+        local_only = invoke("push", "--dry-run", env={**env, "REGISTRY": ""})
+        assert local_only.returncode == 1 and "REGISTRY is empty" in local_only.stderr
+    finally:
+        server.stop()

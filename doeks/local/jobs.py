@@ -58,7 +58,7 @@ def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str) 
     mapping = volume_map(job, volumes_dir)
     command = [_rewrite(a, mapping) for a in container["command"] + container.get("args", [])]
     if command[0] == "torchrun":
-        command = [sys.executable, "-m", "torch.distributed.run", "--local-addr", "127.0.0.1"] + command[1:]
+        command = [sys.executable, "-m", "doeks.local.agent", "--local-addr", "127.0.0.1"] + command[1:]
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     env.pop("NCCL_DEBUG", None)
     env.update(pet_env(job, rdzv_endpoint))

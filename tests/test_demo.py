@@ -1,0 +1,40 @@
+"""The main job as a user runs it (`invoke demo`), and the scaling experiment, on the local target, for real."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .conftest import invoke
+from .test_elasticjob_local import leftover_processes
+
+TINY = {"DATA_TRAIN_PER_CLASS": "100", "DATA_VAL_PER_CLASS": "20", "EPOCHS": "2", "COLUMNS": "200"}
+
+
+@pytest.mark.slow
+def test_demo_trains_to_the_end_plots_and_leaves_nothing_running(state_dir):
+    result = invoke("demo", env=TINY, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    match = re.search(r"final validation accuracy: ([\d.]+) \(chance 0.250\)", result.stderr)
+    assert match, result.stderr[-2000:]
+    plot = re.search(r"plot: (\S+\.png)", result.stderr).group(1)
+    from pathlib import Path
+
+    assert Path(plot).stat().st_size > 10_000
+    assert "[node-0]" in result.stderr and "[node-1]" in result.stderr
+    assert "world=4" in result.stderr  # 2 nodes x 2 processes
+    assert leftover_processes(state_dir) == []
+    status = invoke("elasticjob.status", env=TINY)
+    assert "Succeeded" in status.stderr
+
+
+@pytest.mark.slow
+def test_scaling_runs_each_size_and_plots_against_ideal(state_dir, tmp_path):
+    assert invoke("elasticjob.data", env=TINY).returncode == 0
+    out = tmp_path / "scaling.png"
+    result = invoke("elasticjob.scaling", "--replicas", "1,2", "--out", str(out), env={**TINY, "NPROC_PER_NODE": "1"}, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "1 nodes x 1 processes: epoch" in result.stderr and "2 nodes x 1 processes: epoch" in result.stderr
+    assert out.stat().st_size > 10_000
+    assert invoke("eks.delete").returncode == 0
+    assert leftover_processes(state_dir) == []

@@ -1,0 +1,83 @@
+"""Kubeflow platform deploy: prerequisites read through the official kubernetes client from an HTTP fake of the
+API; the default password replaced (bcrypt), never printed; dry-run shows the pinned manifests and commands."""
+from __future__ import annotations
+
+import stat
+
+import bcrypt
+import pytest
+import yaml
+
+from doeks import kubeflow
+from doeks import settings as S
+
+from .conftest import ROOT, invoke
+from .k8s_fake import FakeCluster, storage_class
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    fake = FakeCluster()
+    fake.kubeconfig(tmp_path / "kubeconfig")
+    yield fake, tmp_path / "kubeconfig"
+    fake.close()
+
+
+def client_for(path):
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(path))
+
+
+def test_ready_cluster_has_no_problems(cluster):
+    fake, path = cluster
+    fake.storage_classes(storage_class("gp2", False), storage_class("gp3", True))
+    assert kubeflow.prerequisites(client_for(path)) == []
+    assert "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/mpijobs.kubeflow.org" in fake.requests
+
+
+def test_every_blocking_condition_is_reported(cluster):
+    fake, path = cluster
+    fake.storage_classes(storage_class("gp2", False))
+    fake.objects["/api/v1/namespaces/istio-system"] = {"kind": "Namespace", "apiVersion": "v1",
+                                                       "metadata": {"name": "istio-system", "labels": {"owner": "mesh-team"}}}
+    fake.objects["/apis/apiextensions.k8s.io/v1/customresourcedefinitions/mpijobs.kubeflow.org"] = {
+        "kind": "CustomResourceDefinition", "apiVersion": "apiextensions.k8s.io/v1", "metadata": {"name": "mpijobs.kubeflow.org"},
+        "spec": {"group": "kubeflow.org", "scope": "Namespaced", "names": {"kind": "MPIJob", "plural": "mpijobs"},
+                 "versions": [{"name": "v2beta1", "served": True, "storage": True}]}}
+    problems = kubeflow.prerequisites(client_for(path))
+    assert len(problems) == 3
+    assert "default StorageClass" in problems[0] and "Istio" in problems[1] and "v2beta1" in problems[2]
+
+
+def test_deploy_refuses_before_changing_anything(cluster, state_dir):
+    fake, path = cluster
+    fake.storage_classes()
+    result = invoke("kubeflow.deploy", env={"TARGET": "eks", "KUBECONFIG": str(path)})
+    assert result.returncode == 1 and "prerequisites not met: no default StorageClass" in result.stderr
+    assert "Traceback" not in result.stderr and not (state_dir / "kubeflow").exists()
+
+
+def test_password_is_generated_privately_hashed_and_never_printed(state_dir, monkeypatch):
+    s = S.load(environ={"STATE_DIR": str(state_dir)}, path=ROOT / ".env")
+    overlay = kubeflow.write_overlay(s)
+    secret = kubeflow.password_file(s).read_text().strip()
+    assert stat.S_IMODE(kubeflow.password_file(s).stat().st_mode) == 0o600 and len(secret) >= 20
+    patch = yaml.safe_load((overlay / "dex-password.yaml").read_text())
+    config = yaml.safe_load(patch["data"]["config.yaml"])
+    hashed = config["staticPasswords"][0]["hash"]
+    assert bcrypt.checkpw(secret.encode(), hashed.encode())
+    assert not bcrypt.checkpw(b"12341234", hashed.encode())  # the upstream default no longer works
+    assert kubeflow.password(s) == secret  # stable across runs
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    assert kustomization["resources"][0].endswith(f"manifests-{kubeflow.VERSION}/example")
+    weak = S.load(environ={"STATE_DIR": str(state_dir), "KUBEFLOW_PASSWORD": "12341234"}, path=ROOT / ".env")
+    with pytest.raises(Exception, match="too weak"):
+        kubeflow.password(weak)
+
+
+def test_deploy_dry_run_names_the_pinned_release(state_dir):
+    result = invoke("kubeflow.deploy", "--dry-run", env={"TARGET": "eks", "KUBEFLOW_PASSWORD": "a-long-enough-secret"})
+    assert result.returncode == 0, result.stderr
+    assert f"--branch {kubeflow.VERSION}" in result.stderr and "kubectl apply --server-side" in result.stderr
+    assert "a-long-enough-secret" not in result.stdout + result.stderr
