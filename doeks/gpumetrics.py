@@ -158,7 +158,7 @@ def series(cloudwatch, since: timedelta, period: int = 60) -> dict[str, dict[str
 
 
 def plot_series(data, out_dir: Path) -> list[Path]:
-    from .plots import _pyplot
+    from .plots import _pyplot, _save
 
     plt = _pyplot()
     paths = []
@@ -172,9 +172,5 @@ def plot_series(data, out_dir: Path) -> list[Path]:
             ax.plot(times, values, "o-", markersize=3)
             ax.set(title=f"{metric} on {node}", xlabel="time (UTC)", ylabel=metric)
             fig.autofmt_xdate()
-            fig.tight_layout()
-            path = out_dir / f"{metric}--{node.replace('/', '_')}.png"
-            fig.savefig(path, dpi=90)
-            plt.close(fig)
-            paths.append(path)
+            paths.append(_save(plt, fig, out_dir / f"{metric}--{node.replace('/', '_')}.png", dpi=90))
     return paths

@@ -16,6 +16,14 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, out: Path, dpi: int = 100) -> Path:
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return out
+
+
 def read_metrics(path: Path) -> list[dict[str, str]]:
     if not path.exists():
         raise DoeksError(f"no metrics at {path}: run the job first (invoke elasticjob.deploy)")
@@ -48,11 +56,7 @@ def training(metrics_csv: Path, out: Path, title: str = "") -> Path:
         for step in changes:
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
     fig.suptitle(title or "training")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def scaling(points: list[tuple[int, float]], out: Path, unit: str = "processes") -> Path:
@@ -67,11 +71,7 @@ def scaling(points: list[tuple[int, float]], out: Path, unit: str = "processes")
     ax.plot(workers, [base_t * base_n / n for n in workers], "r:", label="ideal linear scaling")
     ax.set(xlabel=unit, ylabel="epoch time (s)", title="epoch time vs workers", xticks=workers)
     ax.legend()
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def series(named: dict[str, list[tuple[float, float]]], out: Path, title: str, xlabel: str, ylabel: str,
@@ -86,8 +86,4 @@ def series(named: dict[str, list[tuple[float, float]]], out: Path, title: str, x
         ax.set_xscale("log", base=2)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.legend()
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
