@@ -26,7 +26,7 @@ def docker_env():
         pytest.skip("no docker daemon reachable (invoke setup --docker)")
     import docker
 
-    client = docker.from_env()
+    client = docker.from_env(timeout=600)  # removing a vfs image takes a while
     try:
         client.images.get(preflight.BASE_IMAGE)
     except docker.errors.ImageNotFound:
