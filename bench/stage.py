@@ -7,7 +7,7 @@
 All three read the same objects from the same local moto server process. Targets: stage >= 0.9x the ceiling and
 >= 1.4x aws s3 sync (files/s). `aws` is taken from PATH, or --aws PATH (e.g. a venv with `pip install awscli`).
 
-Run: python bench/stage.py [--files 2000] [--size 110000] [--threads 64] [--aws /path/to/aws]
+Run: python bench/stage.py [--files 3000] [--size 110000] [--threads 64] [--aws /path/to/aws]
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", type=int, default=2000)
+    parser.add_argument("--files", type=int, default=3000)
     parser.add_argument("--size", type=int, default=110_000, help="bytes per file (ImageNet JPEGs average ~110 kB)")
     parser.add_argument("--threads", type=int, default=64)
     parser.add_argument("--aws", default=shutil.which("aws"), help="aws CLI for the `aws s3 sync` baseline")
