@@ -130,6 +130,10 @@ class Service:
         stopped = pid_alive(info["pid"])
         if stopped:
             kill_group(info["pid"])
+        try:  # reap it when this process started it (no zombie left behind)
+            os.waitpid(info["pid"], os.WNOHANG)
+        except ChildProcessError:
+            pass
         self.info_file.unlink(missing_ok=True)
         return stopped
 
