@@ -86,12 +86,13 @@ def doctor(c):
     preflight.doctor()
 
 
-@task(help={"keep": "leave etcd and the job's files running/in place at the end"})
-def demo(c, keep=False):
+@task(help={"keep": "leave etcd and the job's files running/in place at the end",
+            "dry_run": "print the data plan, the manifests (stdout) and the local commands; change nothing"})
+def demo(c, keep=False, dry_run=False):
     """The main job: make data, start etcd, run a 2-node x 2-process elastic job to the end, plot, tear down."""
     from doeks import demo as main_job
 
-    main_job.run(settings(), keep=keep)
+    main_job.run(settings(), keep=keep, dry_run=dry_run)
 
 
 # -- the management container -------------------------------------------------------------------------------------
@@ -107,10 +108,17 @@ def run_(c, dry_run=False):
     container.run(settings(), runner(dry_run))
 
 
-@task(name="exec", help={"command": "command to run inside (or give it after --); default: a shell"})
-def exec_(c, command=""):
+@task(name="exec", help={"command": "command to run inside (or give it after --); default: a shell",
+                         "dry_run": "print the docker exec; run nothing"})
+def exec_(c, command="", dry_run=False):
     """Open a shell in the running container, or run a command: `invoke exec -- CMD`."""
-    container.exec_(settings(), command or getattr(c, "remainder", ""))
+    command = command or getattr(c, "remainder", "")
+    if dry_run:
+        s = settings()
+        runner(True).step(f"docker exec {s.doeks_container_name} bash -lc {command!r}" if command else f"docker exec -it {s.doeks_container_name} bash",
+                          lambda: None)
+        return
+    container.exec_(settings(), command)
 
 
 @task(name="status")

@@ -97,7 +97,7 @@ def run_kwargs(settings) -> dict:
         volumes[str(home / ".aws")] = {"bind": "/root/.aws", "mode": "ro"}
     if (home / ".kube").exists():
         volumes[str(home / ".kube")] = {"bind": "/root/.kube", "mode": "rw"}
-    return {"name": settings.container_name, "detach": True, "tty": True, "stdin_open": True, "volumes": volumes,
+    return {"name": settings.doeks_container_name, "detach": True, "tty": True, "stdin_open": True, "volumes": volumes,
             "working_dir": "/doeks", "network_mode": "host", "command": ["sleep", "infinity"],
             "labels": {"app.kubernetes.io/part-of": "doeks"}}
 
@@ -117,9 +117,9 @@ def run(settings, runner) -> None:
         runner.step(f"docker run {image_ref(settings)} {json.dumps(kwargs, default=str)}", lambda: None)
         return
     client = _client()
-    existing = _find(client, settings.container_name)
+    existing = _find(client, settings.doeks_container_name)
     if existing is not None and existing.status == "running":
-        ui.say(f"container {settings.container_name} is already running")
+        ui.say(f"container {settings.doeks_container_name} is already running")
         return
     if existing is not None:
         existing.remove(force=True)
@@ -134,15 +134,15 @@ def run(settings, runner) -> None:
 
 def exec_(settings, command: str) -> int:
     client = _client()
-    container = _find(client, settings.container_name)
+    container = _find(client, settings.doeks_container_name)
     if container is None or container.status != "running":
-        raise DoeksError(f"container {settings.container_name} is not running: `invoke run` first")
+        raise DoeksError(f"container {settings.doeks_container_name} is not running: `invoke run` first")
     if not command:
-        os.execvp("docker", ["docker", "exec", "-it", settings.container_name, "bash"])
+        os.execvp("docker", ["docker", "exec", "-it", settings.doeks_container_name, "bash"])
     result = container.exec_run(["bash", "-lc", command], demux=False)
     sys.stdout.write(result.output.decode(errors="replace"))
     if result.exit_code:
-        raise DoeksError(f"`{command}` exited with {result.exit_code} in {settings.container_name}")
+        raise DoeksError(f"`{command}` exited with {result.exit_code} in {settings.doeks_container_name}")
     return result.exit_code
 
 
@@ -152,8 +152,8 @@ def status(settings) -> None:
     rows = []
     try:
         client = _client()
-        container = _find(client, settings.container_name)
-        rows.append(["container " + settings.container_name, container.status if container else "absent",
+        container = _find(client, settings.doeks_container_name)
+        rows.append(["container " + settings.doeks_container_name, container.status if container else "absent",
                      container.image.tags[0] if container and container.image.tags else "", container.short_id if container else ""])
     except DoeksError as error:
         rows.append(["docker", "unreachable", str(error), ""])
@@ -164,22 +164,22 @@ def status(settings) -> None:
 
 def stop(settings, runner) -> None:
     if runner.dry_run:
-        runner.step(f"docker rm -f {settings.container_name}", lambda: None)
+        runner.step(f"docker rm -f {settings.doeks_container_name}", lambda: None)
         return
     client = _client()
-    container = _find(client, settings.container_name)
+    container = _find(client, settings.doeks_container_name)
     if container is None:
-        ui.say(f"container {settings.container_name} is not there: nothing to stop")
+        ui.say(f"container {settings.doeks_container_name} is not there: nothing to stop")
         return
     container.remove(force=True)
-    ui.say(f"container {settings.container_name} stopped and removed")
+    ui.say(f"container {settings.doeks_container_name} stopped and removed")
 
 
 def logs(settings, follow: bool = False) -> None:
     client = _client()
-    container = _find(client, settings.container_name)
+    container = _find(client, settings.doeks_container_name)
     if container is None:
-        raise DoeksError(f"container {settings.container_name} is not there")
+        raise DoeksError(f"container {settings.doeks_container_name} is not there")
     for chunk in container.logs(stream=True, follow=follow):
         sys.stdout.write(chunk.decode(errors="replace"))
 

@@ -8,10 +8,20 @@ from .local import services
 from .runner import Runner
 
 
-def run(base, keep: bool = False) -> dict:
-    preflight.require_training()
+def run(base, keep: bool = False, dry_run: bool = False) -> dict:
     s = base.with_overrides(target="local", replicas=2, nproc_per_node=2,
                             min_replicas=min(base.min_replicas, 2), max_replicas=max(base.max_replicas, 2))
+    if dry_run:
+        from . import jobspec
+
+        runner = Runner(dry_run=True, secrets=s.secrets())
+        elastic.make_data(s, runner)
+        manifests = jobspec.manifests(s)
+        runner.emit(manifests)
+        elastic.deploy_local(s, runner, fresh=True, job=manifests[-1])
+        runner.step("follow the job to the end, write the plot, stop the job and etcd", lambda: None)
+        return {}
+    preflight.require_training()
     runner = Runner(secrets=s.secrets())
     ui.say(f"doeks demo: {s.arch} on synthetic data, {s.replicas} nodes x {s.nproc_per_node} processes, "
            f"rendezvous {s.rdzv_backend}, state in {s.state_dir}", style="bold")

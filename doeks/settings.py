@@ -199,7 +199,7 @@ KEYS: tuple[Key, ...] = (
     # management container
     _key("IMAGE_NAME", "container", "doeks", "Management container image name", _pattern(_IMAGE_NAME, "a docker image name: lower-case letters, digits, '.', '_', '-', '/'")),
     _key("IMAGE_TAG", "container", "latest", "Management container image tag", _pattern(_IMAGE_TAG, "a docker tag: letters, digits, '_', '.', '-', at most 128")),
-    _key("CONTAINER_NAME", "container", "doeks", "Name of the running management container", _pattern(re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*"), "letters, digits, '_', '.', '-'")),
+    _key("DOEKS_CONTAINER_NAME", "container", "doeks", "Name of the running management container (not CONTAINER_NAME, which shells often set)", _pattern(re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*"), "letters, digits, '_', '.', '-'")),
     _key("REGISTRY", "container", "", "Where push/pull go: empty = local only, 'default' = this account's ECR, or a registry host", _registry),
     _key("BASE_IMAGE", "container", "debian:bookworm-slim", "Base image of the management container (build arg)", _pattern(_IMAGE_REF, "an image reference")),
     _key("CONTAINER_DOWNLOADS", "container", "true", "Download aws cli, eksctl, kubectl, helm, kubectx during the build (false = offline build)", _bool),

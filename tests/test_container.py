@@ -35,7 +35,7 @@ def docker_env():
         pytest.skip(f"base image {preflight.BASE_IMAGE} missing (invoke setup --docker)")
     name = f"doeks-test-{uuid.uuid4().hex[:6]}"
     env = {"BASE_IMAGE": preflight.BASE_IMAGE, "CONTAINER_DOWNLOADS": "false", "IMAGE_NAME": "doeks-test",
-           "IMAGE_TAG": name, "CONTAINER_NAME": name}
+           "IMAGE_TAG": name, "DOEKS_CONTAINER_NAME": name}
     yield env
     for container in client.containers.list(all=True, filters={"name": name}):
         container.remove(force=True)

@@ -38,3 +38,13 @@ def test_scaling_runs_each_size_and_plots_against_ideal(state_dir, tmp_path):
     assert out.stat().st_size > 10_000
     assert invoke("eks.delete").returncode == 0
     assert leftover_processes(state_dir) == []
+
+
+def test_demo_dry_run_prints_the_plan_and_changes_nothing(state_dir):
+    import yaml
+
+    result = invoke("demo", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert [d["kind"] for d in yaml.safe_load_all(result.stdout)] == ["Deployment", "Service", "PyTorchJob"]
+    assert "would generate synthetic data" in result.stderr and "would start node 1:" in result.stderr
+    assert not state_dir.exists()
