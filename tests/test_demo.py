@@ -48,3 +48,44 @@ def test_demo_dry_run_prints_the_plan_and_changes_nothing(state_dir):
     assert [d["kind"] for d in yaml.safe_load_all(result.stdout)] == ["Deployment", "Service", "PyTorchJob"]
     assert "would generate synthetic data" in result.stderr and "would start node 1:" in result.stderr
     assert not state_dir.exists()
+
+
+@pytest.mark.slow
+def test_tensorboard_serves_the_event_files(state_dir):
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from doeks.local.services import free_port
+
+    from .conftest import ROOT
+
+    events = state_dir / "volumes" / "fsx-pvc" / "metrics" / "imagenet" / "tensorboard"
+    events.mkdir(parents=True)
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(events))
+    writer.add_scalar("train/loss", 1.5, 1)
+    writer.close()
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "invoke", "elasticjob.tensorboard", "--port", str(port)], cwd=ROOT,
+                              env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=2) as response:
+                    runs = response.read().decode()
+                    if "." in runs or "[]" not in runs:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "tensorboard did not serve within 90 s"
+            time.sleep(0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5) as response:
+            assert "train/loss" in response.read().decode()
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
