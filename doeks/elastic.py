@@ -14,6 +14,7 @@ from . import jobspec, ui
 from .errors import DoeksError
 from .local import jobs as local_jobs
 from .local import runtime
+from .local.services import etcd, free_port
 
 
 def home(settings) -> Path:
@@ -71,11 +72,9 @@ def deploy_local(settings, runner, extra_args: list[str] | None = None, fresh: b
     endpoint = None
     try:
         if settings.rdzv_backend.startswith("etcd"):
-            started_etcd = runtime.etcd_endpoint(settings, runner, start=False) is None and not settings.etcd_endpoint
+            started_etcd = not settings.etcd_endpoint and etcd(settings.state_dir).info() is None
             endpoint = runtime.etcd_endpoint(settings, runner)
         else:
-            from .local.services import free_port
-
             endpoint = f"127.0.0.1:{free_port()}"
         argv, env = local_jobs.replica_command(job, runtime.volumes_dir(settings), endpoint)
         for replica in range(settings.replicas):
@@ -87,8 +86,6 @@ def deploy_local(settings, runner, extra_args: list[str] | None = None, fresh: b
                     local_jobs.launch, job_home, job, runtime.volumes_dir(settings), endpoint)
     except BaseException:
         if started_etcd and not runner.dry_run:
-            from .local.services import etcd
-
             etcd(settings.state_dir).stop()
         raise
     return job
