@@ -50,8 +50,11 @@ def _rewrite(arg: str, mapping: dict[str, Path]) -> str:
     return arg
 
 
-def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str) -> tuple[list[str], dict[str, str]]:
-    """The argv and extra environment of one replica's torchrun agent, interpreted from the PyTorchJob."""
+def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str,
+                    preload: bool = True) -> tuple[list[str], dict[str, str]]:
+    """The argv and extra environment of one replica's torchrun agent, interpreted from the PyTorchJob.
+
+    `preload`: workers are forks of a process that has imported torch and torchvision (doeks.local.zygote)."""
     from ..jobspec import pet_env
 
     container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
@@ -63,16 +66,17 @@ def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str) 
     env.pop("NCCL_DEBUG", None)
     env.update(pet_env(job, rdzv_endpoint))
     env["OMP_NUM_THREADS"] = "1"
+    env["DOEKS_PRELOAD"] = "1" if preload else "0"
     return command, env
 
 
-def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str) -> int:
+def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str, preload: bool = True) -> int:
     """Write the job and start its supervisor; returns the supervisor's pid."""
     import subprocess
 
     if is_active(home):
         raise DoeksError(f"job {job['metadata']['name']} is already running: see `invoke elasticjob.status`, or `invoke elasticjob.delete` first")
-    argv, env = replica_command(job, volumes_dir, rdzv_endpoint)
+    argv, env = replica_command(job, volumes_dir, rdzv_endpoint, preload)
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
     elastic = job["spec"]["elasticPolicy"]
     home.mkdir(parents=True, exist_ok=True)
@@ -216,7 +220,7 @@ class Supervisor:
         record["restarts"] += 1
         folder = self.home / "replicas" / str(index)
         folder.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.spec["env"], "DOEKS_REPLICA": str(index)}
+        env = {**os.environ, **self.spec["env"], "DOEKS_REPLICA": str(index), "DOEKS_JOB_HOME": str(self.home)}
         log = open(folder / "agent.log", "ab")
         log.write(f"==== doeks: replica {index} start #{record['restarts']} at {time.strftime('%H:%M:%S')}\n".encode())
         log.flush()

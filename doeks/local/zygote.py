@@ -1,0 +1,241 @@
+"""Start a local node's workers as forks of a process that has already imported torch and torchvision (a "zygote").
+
+torchrun starts every worker as a new interpreter, which on a small CPU machine spends seconds importing torch and
+torchvision before its first step, at every start and every restart. On the local target the agent forks a zygote
+right after its own `import torch` (before any thread exists); the zygote imports the rest once and then forks one
+process per worker, which takes the argv, environment, new session and output files torchrun asked for and runs the
+script with runpy. Anything else (`--no-python`, `-m`, a wrapped command) is started by torchrun the usual way.
+
+If the agent dies the zygote sees its socket close, kills its workers and exits: like a pod's containers, nothing
+outlives the node.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+PRELOAD = ("torchvision", "torchvision.datasets", "torchvision.models", "torchvision.transforms", "torch.nn.parallel",
+           "torch.utils.data", "PIL.Image")
+
+
+class ZygoteGone(RuntimeError):
+    """The zygote is not there any more: start the worker the usual way."""
+
+
+def runnable(args: tuple | list) -> bool:
+    """True for the command torchrun builds for a script: `<this python> -u script.py ...`."""
+    return len(args) >= 3 and args[0] == sys.executable and args[1] == "-u" and str(args[2]).endswith(".py")
+
+
+def _title(text: str) -> None:
+    try:
+        import setproctitle
+    except ImportError:  # the title is cosmetic (ps shows the agent's command instead)
+        return
+    setproctitle.setproctitle(text)
+
+
+# -- the agent's side ---------------------------------------------------------------------------------------------
+class ForkedWorker:
+    """What torchrun's SubprocessHandler needs of a Popen: pid, poll, wait; the zygote reports the exit code."""
+
+    def __init__(self, zygote: "Zygote", pid: int, args: list[str]):
+        self.zygote, self.pid, self.args = zygote, pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.zygote.wait_exit(self.pid, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        self.returncode = code
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """The agent's handle on its zygote: `spawn` a worker, and exit codes as the zygote reaps them."""
+
+    def __init__(self, sock: socket.socket, pid: int):
+        self.sock, self.pid = sock, pid
+        self._cond = threading.Condition()
+        self._replies: dict[int, int] = {}   # request id -> worker pid
+        self._exits: dict[int, int] = {}     # worker pid -> exit code
+        self._workers: set[int] = set()
+        self._next_id = 0
+        self._gone = False
+        self._reader: threading.Thread | None = None
+
+    def _read(self) -> None:
+        stream = self.sock.makefile("rb")
+        for line in stream:
+            message = json.loads(line)
+            with self._cond:
+                if "exit" in message:
+                    self._exits[message["exit"]] = message["code"]
+                else:
+                    self._replies[message["id"]] = message["pid"]
+                self._cond.notify_all()
+        with self._cond:  # EOF: the zygote died; its workers cannot be waited for any more
+            self._gone = True
+            for pid in self._workers - set(self._exits):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                self._exits[pid] = -signal.SIGKILL
+            self._cond.notify_all()
+
+    def spawn(self, args: list[str], env: dict[str, str], stdout: str | None = None, stderr: str | None = None) -> ForkedWorker:
+        with self._cond:
+            if self._gone:
+                raise ZygoteGone("the zygote exited")
+            if self._reader is None:
+                self._reader = threading.Thread(target=self._read, name="doeks-zygote-reader", daemon=True)
+                self._reader.start()
+            self._next_id += 1
+            request_id = self._next_id
+        request = {"id": request_id, "args": list(args), "env": env, "cwd": os.getcwd(), "stdout": stdout, "stderr": stderr}
+        try:
+            self.sock.sendall(json.dumps(request).encode() + b"\n")
+        except OSError as exc:
+            raise ZygoteGone(f"the zygote is unreachable: {exc}") from exc
+        with self._cond:
+            if not self._cond.wait_for(lambda: request_id in self._replies or self._gone, timeout=60):
+                raise ZygoteGone("the zygote did not answer within 60 s")
+            if request_id not in self._replies:
+                raise ZygoteGone("the zygote exited")
+            pid = self._replies.pop(request_id)
+            self._workers.add(pid)
+        return ForkedWorker(self, pid, list(args))
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._cond:
+            return self._exits.get(pid)
+
+    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._exits, timeout=timeout)
+            return self._exits.get(pid)
+
+
+def start() -> Zygote:
+    """Fork the zygote (call before any thread starts). Returns in the agent; in a worker it runs the script and exits."""
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid:
+        theirs.close()
+        return Zygote(ours, pid)
+    ours.close()
+    try:
+        request = _serve(theirs)
+    except BaseException:  # noqa: BLE001 - never fall back into the agent's code
+        import traceback
+
+        traceback.print_exc()
+        os._exit(1)
+    _become_worker(request)  # raises SystemExit (or the script's exception) like `python script.py` would
+    raise AssertionError("unreachable")
+
+
+# -- the zygote's side --------------------------------------------------------------------------------------------
+def _serve(sock: socket.socket) -> dict[str, Any]:
+    """Preload, then fork a worker per request and report exits. Returns only in a forked worker, with its request."""
+    import importlib
+
+    _title(f"doeks-zygote for agent {os.getppid()} {os.environ.get('DOEKS_JOB_HOME', '')}".rstrip())
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    children: set[int] = set()
+    pending = b""
+
+    def send(message: dict) -> None:
+        try:
+            sock.sendall(json.dumps(message).encode() + b"\n")
+        except OSError:
+            pass
+
+    while True:
+        readable, _, _ = select.select([sock], [], [], 0.05)
+        if readable:
+            data = sock.recv(1 << 20)
+            if not data:  # the agent is gone: so are its workers
+                for pid in children:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                os._exit(0)
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    sock.close()
+                    return request
+                children.add(pid)
+                send({"id": request["id"], "pid": pid})
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _redirect(path: str | None, fd: int) -> None:
+    if path:
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+
+
+def _become_worker(request: dict[str, Any]) -> None:
+    """Turn this fresh fork into `python -u script args...` as torchrun asked, then run the script."""
+    import runpy
+
+    os.setsid()  # torchrun starts workers in a session of their own and signals the group
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    _redirect(request["stdout"], 1)
+    _redirect(request["stderr"], 2)
+    for stream in (sys.stdout, sys.stderr):  # -u
+        stream.reconfigure(line_buffering=True, write_through=True)
+    args = request["args"]
+    script = args[2]
+    _title(" ".join(args))
+    sys.argv = [script] + args[3:]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+    sys.exit(0)
