@@ -7,7 +7,8 @@
 2. Time to first step: `invoke elasticjob.deploy` (from the command to the first logged step) vs launching the same
    two torchrun agents by hand. Target: <= 1.15x.
 
-Run: python bench/elastic_recovery.py [--rounds N]   (RDZV_BACKEND=c10d to measure doeks with c10d)
+Run: python bench/elastic_recovery.py [--rounds N]   (RDZV_BACKEND=c10d to measure doeks with c10d,
+     LOCAL_PRELOAD=false to measure it with a fresh interpreter per worker)
 """
 from __future__ import annotations
 

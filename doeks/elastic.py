@@ -76,14 +76,14 @@ def deploy_local(settings, runner, extra_args: list[str] | None = None, fresh: b
             endpoint = runtime.etcd_endpoint(settings, runner)
         else:
             endpoint = f"127.0.0.1:{free_port()}"
-        argv, env = local_jobs.replica_command(job, runtime.volumes_dir(settings), endpoint)
+        argv, env = local_jobs.replica_command(job, runtime.volumes_dir(settings), endpoint, settings.local_preload)
         for replica in range(settings.replicas):
             shown = " ".join(f"{k}={v}" for k, v in sorted(env.items())) + f" DOEKS_REPLICA={replica}"
             runner.step(f"start node {replica}: {shown} {' '.join(argv)}", lambda: None)
         if fresh:
             runner.step(f"remove checkpoints and metrics of {settings.job_name}", _clear_outputs, settings)
         runner.step(f"launch job supervisor for {settings.job_name} ({settings.replicas} nodes x {settings.nproc_per_node} processes)",
-                    local_jobs.launch, job_home, job, runtime.volumes_dir(settings), endpoint)
+                    local_jobs.launch, job_home, job, runtime.volumes_dir(settings), endpoint, settings.local_preload)
     except BaseException:
         if started_etcd and not runner.dry_run:
             etcd(settings.state_dir).stop()

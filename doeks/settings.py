@@ -241,6 +241,7 @@ KEYS: tuple[Key, ...] = (
     _key("RDZV_BACKEND", "elasticjob", "etcd", "Rendezvous backend: etcd (an etcd server) or c10d (no extra server)", _choice(RDZV_BACKENDS)),
     _key("ETCD_ENDPOINT", "elasticjob", "", "External etcd (http://host:port, v2 API) for local rendezvous (empty = doeks starts its own)", _url),
     _key("ETCD_PORT", "elasticjob", "0", "Port of the local etcd doeks starts (0 = any free port)", _int(0, 65535)),
+    _key("LOCAL_PRELOAD", "elasticjob", "true", "Local target: start workers as forks of a process that has already imported torch and torchvision (false = a fresh interpreter per worker, as plain torchrun)", _bool),
     _key("ARCH", "elasticjob", "resnet18", "torchvision model to train", _choice(ARCHES)),
     _key("EPOCHS", "elasticjob", "4", "Training epochs", _int(1, 10000)),
     _key("BATCH_SIZE", "elasticjob", "16", "Batch size per process", _int(1, 4096)),

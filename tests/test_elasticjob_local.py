@@ -80,6 +80,8 @@ def test_uninterrupted_then_killed_worker_and_node_finish_with_the_same_accuracy
     elastic.deploy_local(s, Runner(echo=False), extra_args=["--step-delay", "0.25"], fresh=True)
     wait_for(lambda: (elastic.checkpoint_dir(s) / "checkpoint.pt").exists() and max_step(s) >= 6, 240, "a checkpoint")
     victim = wait_for(lambda: workers_of(s, 1), 30, "a worker of node 1")[0]
+    parent = open(f"/proc/{victim}/stat").read().rsplit(")", 1)[1].split()[1]
+    assert open(f"/proc/{parent}/cmdline").read().startswith("doeks-zygote")  # workers are forks of a preloaded zygote
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: log_text(s).count("resumed from checkpoint") >= 2, 120, "workers resuming from the checkpoint")
     resumed_at = max_step(s)
@@ -99,6 +101,7 @@ def test_uninterrupted_then_killed_worker_and_node_finish_with_the_same_accuracy
     result = elastic.final_result(s)
     assert abs(result["val_accuracy"] - reference) <= 0.2, (result["val_accuracy"], reference)
     assert not psutil_like_alive(victim)
+    assert "Not a file" not in log_text(s)  # no broken lease renewal of the run's etcd directory (doeks.local.agent)
     wait_for(lambda: not jobs.is_active(elastic.home(s)), 30, "the supervisor to exit")
     services.etcd(state_dir).stop()
     assert leftover_processes(state_dir) == []
@@ -129,6 +132,19 @@ def test_scale_up_then_down_within_min_max(small, state_dir):
     assert not jobs.is_active(elastic.home(s))
     assert (elastic.checkpoint_dir(s) / "checkpoint.pt").exists()  # checkpoints are kept
     assert invoke("eks.delete").returncode == 0  # stops etcd
+    assert leftover_processes(state_dir) == []
+
+
+@pytest.mark.slow
+def test_without_preload_workers_are_fresh_interpreters(small, state_dir):
+    assert invoke("elasticjob.deploy", "--replicas", "1", "--fresh", env={"LOCAL_PRELOAD": "false"}).returncode == 0
+    wait_for(lambda: max_step(small) >= 1, 240, "a first step")
+    status = jobs.read_status(elastic.home(small))
+    agent = status["replicas"][0]["pid"]
+    worker = workers_of(small, 0)[0]
+    assert jobs.children_of(agent) == [worker]  # torchrun's own Popen: no zygote in between
+    assert invoke("elasticjob.delete").returncode == 0
+    assert invoke("eks.delete").returncode == 0
     assert leftover_processes(state_dir) == []
 
 
