@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DoeksError
-from .services import kill_group, pid_alive
+from .services import kill_group, pid_alive, reap_exited
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
@@ -235,21 +235,9 @@ class Supervisor:
         pid = self.agents.pop(index, None)
         if pid is not None:
             kill_tree(pid)
-            self._reap()
+            reap_exited()
         self.replicas[index].update(state=state, pid=None)
         self._log(f"replica {index} {state}")
-
-    def _reap(self) -> list[tuple[int, int]]:
-        exited = []
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            exited.append((pid, os.waitstatus_to_exitcode(status)))
-        return exited
 
     def _kill_orphans(self) -> None:
         """Workers whose agent died are re-parented to us (subreaper): stop them, as a lost pod's processes are gone."""
@@ -298,7 +286,7 @@ class Supervisor:
                 self.state = "Stopped" if self.state == "Running" else self.state
                 break
             self._read_desired()
-            for pid, code in self._reap():
+            for pid, code in reap_exited():
                 index = next((i for i, p in self.agents.items() if p == pid), None)
                 if index is None:
                     continue

@@ -45,6 +45,20 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def reap_exited() -> list[tuple[int, int]]:
+    """(pid, exit code) of every child that has exited, without blocking; a signal shows as minus its number."""
+    exited = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        exited.append((pid, os.waitstatus_to_exitcode(status)))
+    return exited
+
+
 def kill_group(pid: int, grace: float = 5.0) -> None:
     """SIGTERM a process group (or process), then SIGKILL what is left after `grace` seconds."""
     for sig in (signal.SIGTERM, signal.SIGKILL):

@@ -21,6 +21,8 @@ import sys
 import threading
 from typing import Any
 
+from .services import reap_exited
+
 PRELOAD = ("torchvision", "torchvision.datasets", "torchvision.models", "torchvision.transforms", "torch.nn.parallel",
            "torch.utils.data", "PIL.Image")
 
@@ -199,15 +201,9 @@ def _serve(sock: socket.socket) -> dict[str, Any]:
                     return request
                 children.add(pid)
                 send({"id": request["id"], "pid": pid})
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        for pid, code in reap_exited():
             children.discard(pid)
-            send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+            send({"exit": pid, "code": code})
 
 
 def _redirect(path: str | None, fd: int) -> None:
