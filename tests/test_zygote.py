@@ -21,12 +21,12 @@ SCRIPTS = {
     "killed.py": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
     "sleeps.py": "import time\ntime.sleep(60)\n",
     "reports.py": (
-        "import json, os, sys\n"
+        "import json, os, sys\nimport numpy as np\n"
         "print(json.dumps({'argv': sys.argv, 'value': os.environ.get('DOEKS_TEST_VALUE'), 'pid': os.getpid(),\n"
         "                  'session_leader': os.getsid(0) == os.getpid(), 'torch_preloaded': 'torchvision' in sys.modules,\n"
         "                  'cmdline': open('/proc/self/cmdline').read().replace(chr(0), ' '),\n"
         "                  'parent_cmdline': open(f'/proc/{os.getppid()}/cmdline').read().replace(chr(0), ' '),\n"
-        "                  'main': __name__, 'path0': sys.path[0]}))\n"),
+        "                  'main': __name__, 'path0': sys.path[0], 'numpy_draw': int(np.random.randint(2**31))}))\n"),
 }
 
 
@@ -58,6 +58,8 @@ def test_worker_gets_torchruns_argv_environment_and_session(tmp_path):
     assert report["torch_preloaded"]  # the point of the zygote: nothing left to import
     assert report["cmdline"].startswith(f"{sys.executable} -u {tmp_path / 'reports.py'} --flag value")  # ps shows the worker
     assert report["parent_cmdline"].startswith("doeks-zygote")
+    twin = json.loads((tmp_path / "twin.log").read_text())
+    assert outcome["twin"] == 0 and twin["numpy_draw"] != report["numpy_draw"]  # numpy reseeded as in a fresh interpreter
 
 
 @pytest.mark.slow

@@ -29,7 +29,8 @@ if scenario == "exits":
     print(json.dumps(codes))
 elif scenario == "environment":
     worker = spawn("reports.py", "--flag", "value", env={"DOEKS_TEST_VALUE": "42"}, out="reports.log")
-    print(json.dumps({"code": worker.wait(timeout=30), "pid": worker.pid, "zygote": z.pid}))
+    twin = spawn("reports.py", out="twin.log")
+    print(json.dumps({"code": worker.wait(timeout=30), "twin": twin.wait(timeout=30), "pid": worker.pid, "zygote": z.pid}))
 elif scenario == "agent-dies":
     worker = spawn("sleeps.py")
     print(json.dumps({"worker": worker.pid, "zygote": z.pid}), flush=True)

@@ -228,6 +228,9 @@ def _become_worker(request: dict[str, Any]) -> None:
     _redirect(request["stderr"], 2)
     for stream in (sys.stdout, sys.stderr):  # -u
         stream.reconfigure(line_buffering=True, write_through=True)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # a fresh interpreter seeds numpy's global generator from the OS; forks would all share one
+        numpy.random.seed()
     args = request["args"]
     script = args[2]
     _title(" ".join(args))
