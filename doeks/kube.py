@@ -29,24 +29,22 @@ def kubectl() -> str:
     raise MissingTool("kubectl is not installed: use the management container (invoke build run) or install kubectl")
 
 
+def run(runner, args: list[str], input: str | None = None):
+    """A mutating `kubectl ARGS` through the runner; a dry run prints it without needing kubectl installed."""
+    if runner.dry_run:
+        return runner.run(["kubectl"] + args)
+    return runner.run([kubectl()] + args, input=input)
+
+
 def apply(runner, manifests: Sequence[dict[str, Any]], field_manager: str = "doeks") -> None:
     """Server-side apply of a YAML stream (printed on stdout as well)."""
     text = runner.emit(manifests)
-    argv = ["kubectl", "apply", "--server-side", f"--field-manager={field_manager}", "--force-conflicts", "-f", "-"]
-    if runner.dry_run:
-        runner.run(argv)
-        return
-    runner.run([kubectl()] + argv[1:], input=text)
+    run(runner, ["apply", "--server-side", f"--field-manager={field_manager}", "--force-conflicts", "-f", "-"], input=text)
 
 
 def delete(runner, manifests: Sequence[dict[str, Any]]) -> None:
     """Delete what the manifests name; what is already gone is fine."""
-    text = to_yaml_stream(manifests)
-    argv = ["kubectl", "delete", "--ignore-not-found", "--wait=true", "-f", "-"]
-    if runner.dry_run:
-        runner.run(argv)
-        return
-    runner.run([kubectl()] + argv[1:], input=text)
+    run(runner, ["delete", "--ignore-not-found", "--wait=true", "-f", "-"], input=to_yaml_stream(manifests))
 
 
 def show(runner, args: list[str]) -> None:
@@ -64,8 +62,7 @@ def patch_replicas(runner, settings, replicas: int) -> None:
     if not (settings.min_replicas <= replicas <= settings.max_replicas):
         raise DoeksError(f"--replicas {replicas} is outside MIN_REPLICAS:MAX_REPLICAS = {settings.min_replicas}:{settings.max_replicas}")
     patch = '{"spec":{"pytorchReplicaSpecs":{"Worker":{"replicas":%d}}}}' % replicas
-    argv = ["kubectl", "patch", "pytorchjob", settings.job_name, "-n", settings.namespace, "--type=merge", "-p", patch]
-    runner.run(argv if runner.dry_run else [kubectl()] + argv[1:])
+    run(runner, ["patch", "pytorchjob", settings.job_name, "-n", settings.namespace, "--type=merge", "-p", patch])
 
 
 def client():

@@ -39,8 +39,7 @@ def deploy(c, dry_run=False):
         return
     r = runner(dry_run)
     kube.apply(r, efa.device_plugin(s))
-    argv = ["kubectl", "apply", "--server-side", "-f", efa.MPI_OPERATOR_MANIFEST]
-    r.run(argv if dry_run else [kube.kubectl()] + argv[1:])
+    kube.run(r, ["apply", "--server-side", "-f", efa.MPI_OPERATOR_MANIFEST])
 
 
 @task(help={"dry_run": "print what would be deleted; change nothing"})
@@ -53,8 +52,7 @@ def delete(c, dry_run=False):
         ui.say("TARGET=local: no EFA device plugin here; nothing to delete")
         return
     r = runner(dry_run)
-    argv = ["kubectl", "delete", "--ignore-not-found", "-f", efa.MPI_OPERATOR_MANIFEST]
-    r.run(argv if dry_run else [kube.kubectl()] + argv[1:])
+    kube.run(r, ["delete", "--ignore-not-found", "-f", efa.MPI_OPERATOR_MANIFEST])
     kube.delete(r, efa.device_plugin(s))
 
 

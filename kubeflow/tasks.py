@@ -9,34 +9,28 @@ TRAINING_OPERATOR_REF = "v1.9.2"
 TRAINING_OPERATOR_KUSTOMIZE = f"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref={TRAINING_OPERATOR_REF}"
 
 
-def _kubectl(dry_run):
-    from doeks import kube
-
-    return "kubectl" if dry_run else kube.kubectl()
-
-
 @task(name="deploy", help={"dry_run": "print the command; change nothing"})
 def operator_deploy(c, dry_run=False):
     """Deploy the standalone training operator (pinned) with server-side apply (TARGET=local: nothing to deploy)."""
-    from doeks import ui
+    from doeks import kube, ui
 
     s = settings()
     if s.target == "local":
         ui.say("TARGET=local: PyTorchJobs are interpreted by doeks' local runtime; no operator to deploy")
         return
-    runner(dry_run).run([_kubectl(dry_run), "apply", "--server-side", "-k", TRAINING_OPERATOR_KUSTOMIZE])
+    kube.run(runner(dry_run), ["apply", "--server-side", "-k", TRAINING_OPERATOR_KUSTOMIZE])
 
 
 @task(name="delete", help={"dry_run": "print the command; change nothing"})
 def operator_delete(c, dry_run=False):
     """Delete the training operator; safe to run twice."""
-    from doeks import ui
+    from doeks import kube, ui
 
     s = settings()
     if s.target == "local":
         ui.say("TARGET=local: no operator to delete")
         return
-    runner(dry_run).run([_kubectl(dry_run), "delete", "--ignore-not-found", "-k", TRAINING_OPERATOR_KUSTOMIZE])
+    kube.run(runner(dry_run), ["delete", "--ignore-not-found", "-k", TRAINING_OPERATOR_KUSTOMIZE])
 
 
 @task(help={"elastic": "add elasticPolicy (min:max replicas, rendezvous) as elasticjob does",
