@@ -23,6 +23,7 @@ def test_demo_trains_to_the_end_plots_and_leaves_nothing_running(state_dir):
     assert Path(plot).stat().st_size > 10_000
     assert "[node-0]" in result.stderr and "[node-1]" in result.stderr
     assert "world=4" in result.stderr  # 2 nodes x 2 processes
+    assert "Traceback" not in result.stderr  # no worker, agent or lease thread failed on the way (or hung at exit)
     assert leftover_processes(state_dir) == []
     status = invoke("elasticjob.status", env=TINY)
     assert "Succeeded" in status.stderr
