@@ -1,8 +1,8 @@
 """`invoke demo`, the main job on the local target: data, etcd, a 2-node x 2-process elastic job run to the end, a
-plot, and a teardown that leaves no process behind."""
+plot, and a teardown that leaves no process behind. It goes through the local target like `elasticjob.deploy`."""
 from __future__ import annotations
 
-from . import elastic, plots, preflight, ui
+from . import elastic, plots, preflight, targets, ui
 from .errors import DoeksError
 from .local import services
 from .runner import Runner
@@ -11,14 +11,11 @@ from .runner import Runner
 def run(base, keep: bool = False, dry_run: bool = False) -> dict:
     s = base.with_overrides(target="local", replicas=2, nproc_per_node=2,
                             min_replicas=min(base.min_replicas, 2), max_replicas=max(base.max_replicas, 2))
+    target = targets.get(s)
     if dry_run:
-        from . import jobspec
-
         runner = Runner(dry_run=True, secrets=s.secrets())
         elastic.make_data(s, runner)
-        manifests = jobspec.manifests(s)
-        runner.emit(manifests)
-        elastic.deploy_local(s, runner, fresh=True, job=manifests[-1])
+        target.plan(targets.Job(s, fresh=True)).show(runner)
         runner.step("follow the job to the end, write the plot, stop the job and etcd", lambda: None)
         return {}
     preflight.require_training()
@@ -28,10 +25,11 @@ def run(base, keep: bool = False, dry_run: bool = False) -> dict:
     elastic.make_data(s, runner)
     etcd_was_running = services.etcd(s.state_dir).info() is not None
     try:
-        elastic.deploy_local(s, runner, fresh=True)
-        status = elastic.follow(s)
-        if status.get("state") != "Succeeded":
-            raise DoeksError(f"the job ended {status.get('state')}: see {elastic.home(s)}/replicas/*/agent.log")
+        quiet = Runner(echo=False, secrets=s.secrets())
+        target.submit(target.plan(targets.Job(s, fresh=True)), quiet)
+        status = target.wait()
+        if status.state != "Succeeded":
+            raise DoeksError(f"the job ended {status.state}: see {elastic.home(s)}/replicas/*/agent.log")
         result = elastic.final_result(s) or {}
         png = plots.training(elastic.metrics_dir(s) / "metrics.csv", elastic.metrics_dir(s) / "training.png",
                              title=f"{s.job_name}: {s.arch}, {s.replicas}x{s.nproc_per_node} processes")
@@ -43,7 +41,7 @@ def run(base, keep: bool = False, dry_run: bool = False) -> dict:
         return result
     finally:
         if not keep:
-            elastic.delete_local(s, Runner(echo=False))
+            target.cancel(Runner(echo=False))
             if not etcd_was_running:
                 services.etcd(s.state_dir).stop()
             ui.say("torn down: job processes and etcd stopped (data, checkpoints and metrics kept)")

@@ -73,8 +73,10 @@ def run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = None) -> dict[str, Any]:
-    """The elastic PyTorchJob (training-operator v1) for the job in `settings`."""
+def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = None,
+               image: str | None = None) -> dict[str, Any]:
+    """The elastic PyTorchJob (training-operator v1) for the job in `settings`; `image` is the training image the
+    target resolved (doeks.trainimage.reference), TRAIN_IMAGE when not given."""
     run = run or run_id()
     instance = settings.gpu_instance_type
     gpus = settings.nproc_per_node
@@ -94,7 +96,7 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         elastic.update(rdzvHost="etcd-service", rdzvPort=ETCD_PORT)
     container = {
         "name": "pytorch",
-        "image": settings.train_image,
+        "image": image or _cluster_image(settings),
         "imagePullPolicy": "IfNotPresent",
         "command": ["torchrun", CONTAINER_SCRIPT],
         "args": train_args(settings) + list(extra_args or []),
@@ -131,10 +133,17 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     }
 
 
-def manifests(settings, extra_args: list[str] | None = None, run: str | None = None) -> list[dict[str, Any]]:
+def _cluster_image(settings) -> str:
+    from .trainimage import reference
+
+    return reference(settings, on_this_machine=False)
+
+
+def manifests(settings, extra_args: list[str] | None = None, run: str | None = None,
+              image: str | None = None) -> list[dict[str, Any]]:
     """Everything `elasticjob.deploy` applies, in apply order."""
     head = etcd_manifests(settings) if settings.rdzv_backend.startswith("etcd") else []
-    return head + [pytorchjob(settings, extra_args, run)]
+    return head + [pytorchjob(settings, extra_args, run, image)]
 
 
 def pet_env(job: dict[str, Any], rdzv_endpoint: str) -> dict[str, str]:

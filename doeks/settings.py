@@ -17,7 +17,7 @@ from .errors import SettingsError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-TARGETS = ("local", "eks", "sagemaker")
+TARGETS = ("local", "docker", "eks", "sagemaker")
 RDZV_BACKENDS = ("etcd", "etcd-v2", "c10d")
 ARCHES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "efficientnet_b7", "mobilenet_v3_small")
 EKS_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34")
@@ -191,7 +191,7 @@ def _key(name, unit, default, help, parser) -> Key:
 
 KEYS: tuple[Key, ...] = (
     # core
-    _key("TARGET", "core", "local", "Where jobs run: local (this machine), eks (the cluster) or sagemaker", _choice(TARGETS)),
+    _key("TARGET", "core", "local", "Where jobs run: local (processes on this machine), docker (containers of the training image on this machine), eks (the cluster) or sagemaker", _choice(TARGETS)),
     _key("AWS_REGION", "core", "us-west-2", "AWS region for every AWS call", _pattern(_REGION, "an AWS region name such as us-west-2")),
     _key("AWS_PROFILE", "core", "", "Named profile from ~/.aws to use (empty = default credentials chain)", _text),
     _key("AWS_ENDPOINT_URL", "core", "", "AWS-API endpoint for every boto3 client (empty = real AWS; on TARGET=local the toolkit's moto server)", _url),
@@ -252,7 +252,8 @@ KEYS: tuple[Key, ...] = (
     _key("DATA_TRAIN_PER_CLASS", "elasticjob", "400", "Generated training images per class", _int(1, 100000)),
     _key("DATA_VAL_PER_CLASS", "elasticjob", "50", "Generated validation images per class", _int(1, 100000)),
     _key("DATA_IMAGE_SIZE", "elasticjob", "32", "Side of generated images in pixels", _int(16, 512)),
-    _key("TRAIN_IMAGE", "elasticjob", "public.ecr.aws/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime", "Container image of training pods on EKS", _pattern(_IMAGE_REF, "an image reference")),
+    _key("TRAIN_IMAGE", "elasticjob", "", "Image of the training containers and pods (empty = the image `invoke elasticjob.build` makes: doeks-train:<content hash>, in REGISTRY or this account's ECR when it runs on a cluster)", _pattern(_IMAGE_REF, "an image reference", optional=True)),
+    _key("TRAIN_BASE_IMAGE", "elasticjob", "", "Base of the training image (empty = by target: a CPU torch base made here for docker and SageMaker local mode; the AWS PyTorch training container with NCCL, EFA and aws-ofi-nccl for eks)", _pattern(_IMAGE_REF, "an image reference", optional=True)),
     _key("ETCD_IMAGE", "elasticjob", "quay.io/coreos/etcd:v3.4.35", "Pinned etcd image for the rendezvous server on EKS (v3.4: v2 API)", _pattern(_IMAGE_REF, "an image reference")),
     _key("SHARED_PVC", "elasticjob", "fsx-pvc", "PersistentVolumeClaim with data and checkpoints (EKS); a local folder under STATE_DIR on local", _dns_label(63)),
     _key("SHARED_MOUNT", "elasticjob", "/fsx-shared", "Where the shared volume is mounted in training pods", _pattern(re.compile(r"/[A-Za-z0-9._/-]*"), "an absolute path")),
@@ -273,6 +274,7 @@ KEYS: tuple[Key, ...] = (
     _key("SAGEMAKER_IMAGE", "sagemaker", "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker", "Training image (a PyTorch Deep Learning Container)", _pattern(_IMAGE_REF, "an image reference")),
     _key("SAGEMAKER_INSTANCE_TYPE", "sagemaker", "ml.g5.12xlarge", "Instance type of SageMaker training", _pattern(re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+"), "a SageMaker instance type such as ml.g5.12xlarge")),
     _key("SAGEMAKER_INSTANCE_COUNT", "sagemaker", "2", "Instances in the SageMaker training job", _int(1, 100)),
+    _key("SAGEMAKER_LOCAL", "sagemaker", "false", "TARGET=sagemaker: run the training job here, one container of the training image per instance, with SageMaker's contract (/opt/ml, SM_* environment, hyperparameters, model.tar.gz)", _bool),
     _key("SAGEMAKER_SPOT", "sagemaker", "false", "Use managed spot training (checkpoints in S3)", _bool),
     _key("SAGEMAKER_MAX_RUN", "sagemaker", "86400", "Longest a training job may run, seconds", _int(60, 2419200)),
     _key("SAGEMAKER_MAX_WAIT", "sagemaker", "172800", "Longest to wait for spot capacity plus run, seconds (>= SAGEMAKER_MAX_RUN)", _int(60, 2419200)),

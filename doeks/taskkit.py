@@ -78,3 +78,16 @@ class Unit:
     order: int
     up: Callable
     down: Callable
+
+
+def int_flag(name: str, value, low: int | None = None, high: int | None = None) -> int | None:
+    """A task flag that must be an integer: one line naming the flag otherwise (None stays None)."""
+    if value is None:
+        return None
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise DoeksError(f"--{name.replace('_', '-')} {value!r}: expected an integer") from None
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise DoeksError(f"--{name.replace('_', '-')} {number}: expected an integer from {low} to {high}")
+    return number

@@ -1,6 +1,7 @@
 """elasticjob: the elastic, fault-tolerant PyTorch training job (etcd or c10d rendezvous, min:max nodes, checkpoints).
 
-On TARGET=local it runs here as torchrun processes; on TARGET=eks the same PyTorchJob is applied to the cluster.
+Every task goes through the job's target (`doeks.targets`, chosen by TARGET): local processes, docker containers of
+the training image, the EKS cluster, or SageMaker. A verb a target cannot do says so in one line.
 """
 from invoke import Collection
 
@@ -14,7 +15,7 @@ _JOB_FLAGS = {
     "arch": "torchvision model (ARCH)",
     "epochs": "epochs (EPOCHS)",
     "rdzv_backend": "etcd or c10d (RDZV_BACKEND)",
-    "dry_run": "print the manifests (stdout) and local commands (stderr); change nothing",
+    "dry_run": "print the plan: manifests and requests (stdout), commands and steps (stderr); change nothing",
 }
 
 
@@ -22,17 +23,42 @@ def _job_settings(**flags):
     return settings(**{k: v for k, v in flags.items() if k != "dry_run"})
 
 
+def _target(s=None):
+    from doeks import targets
+
+    return targets.get(s or settings())
+
+
 @task(help={"dry_run": "print what would be generated"})
 def data(c, dry_run=False):
-    """Generate the small synthetic ImageNet-layout data set (JPEGs) in the shared volume."""
+    """Generate the small synthetic ImageNet-layout data set (JPEGs) in the shared volume on this machine."""
     from doeks import elastic
+    from doeks.targets import NotSupported
 
     s = settings()
-    if s.target != "local":
-        from doeks.errors import DoeksError
-
-        raise DoeksError("elasticjob.data writes the local volume; on eks stage data with `invoke csi.data.stage`")
+    if not _target(s).on_this_machine:
+        raise NotSupported(s.target, "elasticjob.data", "it writes this machine's volume; stage data with `invoke csi.data.stage`")
     elastic.make_data(s, runner(dry_run))
+
+
+@task(help={"dry_run": "print the docker build; change nothing"})
+def build(c, dry_run=False):
+    """Build the training image (elasticjob/Dockerfile: the script at /workspace/train.py on TRAIN_BASE_IMAGE)."""
+    from doeks import trainimage, ui
+
+    s = settings()
+    ref = trainimage.build(s, runner(dry_run), on_this_machine=_target(s).on_this_machine)
+    ui.say(f"training image: {ref}")
+
+
+@task(help={"dry_run": "print the ECR requests and the push; change nothing"})
+def push(c, dry_run=False):
+    """Push the training image to REGISTRY or this account's ECR (repository created if missing)."""
+    from doeks import trainimage, ui
+
+    s = settings()
+    ref = trainimage.push(s, runner(dry_run), on_this_machine=_target(s).on_this_machine)
+    ui.say(f"training image: {ref}")
 
 
 @task(help={**_JOB_FLAGS, "follow": "stream all nodes' logs with a progress bar until the job ends",
@@ -40,115 +66,116 @@ def data(c, dry_run=False):
             "train_args": "extra arguments for the training script, e.g. '--log-every 1'"})
 def deploy(c, replicas=None, min_replicas=None, max_replicas=None, nproc_per_node=None, arch=None, epochs=None,
            rdzv_backend=None, follow=False, fresh=False, train_args="", dry_run=False):
-    """Launch the elastic job (etcd + PyTorchJob); returns at once unless --follow."""
-    from doeks import elastic, jobspec, ui
+    """Launch the elastic job on TARGET; returns at once unless --follow."""
+    import shlex
+
+    from doeks import targets, ui
 
     s = _job_settings(replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas,
                       nproc_per_node=nproc_per_node, arch=arch, epochs=epochs, rdzv_backend=rdzv_backend)
-    import shlex
-
+    target = targets.get(s)
     r = runner(dry_run)
-    manifests = jobspec.manifests(s, shlex.split(train_args or ""))
-    if s.target == "local":
-        r.emit(manifests)
-        elastic.deploy_local(s, r, fresh=fresh, job=manifests[-1])
-        if dry_run:
-            return
-        ui.say(f"job {s.job_name} started: {s.replicas} nodes x {s.nproc_per_node} processes, rendezvous {s.rdzv_backend}")
-        if follow:
-            _finish(s, elastic.follow(s))
-    else:
-        from doeks import kube
-
-        kube.apply(r, manifests)
-        if follow and not dry_run:
-            kube.follow_logs(r, s.namespace, f"doeks/job={s.job_name}")
+    plan = target.plan(targets.Job(s, shlex.split(train_args or ""), fresh))
+    if dry_run:
+        plan.show(r)
+        return
+    if plan.manifests:
+        r.emit(plan.manifests)  # a run shows what it applies or interprets, as the dry run does
+    target.submit(plan, r)
+    ui.say(f"job {s.job_name} submitted to TARGET={s.target} (run {plan.job.run})")
+    if follow:
+        _finish(s, target.wait())
 
 
 def _finish(s, status):
-    from doeks import elastic, ui
+    from doeks import ui
     from doeks.errors import DoeksError
 
-    if status.get("state") != "Succeeded":
-        raise DoeksError(f"job {s.job_name} ended {status.get('state')}: see `invoke elasticjob.logs`")
-    result = elastic.final_result(s) or {}
+    if status.state != "Succeeded":
+        reason = f" ({status.reason})" if status.reason else ""
+        raise DoeksError(f"job {s.job_name} ended {status.state}{reason}: see `invoke elasticjob.logs`")
+    result = _final_result(s)
     ui.say(f"job {s.job_name} succeeded: final validation accuracy {result.get('val_accuracy', float('nan')):.3f} "
            f"after {result.get('step', '?')} steps", style="green")
     return result
 
 
+def _final_result(s) -> dict:
+    import json
+    from pathlib import Path
+
+    path = _target(s).artifacts().get("final", "")
+    try:
+        return json.loads(Path(path).read_text()) if path and "://" not in path else {}
+    except (OSError, ValueError):
+        return {}
+
+
 @task
 def status(c):
-    """Show the job's replicas: state, restarts, step, samples/s."""
-    from doeks import elastic, ui
+    """Show the job's replicas: state, restarts, step, samples/s (on every target)."""
+    from doeks import targets, ui
 
-    s = settings()
-    if s.target != "local":
-        from doeks import kube
-
-        kube.show(runner(), ["pytorchjob", s.job_name, "-n", s.namespace, "-o", "wide"])
+    st = _target().describe()
+    title = f"job {st.name} on {st.target}: {st.state}"
+    if st.run:
+        title += f" (run {st.run})"
+    if st.desired is not None:
+        title += f", {st.desired} nodes wanted"
+    title += f", {st.restarts} restarts"
+    if st.reason:
+        title += f" - {st.reason}"
+    if not st.replicas:
+        ui.say(title)
         return
-    from doeks.local import jobs
-
-    st = jobs.read_status(elastic.home(s))
-    if not st:
-        ui.say(f"job {s.job_name}: not deployed")
-        return
-    ui.table(f"job {s.job_name}: {st['state']} ({st['desired']} nodes wanted, {st['min']}:{st['max']}, {st['restarts']} restarts)",
-             ["replica", "state", "restarts", "pid", "step", "samples/s", "world"], elastic.status_rows(s))
+    ui.table(title, targets.COLUMNS, st.rows())
 
 
-@task(help={"follow": "keep streaming until the job ends", "replica": "only this node"})
+@task(help={"follow": "keep streaming until the job ends", "replica": "only this node (its index)"})
 def logs(c, follow=False, replica=None):
     """Print the nodes' logs with node prefixes (--follow to stream)."""
-    from doeks import elastic
-
-    s = settings()
-    if s.target != "local":
-        from doeks import kube
-
-        kube.follow_logs(runner(), s.namespace, f"doeks/job={s.job_name}", follow=follow)
-        return
-    if follow:
-        elastic.follow(s)
-        return
     import sys
 
-    for log in sorted(elastic.home(s).glob("replicas/*/agent.log")):
-        if replica is not None and log.parent.name != str(replica):
-            continue
-        for line in log.read_text(errors="replace").splitlines():
-            sys.stdout.write(f"[node-{log.parent.name}] {line}\n")
+    from doeks.taskkit import int_flag
+
+    for line in _target().logs(follow=follow, replica=int_flag("replica", replica)):
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 @task(help={"replicas": "new number of nodes, within MIN_REPLICAS:MAX_REPLICAS", "dry_run": "print, change nothing"})
 def scale(c, replicas, dry_run=False):
     """Grow or shrink the running job; training goes on through a re-rendezvous."""
-    from doeks import elastic
+    from doeks.taskkit import int_flag
 
-    s = settings()
-    replicas = int(replicas)
-    if s.target == "local":
-        elastic.scale_local(s, runner(dry_run), replicas)
-    else:
-        from doeks import kube
-
-        kube.patch_replicas(runner(dry_run), s, replicas)
+    _target().scale(int_flag("replicas", replicas), runner(dry_run))
 
 
 @task(help={"dry_run": "print what would be stopped"})
 def delete(c, dry_run=False):
     """Stop the job and everything it started (checkpoints are kept); safe to run twice."""
-    from doeks import elastic, jobspec
+    _target().cancel(runner(dry_run))
+
+
+@task
+def artifacts(c):
+    """Where the job's metrics, checkpoints and model are, on its target."""
+    from doeks import ui
 
     s = settings()
-    r = runner(dry_run)
-    if s.target == "local":
-        elastic.delete_local(s, r)
-    else:
-        from doeks import kube
+    ui.table(f"job {s.job_name} artifacts on {s.target}", ["what", "where"], [[k, v] for k, v in _target(s).artifacts().items()])
 
-        kube.delete(r, list(reversed(jobspec.manifests(s))))
+
+def _local_metrics(s):
+    """The job's metrics folder when it is on this machine; one line naming where it is otherwise."""
+    from pathlib import Path
+
+    from doeks.targets import NotSupported
+
+    where = _target(s).artifacts().get("metrics", "")
+    if not where or "://" in where:
+        raise NotSupported(s.target, "reading metrics here", f"they are in {where or 'the job'}; copy them here first")
+    return Path(where)
 
 
 @task(help={"out": "PNG path (default: the job's metrics folder)"})
@@ -156,20 +183,21 @@ def plot(c, out=None):
     """Draw loss, accuracy and throughput of the job as a PNG."""
     from pathlib import Path
 
-    from doeks import elastic, plots, ui
+    from doeks import plots, ui
 
     s = settings()
-    target = Path(out) if out else elastic.metrics_dir(s) / "training.png"
-    plots.training(elastic.metrics_dir(s) / "metrics.csv", target, title=f"{s.job_name} ({s.arch})")
+    folder = _local_metrics(s)
+    target = Path(out) if out else folder / "training.png"
+    plots.training(folder / "metrics.csv", target, title=f"{s.job_name} ({s.arch})")
     ui.say(f"plot: {target}")
 
 
 @task(help={"replicas": "comma-separated node counts to try, e.g. 1,2", "out": "PNG path", "dry_run": "print the runs"})
 def scaling(c, replicas="1,2", out=None, dry_run=False):
-    """Run one epoch at each size and plot epoch time against ideal linear scaling."""
+    """Run one epoch at each size on TARGET and plot epoch time against ideal linear scaling."""
     from pathlib import Path
 
-    from doeks import elastic, plots, ui
+    from doeks import elastic, plots, targets, ui
     from doeks.errors import DoeksError
 
     try:
@@ -177,23 +205,27 @@ def scaling(c, replicas="1,2", out=None, dry_run=False):
     except ValueError:
         raise DoeksError(f"--replicas {replicas!r}: expected comma-separated integers such as 1,2") from None
     base = settings()
+    _local_metrics(base)
     points = []
     for size in sizes:
         s = base.with_overrides(replicas=size, min_replicas=size, max_replicas=size, epochs=1,
                                 job_name=f"{base.job_name}-scale{size}")
-        elastic.deploy_local(s, runner(dry_run), fresh=True)
+        target = targets.get(s)
+        plan = target.plan(targets.Job(s, fresh=True))
         if dry_run:
+            plan.show(runner(True))
             continue
-        _finish(s, elastic.follow(s, quiet=True))
-        seconds = elastic.epoch_seconds(elastic.metrics_dir(s) / "metrics.csv")
+        target.submit(plan, runner())
+        _finish(s, target.wait(quiet=True))
+        seconds = elastic.epoch_seconds(_local_metrics(s) / "metrics.csv")
         points.append((size * s.nproc_per_node, seconds))
         ui.say(f"{size} nodes x {s.nproc_per_node} processes: epoch {seconds:.1f}s")
     if points:
-        target = Path(out) if out else elastic.metrics_dir(base) / "scaling.png"
-        plots.scaling(points, target)
+        target_png = Path(out) if out else base.state_dir / "plots" / f"{base.job_name}-scaling.png"
+        plots.scaling(points, target_png)
         ui.table("scaling", ["processes", "epoch s", "ideal s"],
                  [[n, f"{t:.1f}", f"{points[0][1] * points[0][0] / n:.1f}"] for n, t in points])
-        ui.say(f"plot: {target}")
+        ui.say(f"plot: {target_png}")
 
 
 @task(help={"port": "port to serve on"})
@@ -202,23 +234,23 @@ def tensorboard(c, port=6006):
     import shutil
     import subprocess
 
-    from doeks import elastic
     from doeks.errors import MissingTool
 
     s = settings()
+    folder = _local_metrics(s)
     if shutil.which("tensorboard") is None:
         raise MissingTool("tensorboard is not installed: pip install -e '.[train]'")
-    subprocess.run(["tensorboard", "--logdir", str(elastic.metrics_dir(s) / "tensorboard"), "--port", str(port),
+    subprocess.run(["tensorboard", "--logdir", str(folder / "tensorboard"), "--port", str(port),
                     "--host", "127.0.0.1"], check=False)
 
 
 def _up(c, dry_run=False):
-    """`invoke up`'s step: on local, make the synthetic data first when the volume has none; then deploy."""
+    """`invoke up`'s step: on this machine, make the synthetic data first when the volume has none; then deploy."""
     from doeks import elastic
     from doeks.errors import DoeksError
 
     s = settings()
-    if s.target == "local":
+    if _target(s).on_this_machine:
         try:
             elastic.check_data(s)
         except DoeksError:
@@ -226,5 +258,5 @@ def _up(c, dry_run=False):
     deploy(c, dry_run=dry_run)
 
 
-ns = Collection("elasticjob", data, deploy, status, logs, scale, delete, plot, scaling, tensorboard)
+ns = Collection("elasticjob", data, build, push, deploy, status, logs, scale, delete, artifacts, plot, scaling, tensorboard)
 UNIT = Unit("elasticjob", order=60, up=_up, down=delete)

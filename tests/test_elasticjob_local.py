@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from doeks import elastic
+from doeks import elastic, targets
 from doeks import settings as S
 from doeks.local import jobs, services
 from doeks.runner import Runner
@@ -26,6 +26,16 @@ def small(state_dir, monkeypatch):
     s = S.current()
     elastic.make_data(s, Runner(echo=False))
     return s
+
+
+def deploy(s, extra_args=None):
+    target = targets.get(s)
+    target.submit(target.plan(targets.Job(s, list(extra_args or []), fresh=True)), Runner(echo=False))
+    return target
+
+
+def follow(s, timeout=400):
+    return targets.get(s).wait(timeout=timeout, quiet=True)
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -70,15 +80,15 @@ def log_text(s) -> str:
 def test_uninterrupted_then_killed_worker_and_node_finish_with_the_same_accuracy(small, state_dir):
     s = small
     # 1. the reference: an uninterrupted run of the same job
-    elastic.deploy_local(s, Runner(echo=False), fresh=True)
-    status = elastic.follow(s, timeout=400, quiet=True)
-    assert status["state"] == "Succeeded"
-    assert [r["state"] for r in status["replicas"]] == ["Succeeded", "Succeeded"]  # every agent exited 0 by itself
+    deploy(s)
+    status = follow(s)
+    assert status.state == "Succeeded"
+    assert [r.state for r in status.replicas] == ["Succeeded", "Succeeded"]  # every agent exited 0 by itself
     reference = elastic.final_result(s)["val_accuracy"]
     assert reference > 0.45, reference  # 4 classes: chance is 0.25
 
     # 2. the same job, with a worker SIGKILLed and then a whole node killed
-    elastic.deploy_local(s, Runner(echo=False), extra_args=["--step-delay", "0.25"], fresh=True)
+    deploy(s, ["--step-delay", "0.25"])
     wait_for(lambda: (elastic.checkpoint_dir(s) / "checkpoint.pt").exists() and max_step(s) >= 6, 240, "a checkpoint")
     victim = wait_for(lambda: workers_of(s, 1), 30, "a worker of node 1")[0]
     parent = open(f"/proc/{victim}/stat").read().rsplit(")", 1)[1].split()[1]
@@ -96,9 +106,10 @@ def test_uninterrupted_then_killed_worker_and_node_finish_with_the_same_accuracy
             pass
     wait_for(lambda: next(r for r in jobs.read_status(elastic.home(s))["replicas"] if r["replica"] == 1)["restarts"] >= 1,
              60, "the supervisor to restart the lost node")
-    status = elastic.follow(s, timeout=400, quiet=True)
-    assert status["state"] == "Succeeded", status
-    assert status["restarts"] >= 1
+    status = follow(s)
+    assert status.state == "Succeeded", status
+    assert status.restarts >= 1
+    assert targets.get(s).describe().replicas[1].restarts >= 1  # counted per replica too
     result = elastic.final_result(s)
     assert abs(result["val_accuracy"] - reference) <= 0.2, (result["val_accuracy"], reference)
     assert not psutil_like_alive(victim)
@@ -127,7 +138,7 @@ def test_scale_up_then_down_within_min_max(small, state_dir):
     assert invoke("elasticjob.scale", "--replicas", "1").returncode == 0
     wait_for(lambda: any(r["state"] == "Removed" for r in jobs.read_status(elastic.home(s))["replicas"]), 60, "node 1 removed")
     table = invoke("elasticjob.status", env={"COLUMNS": "200"})
-    assert "node-1" in table.stderr and "Removed" in table.stderr
+    assert "node-1" in table.stderr and "Stopped" in table.stderr and "on local: Running" in table.stderr
     assert invoke("elasticjob.delete").returncode == 0
     assert invoke("elasticjob.delete").returncode == 0  # idempotent
     assert not jobs.is_active(elastic.home(s))

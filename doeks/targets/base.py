@@ -1,0 +1,167 @@
+"""The one interface for where a job runs, cut like TorchX's `Scheduler` and the Kubeflow SDK's runtime backends.
+
+`plan(job)` returns a `Plan`: the dry-run *value* (the manifests, the API requests, the commands and steps). Showing
+it is the dry run; `submit(plan)` executes it. After that every verb asks the target: `describe()` -> `JobStatus` in
+one state vocabulary for every target, `logs()` -> lines, `scale(n)`, `cancel()` (idempotent), `artifacts()`. A verb
+a target cannot do raises `NotSupported`, which the tasks show as one line.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from ..errors import DoeksError
+
+# One state vocabulary for jobs and replicas on every target.
+PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, STOPPED = "Pending", "Running", "Restarting", "Succeeded", "Failed", "Stopped"
+STATES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, STOPPED)
+FINAL = (SUCCEEDED, FAILED, STOPPED)
+
+
+class NotSupported(DoeksError):
+    """A verb this target cannot do (the caller should not retry; another target may do it)."""
+
+    def __init__(self, target: str, verb: str, hint: str = ""):
+        self.target, self.verb = target, verb
+        super().__init__(f"{verb} is not supported on TARGET={target}" + (f": {hint}" if hint else ""))
+
+
+@dataclass
+class Job:
+    """What the user asks for: the validated settings (flags applied), extra script arguments, and whether to start
+    from scratch. `run` names this submission (a fresh rendezvous id per deploy)."""
+
+    settings: Any
+    train_args: list[str] = field(default_factory=list)
+    fresh: bool = False
+    run: str = ""
+
+    def __post_init__(self):
+        if not self.run:
+            from ..jobspec import run_id
+
+            self.run = run_id()
+
+    @property
+    def name(self) -> str:
+        return self.settings.job_name
+
+
+@dataclass
+class Step:
+    """One thing a submission does, in order: `what` is its line in the dry run, `run` does it."""
+
+    what: str
+    run: Callable[[], Any] | None = None
+
+
+@dataclass
+class Plan:
+    """The dry-run value: what a submission would create, apply, call and start, in order."""
+
+    target: str
+    job: Job
+    manifests: list[dict[str, Any]] = field(default_factory=list)   # applied or interpreted (YAML on stdout)
+    requests: list[dict[str, Any]] = field(default_factory=list)    # API requests ({"service", "operation", "params"})
+    steps: list[Step] = field(default_factory=list)
+    image: str = ""
+    context: dict[str, Any] = field(default_factory=dict)   # what steps hand on to later steps at run time
+
+    def describe(self) -> list[str]:
+        """Every step's line, in order (what a dry run prints on stderr)."""
+        return [step.what for step in self.steps]
+
+    def show(self, runner) -> None:
+        """Print the plan: manifests as one YAML stream and requests as JSON on stdout, each step on stderr."""
+        import json
+
+        if self.manifests:
+            runner.emit(self.manifests)
+        for request in self.requests:
+            sys.stdout.write(runner.mask(json.dumps(request, indent=2, default=str)) + "\n")
+        sys.stdout.flush()
+        for step in self.steps:
+            runner.step(step.what, lambda: None)
+
+
+@dataclass
+class ReplicaStatus:
+    name: str
+    state: str
+    restarts: int = 0
+    step: int | None = None
+    samples_per_s: float | None = None
+    world: int | None = None
+    detail: str = ""     # pid, container id, pod name, host ...
+
+
+@dataclass
+class JobStatus:
+    target: str
+    name: str
+    state: str
+    run: str = ""
+    replicas: list[ReplicaStatus] = field(default_factory=list)
+    desired: int | None = None
+    restarts: int = 0
+    reason: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINAL
+
+    def rows(self) -> list[list[Any]]:
+        return [[r.name, r.state, r.restarts, "" if r.step is None else r.step,
+                 "" if r.samples_per_s is None else r.samples_per_s, "" if r.world is None else r.world, r.detail]
+                for r in self.replicas]
+
+
+COLUMNS = ["replica", "state", "restarts", "step", "samples/s", "world", "where"]
+
+
+class Target:
+    """Base class: every verb; a subclass overrides what it can do. Constructed once from settings."""
+
+    name = "?"
+    on_this_machine = False       # the job's containers/processes run here (local image name, CPU base)
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    # -- submission -------------------------------------------------------------------------------------------------
+    def plan(self, job: Job) -> Plan:
+        raise NotSupported(self.name, "plan")
+
+    def submit(self, plan: Plan, runner) -> None:
+        """Execute a plan's steps in order (each through the runner, so secrets stay masked)."""
+        for step in plan.steps:
+            if step.run is not None:
+                runner.step(step.what, step.run)
+
+    def validate_scale(self, replicas: int) -> None:
+        s = self.settings
+        if not (s.min_replicas <= replicas <= s.max_replicas):
+            raise DoeksError(f"--replicas {replicas} is outside MIN_REPLICAS:MAX_REPLICAS = {s.min_replicas}:{s.max_replicas}")
+
+    # -- after submission -------------------------------------------------------------------------------------------
+    def describe(self) -> JobStatus:
+        raise NotSupported(self.name, "describe")
+
+    def logs(self, follow: bool = False, replica: int | None = None) -> Iterator[str]:
+        raise NotSupported(self.name, "logs")
+
+    def scale(self, replicas: int, runner) -> None:
+        raise NotSupported(self.name, "scale")
+
+    def cancel(self, runner) -> bool:
+        """Stop the job and everything it started; True if something was running. Safe to call twice."""
+        raise NotSupported(self.name, "cancel")
+
+    def artifacts(self) -> dict[str, str]:
+        """Where the job's outputs live: metrics, checkpoints, model (paths, s3:// or pvc:// URIs)."""
+        raise NotSupported(self.name, "artifacts")
+
+    def wait(self, timeout: float | None = None, quiet: bool = False) -> JobStatus:
+        """Stream logs with a progress bar until the job ends; returns the final status."""
+        raise NotSupported(self.name, "wait")

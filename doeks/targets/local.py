@@ -1,0 +1,151 @@
+"""TARGET=local: the PyTorchJob interpreted as processes on this machine (doeks.local.jobs): one torchrun agent per
+replica, a local etcd for rendezvous, a folder as the shared volume, a supervisor that restarts replicas like pods."""
+from __future__ import annotations
+
+import shutil
+from typing import Iterator
+
+from .. import elastic, jobspec
+from ..errors import DoeksError
+from ..local import jobs as local_jobs
+from ..local import runtime
+from ..local.services import etcd, free_port
+from .base import FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus, Step, Target
+from .follow import FileCursor, follow_until_done
+
+
+class LocalTarget(Target):
+    name = "local"
+    on_this_machine = True
+
+    @property
+    def home(self):
+        return elastic.home(self.settings)
+
+    def manifests(self, job: Job) -> list[dict]:
+        # The image is never run here (the script runs from the repository), so it is not built to name it.
+        return jobspec.manifests(job.settings, job.train_args, job.run, image=job.settings.train_image or "doeks-train:local")
+
+    def plan(self, job: Job) -> Plan:
+        s = job.settings
+        manifests = self.manifests(job)
+        plan = Plan(self.name, job, manifests=manifests)
+        pytorchjob = manifests[-1]
+        ctx: dict = {"endpoint": None, "started_etcd": False}
+        plan.context = ctx
+        plan.steps.append(Step(f"check that job {s.job_name} is not running and its data is in {elastic.data_root(s)}",
+                               lambda: self._check(s)))
+        etcd_server = etcd(s.state_dir)
+        if s.rdzv_backend.startswith("etcd"):
+            if s.etcd_endpoint:
+                shown = s.etcd_endpoint.split("://", 1)[-1]
+                plan.steps.append(Step(f"use etcd at {s.etcd_endpoint} (ETCD_ENDPOINT)", lambda: self._etcd(s, ctx)))
+            elif etcd_server.info() is not None:
+                shown = etcd_server.endpoint().split("://", 1)[-1]
+                plan.steps.append(Step(f"use the running etcd at {shown}", lambda: self._etcd(s, ctx)))
+            else:
+                shown = f"127.0.0.1:{s.etcd_port or 'PORT'}"
+                plan.steps.append(Step(f"start etcd (v2 API) on 127.0.0.1:{s.etcd_port or 'a free port'}, data in {etcd_server.home}",
+                                       lambda: self._etcd(s, ctx)))
+        else:
+            shown = ctx["endpoint"] = f"127.0.0.1:{free_port()}"
+        argv, env = local_jobs.replica_command(pytorchjob, runtime.volumes_dir(s), shown, s.local_preload)
+        for replica in range(s.replicas):
+            line = " ".join(f"{k}={v}" for k, v in sorted(env.items())) + f" DOEKS_REPLICA={replica}"
+            plan.steps.append(Step(f"start node {replica}: {line} {' '.join(argv)}"))
+        if job.fresh:
+            plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: _clear_outputs(s)))
+        plan.steps.append(Step(f"launch job supervisor for {s.job_name} ({s.replicas} nodes x {s.nproc_per_node} processes)",
+                               lambda: self._launch(s, pytorchjob, ctx, job.run)))
+        return plan
+
+    def _check(self, s) -> None:
+        if local_jobs.is_active(self.home):
+            raise DoeksError(f"job {s.job_name} is already running: `invoke elasticjob.status`, or `invoke elasticjob.delete` first")
+        elastic.check_data(s)
+
+    def _etcd(self, s, ctx) -> None:
+        from ..runner import Runner
+
+        ctx["started_etcd"] = not s.etcd_endpoint and etcd(s.state_dir).info() is None
+        ctx["endpoint"] = runtime.etcd_endpoint(s, Runner(echo=False))
+
+    def _launch(self, s, pytorchjob, ctx, run) -> None:
+        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload)
+        (self.home / "run").write_text(run)
+
+    def submit(self, plan: Plan, runner) -> None:
+        try:
+            super().submit(plan, runner)
+        except BaseException:
+            if plan.context.get("started_etcd"):
+                etcd(plan.job.settings.state_dir).stop()
+            raise
+
+    def describe(self) -> JobStatus:
+        s = self.settings
+        status = local_jobs.read_status(self.home)
+        run = _read(self.home / "run")
+        if not status:
+            return JobStatus(self.name, s.job_name, PENDING if local_jobs.is_active(self.home) else STOPPED, run=run,
+                             reason="not deployed" if not self.home.exists() else "")
+        state = status["state"]
+        if state == "Running" and not local_jobs.is_active(self.home):
+            state = STOPPED  # the supervisor is gone without a final word
+        replicas = []
+        for r in status["replicas"]:
+            progress = r.get("progress") or {}
+            replica_state = {"Removed": STOPPED}.get(r["state"], r["state"])
+            replicas.append(ReplicaStatus(f"node-{r['replica']}", replica_state, r["restarts"], progress.get("step"),
+                                          progress.get("samples_per_s"), progress.get("world"),
+                                          f"pid {r['pid']}" if r.get("pid") else ""))
+        return JobStatus(self.name, s.job_name, state if state in (RUNNING, SUCCEEDED, FAILED, STOPPED) else RUNNING,
+                         run=run, replicas=replicas, desired=status.get("desired"), restarts=status.get("restarts", 0))
+
+    def _cursor(self, replica: int | None = None) -> FileCursor:
+        return FileCursor(self.home, "replicas/*/agent.log", replica)
+
+    def logs(self, follow: bool = False, replica: int | None = None) -> Iterator[str]:
+        return follow_until_done(self, self._cursor(replica), follow)
+
+    def wait(self, timeout: float | None = None, quiet: bool = False) -> JobStatus:
+        from .follow import wait_with_progress
+
+        status = wait_with_progress(self, self._cursor(), timeout, quiet)
+        import time
+
+        deadline = time.monotonic() + 15  # the supervisor writes its last status, then exits
+        while local_jobs.is_active(self.home) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return status
+
+    def scale(self, replicas: int, runner) -> None:
+        self.validate_scale(replicas)
+        if not runner.dry_run and not local_jobs.is_active(self.home):
+            raise DoeksError(f"job {self.settings.job_name} is not running: start it with `invoke elasticjob.deploy`")
+        runner.step(f"scale job {self.settings.job_name} to {replicas} nodes", local_jobs.request_scale, self.home, replicas)
+
+    def cancel(self, runner) -> bool:
+        s = self.settings
+        if not local_jobs.is_active(self.home):
+            runner.note(f"job {s.job_name} is not running (checkpoints kept in {elastic.checkpoint_dir(s)})")
+            return False
+        runner.step(f"stop job {s.job_name} and all its processes (checkpoints kept)", local_jobs.stop, self.home)
+        return True
+
+    def artifacts(self) -> dict[str, str]:
+        s = self.settings
+        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
+                "final": str(elastic.metrics_dir(s) / "final.json"), "logs": str(self.home / "replicas")}
+
+
+def _clear_outputs(settings) -> None:
+    for folder in (elastic.checkpoint_dir(settings), elastic.metrics_dir(settings)):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read(path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""

@@ -1,0 +1,267 @@
+"""The training image: `elasticjob/Dockerfile` with the training script where the manifests say, on TRAIN_BASE_IMAGE.
+
+Tagged `doeks-train:<content hash>` (the Dockerfile, every workload file and the base image reference), so a changed
+script is a new tag and a manifest never names an image that lacks its script. Built with the local docker daemon and
+no registry (the CPU base for this machine is made here from pip wheels, see `elasticjob/Dockerfile.torch-cpu`);
+pushed to REGISTRY or this account's ECR (repository created if missing, login through boto3, push through the
+docker SDK).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from . import ui
+from .errors import DoeksError
+from .settings import PROJECT_ROOT
+
+REPOSITORY = "doeks-train"
+TORCH_VERSION = "2.13.0"
+TORCHVISION_VERSION = "0.28.0"
+CPU_BASE = f"doeks-torch-cpu:{TORCH_VERSION}"
+# An AWS Deep Learning Container for EC2/EKS: CUDA, NCCL, the EFA installer and aws-ofi-nccl (libnccl-ofi), torchrun.
+# Source: aws/deep-learning-containers pytorch/training/buildspec-2-9-ec2.yml (release repository pytorch-training in
+# account 763104351884, every commercial region). The training Dockerfile adds python-etcd on top.
+DLC_BASE = "763104351884.dkr.ecr.{region}.amazonaws.com/pytorch-training:2.9.0-gpu-py312-cu130-ubuntu22.04-ec2"
+DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile"
+BASE_DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile.torch-cpu"
+WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
+
+
+def base_image(settings, on_this_machine: bool) -> str:
+    """TRAIN_BASE_IMAGE, or the default for where the image runs: the CPU base made here, or the AWS DLC."""
+    if settings.train_base_image:
+        return settings.train_base_image
+    return CPU_BASE if on_this_machine else DLC_BASE.format(region=settings.aws_region)
+
+
+def workload_files() -> list[Path]:
+    return sorted(p for p in WORKLOAD.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix == ".py")
+
+
+def content_tag(base: str) -> str:
+    digest = hashlib.sha256()
+    digest.update(DOCKERFILE.read_bytes())
+    digest.update(base.encode())
+    for path in workload_files():
+        digest.update(path.relative_to(WORKLOAD).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def local_ref(base: str) -> str:
+    return f"{REPOSITORY}:{content_tag(base)}"
+
+
+def _credentials_configured(settings) -> bool:
+    """Credentials doeks can see without probing the network (the instance metadata service is not asked)."""
+    env = os.environ
+    if settings.aws_endpoint_url or settings.aws_profile or settings.aws_access_key_id:
+        return True
+    if any(env.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")):
+        return True
+    home = Path(env.get("AWS_SHARED_CREDENTIALS_FILE", Path.home() / ".aws" / "credentials"))
+    return home.is_file() or Path(env.get("AWS_CONFIG_FILE", Path.home() / ".aws" / "config")).is_file()
+
+
+PLACEHOLDER_ACCOUNT = "<account>"
+
+
+def registry_host(settings) -> str | None:
+    """REGISTRY as a host: an explicit host as it is; 'default' = this account's ECR (any credentials, the instance
+    role too); empty, for an image a cluster pulls = this account's ECR when credentials are configured. None when the
+    account cannot be told."""
+    if settings.registry and settings.registry != "default":
+        return settings.registry
+    if settings.registry != "default" and not _credentials_configured(settings):
+        return None
+    from .aws import account_id
+
+    try:
+        return f"{account_id(settings)}.dkr.ecr.{settings.aws_region}.amazonaws.com"
+    except Exception:  # noqa: BLE001 - no or bad credentials: the plan shows a placeholder, a submit refuses it
+        return None
+
+
+def require_resolved(ref: str) -> str:
+    if PLACEHOLDER_ACCOUNT in ref:
+        raise DoeksError(f"cannot tell which ECR registry the cluster pulls {ref.split('/', 1)[1]} from: no AWS credentials "
+                         "configured (AWS_PROFILE, AWS_ACCESS_KEY_ID or ~/.aws); set them, or REGISTRY=<host> or REGISTRY=default")
+    return ref
+
+
+def reference(settings, on_this_machine: bool) -> str:
+    """The image reference a job's manifests name: TRAIN_IMAGE, else the content-tagged training image (in the
+    registry when the image runs elsewhere or REGISTRY is set; a local name only for this machine)."""
+    if settings.train_image:
+        return settings.train_image
+    ref = local_ref(base_image(settings, on_this_machine))
+    if on_this_machine and not settings.registry:
+        return ref
+    host = registry_host(settings) or f"{PLACEHOLDER_ACCOUNT}.dkr.ecr.{settings.aws_region}.amazonaws.com"
+    return f"{host}/{ref}"
+
+
+# -- building -------------------------------------------------------------------------------------------------------
+def _stream_build(client, context: Path, tag: str, buildargs: dict[str, str], dockerfile: str = "Dockerfile") -> None:
+    with ui.progress() as bar:
+        task_id = bar.add_task(f"building {tag}", total=None)
+        stream = client.api.build(path=str(context), dockerfile=dockerfile, tag=tag, buildargs=buildargs,
+                                  network_mode="host", rm=True, forcerm=True, decode=True)
+        for chunk in stream:
+            if "error" in chunk:
+                raise DoeksError(f"docker build of {tag} failed: {chunk['error'].strip().splitlines()[-1]}")
+            line = chunk.get("stream", "").rstrip()
+            if line:
+                bar.console.print(line, markup=False, highlight=False)
+                if line.startswith("Step "):
+                    bar.update(task_id, description=f"building {tag}: {line.split(':')[0]}")
+
+
+def _has_image(client, ref: str) -> bool:
+    import docker
+
+    try:
+        client.images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def _ca_bundle() -> Path | None:
+    ca = os.environ.get("PIP_CERT") or os.environ.get("REQUESTS_CA_BUNDLE")
+    if not ca:  # pip's own setting (pip.conf), as the host's pip uses it
+        import subprocess
+
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.cert"], capture_output=True, text=True)
+        ca = out.stdout.strip() if out.returncode == 0 else ""
+    return Path(ca) if ca and Path(ca).is_file() else None
+
+
+def build_cpu_base(settings, runner, client) -> str:
+    """The CPU torch base (elasticjob/Dockerfile.torch-cpu): torch and torchvision wheels fetched by pip on the host
+    (Python 3.11, manylinux x86_64, the versions doeks pins), the torchvision shim module, the CA bundle pip uses."""
+    from . import preflight
+
+    os_base = preflight.BASE_IMAGE if _has_image(client, preflight.BASE_IMAGE) else settings.base_image
+    context = settings.state_dir / "build" / "torch-cpu"
+    shutil.rmtree(context, ignore_errors=True)
+    (context / "wheels").mkdir(parents=True)
+    runner.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
+                "--implementation", "cp", "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+                "-d", str(context / "wheels"), f"torch=={TORCH_VERSION}", f"torchvision=={TORCHVISION_VERSION}"])
+    shim = context / "shim" / "doeks" / "local"
+    shim.mkdir(parents=True)
+    for name in ("__init__.py", "errors.py"):
+        shutil.copyfile(PROJECT_ROOT / "doeks" / name, shim.parent / name)
+    (shim / "__init__.py").write_text("")
+    shutil.copyfile(PROJECT_ROOT / "doeks" / "local" / "torchvision_shim.py", shim / "torchvision_shim.py")
+    ca = _ca_bundle()
+    if ca:
+        shutil.copyfile(ca, context / "ca.crt")
+    shutil.copyfile(BASE_DOCKERFILE, context / "Dockerfile")
+    try:
+        _stream_build(client, context, CPU_BASE, {"BASE_IMAGE": os_base})
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+    return CPU_BASE
+
+
+def build(settings, runner, on_this_machine: bool, remote: bool = False) -> str:
+    """Build the training image (and the CPU base first when it is the base and missing); returns the reference the
+    manifests name. Idempotent: an image with the same content tag is not built again."""
+    from .container import _client
+    from .jobspec import CONTAINER_SCRIPT
+
+    base = base_image(settings, on_this_machine)
+    ref = local_ref(base)
+    named = reference(settings, on_this_machine) if not settings.train_image else ref
+    workdir = str(Path(CONTAINER_SCRIPT).parent)
+    if runner.dry_run:
+        if base == CPU_BASE:
+            runner.step(f"docker build {CPU_BASE} from {BASE_DOCKERFILE.relative_to(PROJECT_ROOT)} (if missing)", lambda: None)
+        runner.step(f"docker build --network host --build-arg TRAIN_BASE_IMAGE={base} --build-arg WORKDIR={workdir} "
+                    f"-t {ref}{' -t ' + named if named != ref else ''} ({DOCKERFILE.relative_to(PROJECT_ROOT)}, "
+                    f"{len(workload_files())} workload files -> {workdir}/)", lambda: None)
+        return named
+    client = _client()
+    if base == CPU_BASE and not _has_image(client, CPU_BASE):
+        runner.note(f"building the CPU training base {CPU_BASE} (once; a few minutes)")
+        build_cpu_base(settings, runner, client)
+    if _has_image(client, ref):
+        ui.say(f"training image {ref} is up to date")
+    else:
+        context = settings.state_dir / "build" / "train"
+        shutil.rmtree(context, ignore_errors=True)
+        (context / "workload").mkdir(parents=True)
+        for path in workload_files():
+            target = context / "workload" / path.relative_to(WORKLOAD)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+        shutil.copyfile(DOCKERFILE, context / "Dockerfile")
+        try:
+            _stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir})
+        finally:
+            shutil.rmtree(context, ignore_errors=True)
+        ui.say(f"built training image {ref}")
+    if named != ref and PLACEHOLDER_ACCOUNT not in named:
+        client.images.get(ref).tag(named)
+    return named
+
+
+def require_local(settings, on_this_machine: bool = True) -> str:
+    """The image a local container target runs; one line when it is missing."""
+    from .container import _client
+
+    ref = reference(settings, on_this_machine)
+    if not _has_image(_client(), ref):
+        raise DoeksError(f"training image {ref} is not built: run `invoke elasticjob.build`")
+    return ref
+
+
+def push(settings, runner, on_this_machine: bool = False) -> str:
+    """Push the training image to REGISTRY or this account's ECR (repository created if missing); returns the ref."""
+    from .aws import client as aws_client
+
+    base = base_image(settings, on_this_machine)
+    ref = local_ref(base)
+    host = (settings.registry if settings.registry and settings.registry != "default" else None) or registry_host(settings)
+    if host is None:
+        raise DoeksError("cannot tell this account's ECR registry: no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID, "
+                         "or REGISTRY=<host>)")
+    remote = f"{host}/{ref}"
+    is_ecr = ".dkr.ecr." in host
+    if is_ecr:
+        ecr = aws_client(settings, "ecr")
+        try:
+            ecr.describe_repositories(repositoryNames=[REPOSITORY])
+        except ecr.exceptions.RepositoryNotFoundException:
+            runner.call(ecr, "create_repository", repositoryName=REPOSITORY, imageTagMutability="IMMUTABLE",
+                        imageScanningConfiguration={"scanOnPush": True}, tags=[{"Key": "doeks", "Value": "true"}])
+    if runner.dry_run:
+        runner.step(f"docker tag {ref} {remote} && docker push {remote}", lambda: None)
+        return remote
+    from .container import _client, ecr_credentials
+
+    docker_client = _client()
+    if not _has_image(docker_client, ref):
+        raise DoeksError(f"training image {ref} is not built: run `invoke elasticjob.build` first")
+    docker_client.images.get(ref).tag(remote)
+    auth = None
+    if is_ecr:
+        user, password, _ = ecr_credentials(settings)
+        runner.secrets.append(password)
+        auth = {"username": user, "password": password}
+    try:
+        for chunk in docker_client.images.push(remote, stream=True, decode=True, auth_config=auth):
+            if "error" in chunk:
+                raise DoeksError(runner.mask(f"push of {remote} failed: {chunk['error'].strip()}"))
+    except DoeksError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a registry that cannot be reached
+        raise DoeksError(runner.mask(f"push of {remote} failed: {str(error).splitlines()[0]}")) from None
+    ui.say(f"pushed {remote}")
+    return remote
