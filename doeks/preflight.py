@@ -9,7 +9,10 @@ from pathlib import Path
 from . import ui
 from .errors import DoeksError, MissingTool
 
-DOCKER_FLAGS = ["--storage-driver=vfs", "--iptables=false", "--bridge=none"]
+DOCKER_FLAGS = ["--iptables=false", "--bridge=none"]
+# overlay2 when the kernel lets this machine mount overlays (each container start is then a mount, not a copy of the
+# image: ~1 s instead of tens of seconds for the 1.6 GB training image); vfs, which works everywhere, otherwise.
+STORAGE_DRIVERS = ("overlay2", "vfs")
 
 
 def _module(name: str) -> bool:
@@ -72,21 +75,27 @@ def ensure_docker(runner, state_dir: Path | None = None) -> None:
     if shutil.which("dockerd") is None:
         _apt(runner, ["docker.io"])
     if runner.dry_run:
-        runner.run(["dockerd"] + DOCKER_FLAGS)
+        runner.run(["dockerd", f"--storage-driver={STORAGE_DRIVERS[0]}"] + DOCKER_FLAGS)
         return
     log = Path("/var/log/doeks-dockerd.log")
-    runner.note("starting dockerd " + " ".join(DOCKER_FLAGS))
-    with open(log, "ab") as out:
-        subprocess.Popen(["dockerd"] + DOCKER_FLAGS, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     import time
 
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if docker_reachable():
-            ui.say("docker: daemon started")
-            return
-        time.sleep(0.5)
-    raise DoeksError(f"dockerd did not come up within 60s: see {log}")
+    for driver in STORAGE_DRIVERS:
+        argv = ["dockerd", f"--storage-driver={driver}"] + DOCKER_FLAGS
+        runner.note("starting " + " ".join(argv))
+        with open(log, "ab") as out:
+            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.poll() is None:
+            if docker_reachable():
+                ui.say(f"docker: daemon started ({driver} storage)")
+                return
+            time.sleep(0.5)
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=30)
+        ui.warn(f"dockerd did not start with {driver} storage (see {log})")
+    raise DoeksError(f"dockerd did not come up with any of {', '.join(STORAGE_DRIVERS)}: see {log}")
 
 
 BASE_IMAGE = "doeks-base:bookworm"

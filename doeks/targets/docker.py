@@ -12,6 +12,7 @@ Networking: the host's (one machine, so every agent advertises 127.0.0.1). Conta
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Iterator
 
 from .. import elastic, jobspec, trainimage
@@ -63,7 +64,6 @@ def container_spec(pytorchjob: dict[str, Any], replica: int, rdzv_endpoint: str,
     for mount in container.get("volumeMounts", []):
         if mount["name"] in claims:
             folder = volumes_dir / claims[mount["name"]]
-            folder.mkdir(parents=True, exist_ok=True)
             volumes[str(folder)] = {"bind": mount["mountPath"], "mode": "ro" if mount.get("readOnly") else "rw"}
         elif mount["name"] in memory_dirs:
             if mount["mountPath"] == "/dev/shm":
@@ -191,6 +191,8 @@ class DockerTarget(Target):
             record["endpoint"] = endpoint
             (self.home / "run.json").write_text(json.dumps(record))
         spec = container_spec(pytorchjob, replica, endpoint, runtime.volumes_dir(self.settings), run)
+        for folder in spec["volumes"]:
+            Path(folder).mkdir(parents=True, exist_ok=True)
         return client().containers.run(**spec)
 
     def submit(self, plan: Plan, runner) -> None:

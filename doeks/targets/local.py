@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from typing import Iterator
 
-from .. import elastic, jobspec
+from .. import elastic, jobspec, trainimage
 from ..errors import DoeksError
 from ..local import jobs as local_jobs
 from ..local import runtime
@@ -23,14 +23,16 @@ class LocalTarget(Target):
         return elastic.home(self.settings)
 
     def manifests(self, job: Job) -> list[dict]:
-        # The image is never run here (the script runs from the repository), so it is not built to name it.
-        return jobspec.manifests(job.settings, job.train_args, job.run, image=job.settings.train_image or "doeks-train:local")
+        # The same manifests as the docker target; here the image is not run (the script runs from this checkout's
+        # doeks/workload, which the image's /workspace holds), so it need not be built.
+        return jobspec.manifests(job.settings, job.train_args, job.run, image=trainimage.reference(job.settings, True))
 
     def plan(self, job: Job) -> Plan:
         s = job.settings
         manifests = self.manifests(job)
-        plan = Plan(self.name, job, manifests=manifests)
         pytorchjob = manifests[-1]
+        plan = Plan(self.name, job, manifests=manifests,
+                    image=pytorchjob["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"])
         ctx: dict = {"endpoint": None, "started_etcd": False}
         plan.context = ctx
         plan.steps.append(Step(f"check that job {s.job_name} is not running and its data is in {elastic.data_root(s)}",

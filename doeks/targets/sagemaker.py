@@ -345,7 +345,7 @@ class SageMakerTarget(Target):
                 return {}
             root = Path(record["root"])
             return {"model": str(root / "output" / "model.tar.gz"), "metrics": str(root / "algo-1" / "output" / "data"),
-                    "checkpoints": str(root / "checkpoints")}
+                    "final": str(root / "algo-1" / "output" / "data" / "final.json"), "checkpoints": str(root / "checkpoints")}
         job = sagemaker.describe(self.settings, self._name())
         result = {"model": job.get("ModelArtifacts", {}).get("S3ModelArtifacts", ""),
                   "output": job["OutputDataConfig"]["S3OutputPath"]}

@@ -1,0 +1,146 @@
+"""TARGET=docker and SageMaker local mode, for real: the training image is built here (on the CPU torch base made from
+pip wheels), the cluster's own PyTorchJob runs as containers of it, a container is SIGKILLed and docker restarts it,
+and SageMaker's contract (/opt/ml, SM_*, N hosts) trains to a model.tar.gz. CI always has a docker daemon."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import tarfile
+import time
+
+import pytest
+
+from doeks import preflight
+
+from .conftest import invoke
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker]
+
+REGISTRY = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
+JOB = {"DATA_TRAIN_PER_CLASS": "40", "DATA_VAL_PER_CLASS": "8", "REPLICAS": "2", "NPROC_PER_NODE": "1", "EPOCHS": "1",
+       "BATCH_SIZE": "8", "MIN_REPLICAS": "1", "MAX_REPLICAS": "2", "CHECKPOINT_EVERY": "2", "TARGET": "docker",
+       "REGISTRY": REGISTRY, "TRAIN_BASE_IMAGE": "doeks-torch-cpu:2.13.0", "JOB_NAME": "dockerjob"}
+
+
+@pytest.fixture(scope="module")
+def client():
+    if not preflight.docker_reachable():
+        if os.environ.get("CI"):
+            pytest.fail("CI must have a docker daemon: `invoke setup --docker` should have started one")
+        pytest.skip("no docker daemon reachable (invoke setup --docker)")
+    import docker
+
+    return docker.from_env(timeout=600)
+
+
+@pytest.fixture
+def job_env(client, state_dir, monkeypatch):
+    for key, value in JOB.items():
+        monkeypatch.setenv(key, value)
+    yield dict(JOB)
+    for container in client.containers.list(all=True, filters={"label": "app.kubernetes.io/part-of=doeks"}):
+        if container.labels.get("doeks/job") in ("dockerjob", "smjob"):
+            container.remove(force=True)
+
+
+def labelled(client, job: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"doeks/job={job}"})
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_build_then_train_in_containers_of_the_clusters_manifest(client, job_env, state_dir):
+    built = invoke("elasticjob.build", timeout=1800)
+    assert built.returncode == 0, built.stderr[-3000:]
+    image = re.search(r"training image: (\S+)", built.stderr).group(1)
+    assert image.startswith(f"{REGISTRY}/doeks-train:")
+    # what the manifests name is inside the image: the script where the pod command says, torchrun, etcd client
+    out = client.containers.run(image, ["python3", "-c", "import torch, torchvision, etcd, os; "
+                                        "print(os.path.isfile('/workspace/train.py'), torch.__version__)"],
+                                entrypoint=[], remove=True, network_mode="host")
+    assert out.decode().startswith("True 2.13.0")
+    assert invoke("elasticjob.build").returncode == 0  # twice: up to date, not rebuilt
+    assert invoke("elasticjob.data").returncode == 0
+
+    result = invoke("elasticjob.deploy", "--fresh", "--follow", "--epochs", "1", timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "job dockerjob succeeded" in result.stderr
+    containers = labelled(client, "dockerjob")
+    assert len(containers) == 2 and all(c.attrs["State"]["ExitCode"] == 0 for c in containers)
+    assert {c.image.tags[0] for c in containers} >= {image} or image in containers[0].image.tags
+    final = json.loads((state_dir / "volumes" / "fsx-pvc" / "metrics" / "dockerjob" / "final.json").read_text())
+    assert final["step"] > 0
+
+    # byte for byte the manifests `TARGET=eks invoke elasticjob.deploy --dry-run` prints, but for the run id
+    ran = (state_dir / "docker" / "dockerjob" / "manifests.yaml").read_text()
+    eks = invoke("elasticjob.deploy", "--epochs", "1", "--dry-run", env={"TARGET": "eks"})
+    assert eks.returncode == 0, eks.stderr
+    run_id = re.compile(r"dockerjob-\d{8}-\d{6}-[0-9a-f]{4}")
+    assert run_id.sub("RUN", ran) == run_id.sub("RUN", eks.stdout)
+
+    status = invoke("elasticjob.status", env={"COLUMNS": "200"})
+    assert status.returncode == 0 and "on docker: Succeeded" in status.stderr
+    assert invoke("elasticjob.delete").returncode == 0
+    assert invoke("elasticjob.delete").returncode == 0  # twice: nothing left, no error
+    assert labelled(client, "dockerjob") == []
+
+
+def test_a_killed_container_is_restarted_and_the_job_finishes(client, job_env, state_dir):
+    assert invoke("elasticjob.build", timeout=1800).returncode == 0
+    assert invoke("elasticjob.data").returncode == 0
+    started = invoke("elasticjob.deploy", "--fresh", "--train-args", "--step-delay 0.5 --log-every 1")
+    assert started.returncode == 0, started.stderr[-2000:]
+    checkpoint = state_dir / "volumes" / "fsx-pvc" / "checkpoints" / "dockerjob" / "checkpoint.pt"
+    wait_for(checkpoint.exists, 300, "a first checkpoint")
+    victim = next(c for c in labelled(client, "dockerjob") if c.labels["doeks/replica"] == "1")
+    victim.reload()
+    os.kill(victim.attrs["State"]["Pid"], signal.SIGKILL)  # the container's main process dies (not a `docker stop`)
+
+    def restarted():
+        victim.reload()
+        return victim.attrs["RestartCount"] >= 1 and victim.attrs["State"]["Running"]
+    wait_for(restarted, 120, "docker to restart the killed container (restartPolicy OnFailure)")
+    follow = invoke("elasticjob.logs", "--follow", timeout=900)
+    assert follow.returncode == 0 and "resumed from checkpoint" in follow.stdout
+    status = invoke("elasticjob.status", env={"COLUMNS": "200"})
+    assert "on docker: Succeeded" in status.stderr, status.stderr
+    row = next(line for line in status.stderr.splitlines() if "node-1" in line)
+    assert re.search(r"Succeeded\s*│\s*[1-9]", row), row  # the restart is counted on its replica
+    scale = invoke("elasticjob.scale", "--replicas", "3")
+    assert scale.returncode == 1 and "outside MIN_REPLICAS:MAX_REPLICAS" in scale.stderr
+    assert invoke("elasticjob.delete").returncode == 0
+    assert labelled(client, "dockerjob") == []
+
+
+def test_sagemaker_local_mode_trains_to_a_model_artifact(client, job_env, state_dir, monkeypatch):
+    monkeypatch.setenv("TARGET", "sagemaker")
+    monkeypatch.setenv("SAGEMAKER_LOCAL", "true")
+    monkeypatch.setenv("SAGEMAKER_INSTANCE_COUNT", "2")
+    monkeypatch.setenv("JOB_NAME", "smjob")
+    assert invoke("elasticjob.build", env={"TARGET": "docker"}, timeout=1800).returncode == 0
+    assert invoke("elasticjob.data", env={"TARGET": "docker"}).returncode == 0
+    dry = invoke("elasticjob.deploy", "--dry-run")
+    assert dry.returncode == 0 and "kubectl" not in dry.stdout + dry.stderr
+    request = json.loads(dry.stdout)
+    assert request["operation"] == "CreateTrainingJob" and request["params"]["ResourceConfig"]["InstanceCount"] == 2
+    result = invoke("elasticjob.deploy", "--follow", "--train-args", "--max-steps 2", timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[algo-1]" in result.stderr and "[algo-2]" in result.stderr and "world=2" in result.stderr
+    (root,) = (state_dir / "sagemaker" / "smjob").glob("smjob-*")
+    hyper = json.loads((root / "algo-2" / "input" / "config" / "hyperparameters.json").read_text())
+    assert hyper["max-steps"] == "2" and hyper["sagemaker_program"] == "train.py"
+    with tarfile.open(root / "output" / "model.tar.gz") as tar:
+        assert tar.getnames() == ["model.pt"]
+    assert invoke("elasticjob.delete").returncode == 0
+    assert invoke("elasticjob.delete").returncode == 0
+    assert labelled(client, "smjob") == []
