@@ -141,11 +141,11 @@ def data_save_model(c, destination=None, dry_run=False):
     """Upload the job's checkpoints and final model to S3 under a dated prefix."""
     import time
 
-    from doeks import aws, datastage, elastic, ui
+    from doeks import aws, datastage, ui
     from doeks.errors import DoeksError
 
     s = settings()
-    folder = elastic.checkpoint_dir(s)
+    folder = _checkpoints_here(s)
     if not folder.is_dir() or not any(folder.iterdir()):
         raise DoeksError(f"no checkpoints in {folder}: train first (invoke elasticjob.deploy)")
     target = f"{(destination or f's3://{s.s3_bucket}/models/{s.job_name}').rstrip('/')}/{time.strftime('%Y-%m-%d-%H%M%S')}"
@@ -156,6 +156,19 @@ def data_save_model(c, destination=None, dry_run=False):
     client = datastage.s3_client(aws.endpoint_url(s), s.aws_region, 16, _credentials(s))
     count = datastage.upload_tree(client, folder, target)
     ui.say(f"uploaded {count} files to {target}")
+
+
+def _checkpoints_here(s):
+    """The job's checkpoint folder when its target keeps it on this machine; one line saying where it is otherwise."""
+    from pathlib import Path
+
+    from doeks import targets
+
+    where = targets.get(s).artifacts().get("checkpoints", "")
+    if not where or "://" in where:
+        raise targets.NotSupported(s.target, "csi.data.save-model", f"the checkpoints are in {where or 'the job'}, "
+                                   "not on this machine (SageMaker keeps the model in S3 already)")
+    return Path(where)
 
 
 @task(help={"dry_run": "print; change nothing"})

@@ -110,25 +110,31 @@ def hybrid(training_runtime: str = "local", script: str = "/workspace/train.py",
 
 
 def arguments(settings, runtime: str, steps: int = 5, endpoint_url: str = "", role_arn: str = "") -> dict[str, Any]:
-    """Pipeline arguments for a runtime, rendered from settings (the same job spec and request as the tasks use)."""
-    from . import jobspec, sagemaker
-    from .local import runtime as local_runtime
+    """Pipeline arguments for a runtime, from the plan of the target it maps onto (doeks.targets.RUNTIMES: the seed's
+    kubernetes -> eks, sagemaker -> sagemaker, local -> local): the same job spec and request the tasks submit."""
+    from . import targets
+    from .errors import DoeksError
 
     if runtime not in RUNTIMES:
-        from .errors import DoeksError
-
         raise DoeksError(f"--runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    target = targets.for_runtime(settings, runtime)
+    plan = target.plan(targets.Job(target.settings, ["--max-steps", str(steps)]))
     args: dict[str, Any] = {"training_runtime": runtime, "arch": settings.arch, "steps": steps,
                             "aws_region": settings.aws_region, "aws_endpoint_url": endpoint_url}
     if runtime == "local":
+        from . import sagemaker
+        from .local import runtime as local_runtime
+
         args.update(script=str(sagemaker.WORKLOAD / "train.py"), data_dir=str(local_runtime.shared_volume(settings) / "data"))
     elif runtime == "sagemaker":
-        name = sagemaker.job_name(settings)
-        request = sagemaker.training_request(settings, role_arn or f"arn:aws:iam::000000000000:role/{settings.sagemaker_role_name}",
-                                             name, max_steps=steps)
+        request = plan.requests[0]["params"]
+        if role_arn:
+            request["RoleArn"] = role_arn
+        from . import sagemaker
+
         args.update(sagemaker_request=json.dumps(request), source_tar_b64=base64.b64encode(sagemaker.source_archive()).decode())
     else:
-        args.update(pytorchjob=json.dumps(jobspec.pytorchjob(settings)), data_dir=f"{settings.shared_mount}/data")
+        args.update(pytorchjob=json.dumps(plan.manifests[-1]), data_dir=f"{settings.shared_mount}/data")
     return args
 
 
