@@ -327,6 +327,12 @@ class Settings:
         return _validate(raw, sources)
 
     @property
+    def on_this_machine(self) -> bool:
+        """The cloud is stood in for on this machine (TARGET=local or docker): etcd and the moto AWS-API endpoint run
+        here, the shared volume is a folder, there is no cluster to create. The job's own verbs are doeks.targets'."""
+        return self.target in ("local", "docker")
+
+    @property
     def state_dir(self) -> Path:
         path = Path(self._values["STATE_DIR"])
         return path if path.is_absolute() else PROJECT_ROOT / path

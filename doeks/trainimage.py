@@ -21,7 +21,7 @@ from .settings import PROJECT_ROOT
 REPOSITORY = "doeks-train"
 TORCH_VERSION = "2.13.0"
 TORCHVISION_VERSION = "0.28.0"
-CPU_BASE = f"doeks-torch-cpu:{TORCH_VERSION}"
+SHIM = PROJECT_ROOT / "doeks" / "local" / "torchvision_shim.py"
 # An AWS Deep Learning Container for EC2/EKS: CUDA, NCCL, the EFA installer and aws-ofi-nccl (libnccl-ofi), torchrun.
 # Source: aws/deep-learning-containers pytorch/training/buildspec-2-9-ec2.yml (release repository pytorch-training in
 # account 763104351884, every commercial region). The training Dockerfile adds python-etcd on top.
@@ -29,6 +29,15 @@ DLC_BASE = "763104351884.dkr.ecr.{region}.amazonaws.com/pytorch-training:2.9.0-g
 DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile"
 BASE_DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile.torch-cpu"
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
+
+
+def _cpu_base() -> str:
+    """doeks-torch-cpu:<torch>-<hash of its Dockerfile and the shim>: a changed recipe is a new base."""
+    digest = hashlib.sha256(BASE_DOCKERFILE.read_bytes() + SHIM.read_bytes() + TORCHVISION_VERSION.encode())
+    return f"doeks-torch-cpu:{TORCH_VERSION}-{digest.hexdigest()[:8]}"
+
+
+CPU_BASE = _cpu_base()
 
 
 def base_image(settings, on_this_machine: bool) -> str:

@@ -250,7 +250,10 @@ def _up(c, dry_run=False):
     from doeks.errors import DoeksError
 
     s = settings()
-    if _target(s).on_this_machine:
+    target = _target(s)
+    if target.builds_image:
+        build(c, dry_run=dry_run)
+    if target.on_this_machine:
         try:
             elastic.check_data(s)
         except DoeksError:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from doeks import preflight
+from doeks import preflight, trainimage
 
 from .conftest import invoke
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker]
 REGISTRY = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
 JOB = {"DATA_TRAIN_PER_CLASS": "40", "DATA_VAL_PER_CLASS": "8", "REPLICAS": "2", "NPROC_PER_NODE": "1", "EPOCHS": "1",
        "BATCH_SIZE": "8", "MIN_REPLICAS": "1", "MAX_REPLICAS": "2", "CHECKPOINT_EVERY": "2", "TARGET": "docker",
-       "REGISTRY": REGISTRY, "TRAIN_BASE_IMAGE": "doeks-torch-cpu:2.13.0", "JOB_NAME": "dockerjob"}
+       "REGISTRY": REGISTRY, "TRAIN_BASE_IMAGE": trainimage.CPU_BASE, "JOB_NAME": "dockerjob"}
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +71,10 @@ def test_build_then_train_in_containers_of_the_clusters_manifest(client, job_env
     assert out.decode().startswith("True 2.13.0")
     assert invoke("elasticjob.build").returncode == 0  # twice: up to date, not rebuilt
     assert invoke("elasticjob.data").returncode == 0
+    missing = invoke("elasticjob.deploy", env={"TRAIN_IMAGE": "doeks-train:not-built"})
+    assert missing.returncode == 1 and missing.stderr.strip().splitlines()[-1] == \
+        "error: training image doeks-train:not-built is not built: run `invoke elasticjob.build`"
+    assert labelled(client, "dockerjob") == []  # nothing half-created
 
     result = invoke("elasticjob.deploy", "--fresh", "--follow", "--epochs", "1", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

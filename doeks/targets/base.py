@@ -125,6 +125,7 @@ class Target:
 
     name = "?"
     on_this_machine = False       # the job's containers/processes run here (local image name, CPU base)
+    builds_image = False          # it runs containers of the training image built here (`up` builds it first)
 
     def __init__(self, settings):
         self.settings = settings

@@ -111,6 +111,7 @@ def docker_run_line(spec: dict[str, Any]) -> str:
 class DockerTarget(Target):
     name = "docker"
     on_this_machine = True
+    builds_image = True
 
     @property
     def home(self):
@@ -346,7 +347,8 @@ def _clear_outputs(settings) -> None:
 def remove_all(settings, runner) -> int:
     """Every container doeks labelled for any job (used by `down`)."""
     try:
-        found = client().containers.list(all=True, filters={"label": [f"{TARGET}=docker", f"{PART_OF}=doeks"]})
+        found = [c for c in client().containers.list(all=True, filters={"label": f"{PART_OF}=doeks"})
+                 if c.labels.get(TARGET) in ("docker", "sagemaker-local")]
     except DoeksError:
         return 0
     for c in found:

@@ -108,6 +108,9 @@ class LocalTarget(Target):
         return FileCursor(self.home, "replicas/*/agent.log", replica)
 
     def logs(self, follow: bool = False, replica: int | None = None) -> Iterator[str]:
+        from .follow import check_replica
+
+        check_replica(self, replica)
         return follow_until_done(self, self._cursor(replica), follow)
 
     def wait(self, timeout: float | None = None, quiet: bool = False) -> JobStatus:

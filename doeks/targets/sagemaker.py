@@ -61,7 +61,7 @@ class SageMakerTarget(Target):
     def __init__(self, settings):
         super().__init__(settings)
         self.local = settings.sagemaker_local
-        self.on_this_machine = self.local
+        self.on_this_machine = self.builds_image = self.local
 
     @property
     def home(self) -> Path:
