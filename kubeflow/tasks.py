@@ -5,46 +5,39 @@ from invoke import Collection
 
 from doeks.taskkit import Unit, runner, settings, task
 
-TRAINING_OPERATOR_REF = "v1.9.2"
-TRAINING_OPERATOR_KUSTOMIZE = f"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref={TRAINING_OPERATOR_REF}"
 
-
-@task(name="deploy", help={"dry_run": "print the command; change nothing"})
+@task(name="deploy", help={"dry_run": "print the kustomization and the command; change nothing"})
 def operator_deploy(c, dry_run=False):
-    """Deploy the standalone training operator (pinned) with server-side apply (TARGET=local: nothing to deploy)."""
-    from doeks import kube, ui
+    """Deploy the standalone training operator v1 (pinned) without MPIJob (the MPI operator owns it), server-side apply."""
+    from doeks import kubeflow, ui
 
     s = settings()
     if s.target == "local":
         ui.say("TARGET=local: PyTorchJobs are interpreted by doeks' local runtime; no operator to deploy")
         return
-    kube.run(runner(dry_run), ["apply", "--server-side", "-k", TRAINING_OPERATOR_KUSTOMIZE])
+    kubeflow.operator_deploy(s, runner(dry_run))
 
 
 @task(name="delete", help={"dry_run": "print the command; change nothing"})
 def operator_delete(c, dry_run=False):
     """Delete the training operator; safe to run twice."""
-    from doeks import kube, ui
+    from doeks import kubeflow, ui
 
     s = settings()
     if s.target == "local":
         ui.say("TARGET=local: no operator to delete")
         return
-    kube.run(runner(dry_run), ["delete", "--ignore-not-found", "-k", TRAINING_OPERATOR_KUSTOMIZE])
+    kubeflow.operator_delete(s, runner(dry_run))
 
 
 @task(help={"elastic": "add elasticPolicy (min:max replicas, rendezvous) as elasticjob does",
-            "replicas": "worker replicas", "dry_run": "print the PyTorchJob as YAML on stdout; change nothing"})
+            "replicas": "nodes (elastic: Worker replicas; --no-elastic: 1 Master + N-1 Workers)", "dry_run": "print the PyTorchJob as YAML on stdout; change nothing"})
 def submit(c, elastic=True, replicas=None, dry_run=False):
     """Submit a PyTorchJob running the repo's training script (kubectl server-side apply)."""
     from doeks import jobspec, kube
 
     s = settings(replicas=replicas)
-    job = jobspec.pytorchjob(s)
-    if not elastic:
-        del job["spec"]["elasticPolicy"]
-        container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-        container["command"] = ["torchrun", "--nnodes", str(s.replicas), "--nproc-per-node", str(s.nproc_per_node), jobspec.CONTAINER_SCRIPT]
+    job = jobspec.pytorchjob(s) if elastic else jobspec.pytorchjob_fixed(s)
     kube.apply(runner(dry_run), [job])
 
 
