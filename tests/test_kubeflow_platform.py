@@ -33,7 +33,7 @@ def test_ready_cluster_has_no_problems(cluster):
     fake, path = cluster
     fake.storage_classes(storage_class("gp2", False), storage_class("gp3", True))
     assert kubeflow.prerequisites(client_for(path)) == []
-    assert "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/mpijobs.kubeflow.org" in fake.requests
+    assert "/apis/storage.k8s.io/v1/storageclasses" in fake.requests and "/api/v1/namespaces/istio-system" in fake.requests
 
 
 def test_every_blocking_condition_is_reported(cluster):
@@ -41,13 +41,35 @@ def test_every_blocking_condition_is_reported(cluster):
     fake.storage_classes(storage_class("gp2", False))
     fake.objects["/api/v1/namespaces/istio-system"] = {"kind": "Namespace", "apiVersion": "v1",
                                                        "metadata": {"name": "istio-system", "labels": {"owner": "mesh-team"}}}
+    problems = kubeflow.prerequisites(client_for(path))
+    assert len(problems) == 2
+    assert "default StorageClass" in problems[0] and "Istio" in problems[1]
+
+
+def test_mpi_operator_does_not_block_the_platform(cluster):
+    """26.03's example/ ships no MPIJob CRD (the v1 training operator is commented out), so the MPI operator that
+    efa.deploy installs (order 30) must not stop kubeflow.deploy (was: 'remove it first')."""
+    fake, path = cluster
+    fake.storage_classes(storage_class("gp3", True))
     fake.objects["/apis/apiextensions.k8s.io/v1/customresourcedefinitions/mpijobs.kubeflow.org"] = {
         "kind": "CustomResourceDefinition", "apiVersion": "apiextensions.k8s.io/v1", "metadata": {"name": "mpijobs.kubeflow.org"},
         "spec": {"group": "kubeflow.org", "scope": "Namespaced", "names": {"kind": "MPIJob", "plural": "mpijobs"},
                  "versions": [{"name": "v2beta1", "served": True, "storage": True}]}}
-    problems = kubeflow.prerequisites(client_for(path))
-    assert len(problems) == 3
-    assert "default StorageClass" in problems[0] and "Istio" in problems[1] and "v2beta1" in problems[2]
+    assert kubeflow.prerequisites(client_for(path)) == []
+
+
+def test_second_deploy_sees_its_own_istio(cluster, state_dir):
+    """The overlay labels istio-system as Kubeflow's (upstream's Namespace carries no such label: kubeflow/manifests
+    26.03 common/istio/istio-namespace/base/namespace.yaml), so the check passes after our own first deploy."""
+    fake, path = cluster
+    fake.storage_classes(storage_class("gp3", True))
+    s = S.load(environ={"STATE_DIR": str(state_dir), "KUBEFLOW_PASSWORD": "a-long-enough-secret"}, path=ROOT / ".env")
+    overlay = kubeflow.write_overlay(s)
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    patched = [yaml.safe_load((overlay / p["path"]).read_text()) for p in kustomization["patches"]]
+    namespace = next(p for p in patched if p["kind"] == "Namespace")
+    fake.objects["/api/v1/namespaces/istio-system"] = {"kind": "Namespace", "apiVersion": "v1", "metadata": namespace["metadata"]}
+    assert kubeflow.prerequisites(client_for(path)) == []
 
 
 def test_deploy_refuses_before_changing_anything(cluster, state_dir):
@@ -64,8 +86,10 @@ def test_password_is_generated_privately_hashed_and_never_printed(state_dir, mon
     secret = kubeflow.password_file(s).read_text().strip()
     assert stat.S_IMODE(kubeflow.password_file(s).stat().st_mode) == 0o600 and len(secret) >= 20
     patch = yaml.safe_load((overlay / "dex-password.yaml").read_text())
-    config = yaml.safe_load(patch["data"]["config.yaml"])
-    hashed = config["staticPasswords"][0]["hash"]
+    # 26.03: dex reads the hash from Secret auth/dex-passwords, key DEX_USER_PASSWORD (common/dex/base/config-map.yaml
+    # `hashFromEnv: DEX_USER_PASSWORD`, dex-passwords.yaml; kubeflow/manifests tag 26.03)
+    assert (patch["kind"], patch["metadata"]["namespace"], patch["metadata"]["name"]) == ("Secret", "auth", "dex-passwords")
+    hashed = patch["stringData"]["DEX_USER_PASSWORD"]
     assert bcrypt.checkpw(secret.encode(), hashed.encode())
     assert not bcrypt.checkpw(b"12341234", hashed.encode())  # the upstream default no longer works
     assert kubeflow.password(s) == secret  # stable across runs
@@ -79,5 +103,7 @@ def test_password_is_generated_privately_hashed_and_never_printed(state_dir, mon
 def test_deploy_dry_run_names_the_pinned_release(state_dir):
     result = invoke("kubeflow.deploy", "--dry-run", env={"TARGET": "eks", "KUBEFLOW_PASSWORD": "a-long-enough-secret"})
     assert result.returncode == 0, result.stderr
+    assert kubeflow.VERSION == "26.03"  # kubeflow/manifests' current dated release
     assert f"--branch {kubeflow.VERSION}" in result.stderr and "kubectl apply --server-side" in result.stderr
+    assert f"Kubeflow platform {kubeflow.VERSION}" in result.stderr
     assert "a-long-enough-secret" not in result.stdout + result.stderr
