@@ -28,6 +28,12 @@ DEFAULT_USER = "user@example.com"
 NAMESPACES = ("cert-manager", "istio-system", "auth", "oauth2-proxy", "knative-serving", "kubeflow", "kubeflow-system",
               "kubeflow-user-example-com")
 
+# Kubeflow Trainer v2.3.0 (kubeflow/trainer tag v2.3.0, commit 658725b, 2026-08-06), the release the TrainJob path
+# targets (../shared/schemas); its kubeflow-platform overlay replaces the release's applications/trainer (v2.1.0).
+TRAINER_VERSION = "v2.3.0"
+TRAINER_PLATFORM = f"https://github.com/kubeflow/trainer.git/manifests/overlays/kubeflow-platform?ref={TRAINER_VERSION}"
+EXAMPLE_TRAINER = "../applications/trainer/overlays"
+
 # The standalone training operator v1: kubeflow/trainer (was kubeflow/training-operator) tag v1.9.4 (2026-08-18),
 # manifests/overlays/standalone. Its base/crds lists tfjobs, pytorchjobs, xgboostjobs, mpijobs (v1), paddlejobs, jaxjobs.
 TRAINING_OPERATOR_REF = "v1.9.4"
@@ -86,18 +92,36 @@ ISTIO_NAMESPACE_PATCH = ("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: is
 
 
 def write_overlay(settings) -> Path:
-    """overlay/: upstream `example` plus our dex password patch and the istio-system ownership label."""
+    """overlay/: the release's `example` (same resources, same sort order) with Kubeflow Trainer v2.3.0 in place of
+    the release's v2.1.0 (whose TrainJob has podTemplateOverrides, not runtimePatches), plus our dex password patch and
+    the istio-system ownership label. Needs the release checked out (deploy clones it first)."""
     import bcrypt
+    import yaml
 
+    root = checkout(settings)
+    example_file = root / "example" / "kustomization.yaml"
+    if not example_file.is_file():
+        raise DoeksError(f"{example_file} not found: the Kubeflow manifests {VERSION} checkout is incomplete "
+                         f"(remove {root} and deploy again)")
+    example = yaml.safe_load(example_file.read_text())
+    resources = list(example.get("resources") or [])
+    if EXAMPLE_TRAINER not in resources:
+        raise DoeksError(f"{example_file} does not list {EXAMPLE_TRAINER}: not the {VERSION} layout doeks knows")
     overlay = overlay_dir(settings)
-    overlay.mkdir(parents=True, exist_ok=True)
+    (overlay / "trainer").mkdir(parents=True, exist_ok=True)
+    trainer = yaml.safe_load((root / "example" / EXAMPLE_TRAINER / "kustomization.yaml").read_text())
+    trainer["resources"] = [TRAINER_PLATFORM]  # keeps the release's namespace (kubeflow-system) and Istio patches
+    (overlay / "trainer" / "kustomization.yaml").write_text(yaml.safe_dump(trainer, sort_keys=False))
     hashed = bcrypt.hashpw(password(settings).encode(), bcrypt.gensalt(rounds=12)).decode()
     (overlay / "dex-password.yaml").write_text(dex_patch(hashed))
     (overlay / "istio-namespace.yaml").write_text(ISTIO_NAMESPACE_PATCH)
-    upstream = os.path.relpath(checkout(settings) / "example", overlay)
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources:\n- {upstream}\npatches:\n- path: dex-password.yaml\n- path: istio-namespace.yaml\n")
+    ours: dict[str, Any] = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
+    if example.get("sortOptions"):
+        ours["sortOptions"] = example["sortOptions"]
+    ours["resources"] = ["trainer" if r == EXAMPLE_TRAINER
+                         else os.path.relpath(os.path.normpath(root / "example" / r), overlay) for r in resources]
+    ours["patches"] = [{"path": "dex-password.yaml"}, {"path": "istio-namespace.yaml"}]
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(ours, sort_keys=False))
     return overlay
 
 
@@ -139,7 +163,8 @@ def deploy(settings, runner, attempts: int = 20, wait_s: float = 15) -> None:
 
     if runner.dry_run:
         runner.run(["git", "clone", "--depth", "1", "--branch", VERSION, REPOSITORY, str(checkout(settings))])
-        runner.step(f"write {overlay_dir(settings)} (Kubeflow platform {VERSION} example + dex password patch, bcrypt hash)", lambda: None)
+        runner.step(f"write {overlay_dir(settings)} (Kubeflow platform {VERSION} example with Trainer {TRAINER_VERSION} in place of "
+                    "its own, dex password patch with a bcrypt hash)", lambda: None)
         runner.run(["kubectl", "kustomize", str(overlay_dir(settings))])
         runner.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", "-"])
         return
@@ -163,7 +188,7 @@ def deploy(settings, runner, attempts: int = 20, wait_s: float = 15) -> None:
             raise DoeksError(f"Kubeflow manifests did not apply after {attempts} rounds: see `kubectl get pods -A`")
     for namespace in NAMESPACES:
         runner.run([kube.kubectl(), "wait", "--for=condition=Ready", "pods", "--all", "-n", namespace, "--timeout=600s"], mutating=False)
-    ui.say(f"Kubeflow platform {VERSION} is up; log in as {DEFAULT_USER} with the password in {password_file(settings)} "
+    ui.say(f"Kubeflow platform {VERSION} (Trainer {TRAINER_VERSION}) is up; log in as {DEFAULT_USER} with the password in {password_file(settings)} "
            "(or KUBEFLOW_PASSWORD); `invoke kubeflow.expose` opens the dashboard")
 
 
