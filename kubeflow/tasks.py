@@ -1,4 +1,4 @@
-"""kubeflow: the Kubeflow training operator (PyTorchJob), PyTorchJobs from the repo's training script, and the
+"""kubeflow: the Kubeflow platform, the training operator v1 (elastic PyTorchJobs), Trainer v2 TrainJobs (fixed size), and the
 hybrid KFP v2 pipeline that picks kubernetes, sagemaker or local at run time.
 """
 from invoke import Collection
@@ -65,6 +65,46 @@ def job_delete(c, dry_run=False):
     from doeks import jobspec, kube
 
     kube.delete(runner(dry_run), [jobspec.pytorchjob(settings())])
+
+
+@task(name="submit", help={"replicas": "nodes (trainer.numNodes; default REPLICAS)",
+                           "dry_run": "print the TrainJob as YAML on stdout; change nothing"})
+def trainjob_submit(c, replicas=None, dry_run=False):
+    """Submit the fixed-size job as a Trainer v2 TrainJob (torch-distributed runtime), server-side apply."""
+    from doeks import kube, trainjob
+    from doeks.errors import DoeksError
+
+    s = settings(replicas=replicas)
+    if s.target != "eks" and not dry_run:
+        raise DoeksError(f"TARGET={s.target}: TrainJobs run on the cluster (TARGET=eks); locally use `invoke elasticjob.deploy`")
+    kube.apply(runner(dry_run), [trainjob.trainjob(s)])
+
+
+@task(name="status")
+def trainjob_status(c):
+    """Show the TrainJob (and its JobSet's pods)."""
+    from doeks import kube, trainjob
+
+    s = settings()
+    kube.show(runner(), ["trainjob", s.job_name, "-n", s.namespace, "-o", "wide"])
+    kube.show(runner(), ["pods", "-n", s.namespace, "-l", trainjob.selector(s.job_name), "-o", "wide"])
+
+
+@task(name="logs", help={"follow": "keep streaming"})
+def trainjob_logs(c, follow=False):
+    """Logs of all the TrainJob's pods, prefixed."""
+    from doeks import kube, trainjob
+
+    s = settings()
+    kube.follow_logs(runner(), s.namespace, trainjob.selector(s.job_name), follow=follow)
+
+
+@task(name="delete", help={"dry_run": "print; change nothing"})
+def trainjob_delete(c, dry_run=False):
+    """Delete the TrainJob (its JobSet and pods go with it); safe to run twice."""
+    from doeks import kube, trainjob
+
+    kube.delete(runner(dry_run), [trainjob.trainjob(settings())])
 
 
 @task(name="compile", help={"out": "IR YAML path", "runtime": "default for training_runtime: kubernetes, sagemaker or local",
@@ -161,9 +201,11 @@ def expose(c, port=8080):
 
 operator = Collection("training-operator", operator_deploy, operator_delete)
 pytorchjob = Collection("pytorchjob", submit, job_status, job_logs, job_delete)
+trainjob_ns = Collection("trainjob", trainjob_submit, trainjob_status, trainjob_logs, trainjob_delete)
 pipeline_ns = Collection("pipeline", pipeline_compile, pipeline_run)
 ns = Collection("kubeflow", platform_deploy, remove, platform_status, expose)
 ns.add_collection(operator)
 ns.add_collection(pytorchjob)
+ns.add_collection(trainjob_ns)
 ns.add_collection(pipeline_ns)
 UNIT = Unit("kubeflow", order=50, up=operator_deploy, down=operator_delete)
