@@ -271,3 +271,33 @@ def operator_delete(settings, runner) -> None:
     if not runner.dry_run:
         write_operator_kustomization(settings)
     kube.run(runner, ["delete", "--ignore-not-found", "-k", str(folder)])
+
+
+# Trainer v2.3.0 on its own (a cluster without the platform): the controller + JobSet (manifests/overlays/manager),
+# then the ClusterTrainingRuntimes incl. torch-distributed (manifests/overlays/runtimes), which need the CRDs and
+# the webhook up first (hence the retries).
+TRAINER_MANAGER = f"https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref={TRAINER_VERSION}"
+TRAINER_RUNTIMES = f"https://github.com/kubeflow/trainer.git/manifests/overlays/runtimes?ref={TRAINER_VERSION}"
+
+
+def trainer_deploy(settings, runner, attempts: int = 20, wait_s: float = 10) -> None:
+    from . import kube
+
+    kube.run(runner, ["apply", "--server-side", "-k", TRAINER_MANAGER])
+    if runner.dry_run:
+        kube.run(runner, ["apply", "--server-side", "-k", TRAINER_RUNTIMES])
+        return
+    runner.run([kube.kubectl(), "wait", "-n", "kubeflow-system", "--for=condition=Available", "deployment", "--all", "--timeout=300s"],
+               mutating=False)
+    for _ in range(attempts):
+        if runner.run([kube.kubectl(), "apply", "--server-side", "-k", TRAINER_RUNTIMES], check=False).returncode == 0:
+            return
+        time.sleep(wait_s)
+    raise DoeksError(f"the Trainer {TRAINER_VERSION} runtimes did not apply after {attempts} rounds: see `kubectl get pods -n kubeflow-system`")
+
+
+def trainer_delete(settings, runner) -> None:
+    from . import kube
+
+    kube.run(runner, ["delete", "--ignore-not-found", "-k", TRAINER_RUNTIMES])
+    kube.run(runner, ["delete", "--ignore-not-found", "-k", TRAINER_MANAGER])

@@ -67,6 +67,30 @@ def job_delete(c, dry_run=False):
     kube.delete(runner(dry_run), [jobspec.pytorchjob(settings())])
 
 
+@task(name="deploy", help={"dry_run": "print the commands; change nothing"})
+def trainer_deploy(c, dry_run=False):
+    """Deploy Kubeflow Trainer v2.3.0 alone (controller, JobSet, the torch-distributed runtime); kubeflow.deploy includes it."""
+    from doeks import kubeflow, ui
+
+    s = settings()
+    if s.target == "local":
+        ui.say("TARGET=local: no cluster for the Trainer; `invoke elasticjob.deploy` runs the job here")
+        return
+    kubeflow.trainer_deploy(s, runner(dry_run))
+
+
+@task(name="delete", help={"dry_run": "print the commands; change nothing"})
+def trainer_delete(c, dry_run=False):
+    """Delete what kubeflow.trainer.deploy applied (runtimes first); safe to run twice."""
+    from doeks import kubeflow, ui
+
+    s = settings()
+    if s.target == "local":
+        ui.say("TARGET=local: no Trainer to delete")
+        return
+    kubeflow.trainer_delete(s, runner(dry_run))
+
+
 @task(name="submit", help={"replicas": "nodes (trainer.numNodes; default REPLICAS)",
                            "dry_run": "print the TrainJob as YAML on stdout; change nothing"})
 def trainjob_submit(c, replicas=None, dry_run=False):
@@ -201,11 +225,13 @@ def expose(c, port=8080):
 
 operator = Collection("training-operator", operator_deploy, operator_delete)
 pytorchjob = Collection("pytorchjob", submit, job_status, job_logs, job_delete)
+trainer_ns = Collection("trainer", trainer_deploy, trainer_delete)
 trainjob_ns = Collection("trainjob", trainjob_submit, trainjob_status, trainjob_logs, trainjob_delete)
 pipeline_ns = Collection("pipeline", pipeline_compile, pipeline_run)
 ns = Collection("kubeflow", platform_deploy, remove, platform_status, expose)
 ns.add_collection(operator)
 ns.add_collection(pytorchjob)
+ns.add_collection(trainer_ns)
 ns.add_collection(trainjob_ns)
 ns.add_collection(pipeline_ns)
 UNIT = Unit("kubeflow", order=50, up=operator_deploy, down=operator_delete)

@@ -155,3 +155,11 @@ def test_delete_dry_run_names_the_trainjob(state_dir):
     result = invoke("kubeflow.trainjob.delete", "--dry-run", env={"TARGET": "eks"})
     assert result.returncode == 0, result.stderr
     assert "kubectl delete --ignore-not-found" in result.stderr
+
+
+def test_trainer_deploy_dry_run_pins_v2_3_0_manager_then_runtimes(state_dir):
+    result = invoke("kubeflow.trainer.deploy", "--dry-run", env={"TARGET": "eks"})
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "kubectl apply" in line]
+    assert len(lines) == 2 and "overlays/manager?ref=v2.3.0" in lines[0] and "overlays/runtimes?ref=v2.3.0" in lines[1]
+    assert trainjob.TRAINER_VERSION == FACTS["ref"]
