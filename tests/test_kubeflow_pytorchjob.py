@@ -72,5 +72,10 @@ def test_submit_no_elastic_dry_run_prints_master_and_workers(state_dir):
     result = invoke("kubeflow.pytorchjob.submit", "--dry-run", "--no-elastic", "--replicas", "3", env={"TARGET": "eks"})
     assert result.returncode == 0, result.stderr
     job = yaml.safe_load(result.stdout)
+    views = [torchrun_view(r["template"]["spec"]["containers"][0], operator_env(job, rtype, i))
+             for rtype, r in job["spec"]["pytorchReplicaSpecs"].items() for i in range(r["replicas"])]
+    # was: Worker-only, so no pod had a master address but 127.0.0.1 and all were node rank 0
+    assert [v["master_addr"] for v in views] == [f"{job['metadata']['name']}-master-0"] * 3
+    assert sorted(v["node_rank"] for v in views) == ["0", "1", "2"]
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] == 2
