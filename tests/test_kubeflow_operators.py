@@ -16,7 +16,7 @@ import yaml
 
 from doeks import efa, kube, kubeflow
 
-from .conftest import ROOT, invoke
+from .conftest import ROOT, SCHEMAS, invoke
 
 FACTS = yaml.safe_load((ROOT / "tests" / "fixtures" / "kubeflow-upstream-facts.yaml").read_text())
 MIRRORS = Path(os.environ.get("DOEKS_UPSTREAM_MIRRORS", "/work/.mirror"))
@@ -133,3 +133,33 @@ def test_operator_deploy_and_delete_dry_run_use_the_same_kustomization(state_dir
     # delete goes through the same kustomization, so it never deletes the MPI operator's MPIJob CRD
     assert f"kubectl delete --ignore-not-found -k {folder}" in delete.stderr
     assert "github.com" not in delete.stderr
+
+
+@pytest.mark.skipif(not (MIRRORS / "kubeflow+manifests" / "repo").exists() or not (MIRRORS / "kubeflow+trainer" / "repo").exists(),
+                    reason="upstream git mirrors of kubeflow/manifests and kubeflow/trainer not present")
+def test_platform_and_trainer_facts_match_upstream():
+    """The 26.03 layout write_overlay relies on, and the v2.3.0 runtime doeks' TrainJob patches, as upstream has them."""
+    manifests, trainer = MIRRORS / "kubeflow+manifests" / "repo", MIRRORS / "kubeflow+trainer" / "repo"
+
+    def show(repo: Path, ref: str, path: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), "show", f"{ref}:{path}"], capture_output=True, text=True, check=True).stdout
+
+    platform = FACTS["platform"]
+    assert platform["ref"] == kubeflow.VERSION
+    example = yaml.safe_load(show(manifests, platform["ref"], "example/kustomization.yaml"))
+    assert kubeflow.EXAMPLE_TRAINER in example["resources"]
+    assert not any("training-operator" in r for r in example["resources"])  # commented out in 26.03
+    listed = subprocess.run(["git", "-C", str(manifests), "grep", "-l", "name: mpijobs.kubeflow.org", platform["ref"]],
+                            capture_output=True, text=True).stdout.split()
+    assert all("applications/training-operator/" in path for path in listed)
+    secret = yaml.safe_load(show(manifests, platform["ref"], "common/dex/base/dex-passwords.yaml"))
+    assert (secret["metadata"]["name"], list(secret["stringData"])) == (platform["dex_password_secret"]["name"], [platform["dex_password_secret"]["key"]])
+    facts = FACTS["trainer"]
+    runtime = yaml.safe_load(show(trainer, facts["ref"], "manifests/base/runtimes/torch_distributed.yaml"))
+    assert (runtime["kind"], runtime["metadata"]["name"]) == (facts["runtime_kind"], facts["runtime"])
+    rjob = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]
+    assert rjob["name"] == facts["replicated_job"] and rjob["template"]["metadata"]["labels"] == facts["ancestor_label"]
+    assert rjob["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == facts["container"]
+    crd = yaml.safe_load(show(trainer, facts["ref"], "manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml"))
+    shared = yaml.safe_load((SCHEMAS / "trainer.kubeflow.org_trainjobs-v2.3.0.crd.yaml").read_text())
+    assert crd["spec"]["versions"] == shared["spec"]["versions"]
