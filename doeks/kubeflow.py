@@ -85,16 +85,17 @@ def dex_patch(hashed: str) -> str:
     return yaml.safe_dump(patch, sort_keys=False)
 
 
-# Marks istio-system as Kubeflow's (upstream's Namespace has no such label), so a second deploy is not refused as
-# "an Istio not installed by Kubeflow".
-ISTIO_NAMESPACE_PATCH = ("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n"
-                         "  labels:\n    app.kubernetes.io/part-of: kubeflow\n")
+# Marks istio-system and cert-manager as Kubeflow's (upstream's Namespaces have no such label), so a second deploy is
+# not refused as "an Istio / a cert-manager not installed by Kubeflow" (26.03 installs both: common/istio,
+# common/cert-manager).
+OWNED_NAMESPACES = ("istio-system", "cert-manager")
+NAMESPACE_PATCH = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n    app.kubernetes.io/part-of: kubeflow\n"
 
 
 def write_overlay(settings) -> Path:
     """overlay/: the release's `example` (same resources, same sort order) with Kubeflow Trainer v2.3.0 in place of
     the release's v2.1.0 (whose TrainJob has podTemplateOverrides, not runtimePatches), plus our dex password patch and
-    the istio-system ownership label. Needs the release checked out (deploy clones it first)."""
+    the ownership label on istio-system and cert-manager. Needs the release checked out (deploy clones it first)."""
     import bcrypt
     import yaml
 
@@ -114,20 +115,21 @@ def write_overlay(settings) -> Path:
     (overlay / "trainer" / "kustomization.yaml").write_text(yaml.safe_dump(trainer, sort_keys=False))
     hashed = bcrypt.hashpw(password(settings).encode(), bcrypt.gensalt(rounds=12)).decode()
     (overlay / "dex-password.yaml").write_text(dex_patch(hashed))
-    (overlay / "istio-namespace.yaml").write_text(ISTIO_NAMESPACE_PATCH)
+    for name in OWNED_NAMESPACES:
+        (overlay / f"namespace-{name}.yaml").write_text(NAMESPACE_PATCH.format(name=name))
     ours: dict[str, Any] = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
     if example.get("sortOptions"):
         ours["sortOptions"] = example["sortOptions"]
     ours["resources"] = ["trainer" if r == EXAMPLE_TRAINER
                          else os.path.relpath(os.path.normpath(root / "example" / r), overlay) for r in resources]
-    ours["patches"] = [{"path": "dex-password.yaml"}, {"path": "istio-namespace.yaml"}]
+    ours["patches"] = [{"path": "dex-password.yaml"}] + [{"path": f"namespace-{name}.yaml"} for name in OWNED_NAMESPACES]
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(ours, sort_keys=False))
     return overlay
 
 
 def prerequisites(api_client) -> list[str]:
     """What stands in the way on this cluster (empty = ready): a default StorageClass (Kubeflow's databases and
-    SeaweedFS claim volumes without a class) and no foreign Istio. An MPIJob CRD from the MPI operator is fine: 26.03
+    SeaweedFS claim volumes without a class), no foreign Istio and no foreign cert-manager (26.03 installs its own). An MPIJob CRD from the MPI operator is fine: 26.03
     ships none (its example/ leaves the v1 training operator out)."""
     from kubernetes import client as k8s
 
@@ -139,13 +141,14 @@ def prerequisites(api_client) -> list[str]:
         problems.append("no default StorageClass (Kubeflow's databases need one): annotate one with "
                         "storageclass.kubernetes.io/is-default-class=true")
     core = k8s.CoreV1Api(api_client)
-    try:
-        namespace = core.read_namespace("istio-system")
-        if (namespace.metadata.labels or {}).get("app.kubernetes.io/part-of") != "kubeflow":
-            problems.append("an Istio not installed by Kubeflow is present (namespace istio-system): remove it or install Kubeflow by hand")
-    except k8s.ApiException as error:
-        if error.status != 404:
-            raise
+    for name, what in (("istio-system", "an Istio"), ("cert-manager", "a cert-manager")):
+        try:
+            namespace = core.read_namespace(name)
+            if (namespace.metadata.labels or {}).get("app.kubernetes.io/part-of") != "kubeflow":
+                problems.append(f"{what} not installed by Kubeflow is present (namespace {name}): remove it or install Kubeflow by hand")
+        except k8s.ApiException as error:
+            if error.status != 404:
+                raise
     return problems
 
 

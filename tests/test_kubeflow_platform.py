@@ -44,9 +44,10 @@ def test_every_blocking_condition_is_reported(cluster):
     fake.storage_classes(storage_class("gp2", False))
     fake.objects["/api/v1/namespaces/istio-system"] = {"kind": "Namespace", "apiVersion": "v1",
                                                        "metadata": {"name": "istio-system", "labels": {"owner": "mesh-team"}}}
+    fake.objects["/api/v1/namespaces/cert-manager"] = {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": "cert-manager"}}
     problems = kubeflow.prerequisites(client_for(path))
-    assert len(problems) == 2
-    assert "default StorageClass" in problems[0] and "Istio" in problems[1]
+    assert len(problems) == 3
+    assert "default StorageClass" in problems[0] and "Istio" in problems[1] and "cert-manager" in problems[2]
 
 
 def test_mpi_operator_does_not_block_the_platform(cluster):
@@ -62,8 +63,9 @@ def test_mpi_operator_does_not_block_the_platform(cluster):
 
 
 def test_second_deploy_sees_its_own_istio(cluster, state_dir, tmp_path, monkeypatch):
-    """The overlay labels istio-system as Kubeflow's (upstream's Namespace carries no such label: kubeflow/manifests
-    26.03 common/istio/istio-namespace/base/namespace.yaml), so the check passes after our own first deploy."""
+    """The overlay labels istio-system and cert-manager as Kubeflow's (upstream's Namespaces carry no such label:
+    kubeflow/manifests 26.03 common/istio/istio-namespace/base/namespace.yaml, common/cert-manager/base), so the check
+    passes after our own first deploy."""
     fake, path = cluster
     fake.storage_classes(storage_class("gp3", True))
     s = S.load(environ={"STATE_DIR": str(state_dir), "KUBEFLOW_PASSWORD": "a-long-enough-secret"}, path=ROOT / ".env")
@@ -71,8 +73,10 @@ def test_second_deploy_sees_its_own_istio(cluster, state_dir, tmp_path, monkeypa
     overlay = kubeflow.write_overlay(s)
     kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
     patched = [yaml.safe_load((overlay / p["path"]).read_text()) for p in kustomization["patches"]]
-    namespace = next(p for p in patched if p["kind"] == "Namespace")
-    fake.objects["/api/v1/namespaces/istio-system"] = {"kind": "Namespace", "apiVersion": "v1", "metadata": namespace["metadata"]}
+    for namespace in (p for p in patched if p["kind"] == "Namespace"):
+        name = namespace["metadata"]["name"]
+        fake.objects[f"/api/v1/namespaces/{name}"] = {"kind": "Namespace", "apiVersion": "v1", "metadata": namespace["metadata"]}
+    assert {"/api/v1/namespaces/istio-system", "/api/v1/namespaces/cert-manager"} <= set(fake.objects)
     assert kubeflow.prerequisites(client_for(path)) == []
 
 
@@ -129,13 +133,14 @@ def release_standin(s, tmp: Path) -> Path:
 
     base("common/istio/istio-namespace/base", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {
         "name": "istio-system", "labels": {"istio-injection": "disabled"}}}])
+    base("common/cert-manager/overlays/kubeflow", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cert-manager"}}])
     base("common/dex/overlays/oauth2-proxy", [{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "dex-passwords", "namespace": "auth"},
                                                "stringData": {"DEX_USER_PASSWORD": "$2y$12$upstream-default-hash"}}])
     (root / "example").mkdir(parents=True)
     (root / "example" / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "sortOptions": {"order": "legacy", "legacySortOptions": {"orderFirst": ["Namespace", "CustomResourceDefinition"], "orderLast": []}},
-        "resources": ["../common/istio/istio-namespace/base", "../common/dex/overlays/oauth2-proxy", kubeflow.EXAMPLE_TRAINER]}))
+        "resources": ["../common/cert-manager/overlays/kubeflow", "../common/istio/istio-namespace/base", "../common/dex/overlays/oauth2-proxy", kubeflow.EXAMPLE_TRAINER]}))
     (root / "applications/trainer/overlays").mkdir(parents=True)
     (root / "applications/trainer/overlays/kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": "kubeflow-system",
@@ -176,13 +181,14 @@ def test_overlay_renders_release_with_trainer_v2_3_and_own_password(release):
     docs = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in render(overlay)}
     secret = docs[("Secret", "auth", "dex-passwords")]
     assert bcrypt.checkpw(kubeflow.password(release).encode(), secret["stringData"]["DEX_USER_PASSWORD"].encode())
-    assert docs[("Namespace", None, "istio-system")]["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kubeflow"
+    for name in ("istio-system", "cert-manager"):
+        assert docs[("Namespace", None, name)]["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kubeflow"
     manager = docs[("Deployment", "kubeflow-system", "kubeflow-trainer-controller-manager")]  # the release's namespace
     assert manager["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":v2.3.0")
     assert manager["spec"]["template"]["metadata"]["annotations"]  # the release's Istio patch kept
     assert ("CustomResourceDefinition", None, "trainjobs.trainer.kubeflow.org") in docs
     ours = yaml.safe_load((overlay / "kustomization.yaml").read_text())
-    assert ours["sortOptions"]["order"] == "legacy" and len(ours["resources"]) == 3
+    assert ours["sortOptions"]["order"] == "legacy" and len(ours["resources"]) == 4
 
 
 def test_overlay_refuses_an_unknown_layout(release):
