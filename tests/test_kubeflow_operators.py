@@ -20,6 +20,11 @@ from .conftest import ROOT, SCHEMAS, invoke
 
 FACTS = yaml.safe_load((ROOT / "tests" / "fixtures" / "kubeflow-upstream-facts.yaml").read_text())
 MIRRORS = Path(os.environ.get("DOEKS_UPSTREAM_MIRRORS", "/work/.mirror"))
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # upstream CRDs are thousands of lines
+
+
+def load_all(text: str) -> list[dict]:
+    return [d for d in yaml.load_all(text, Loader=LOADER) if d]
 
 
 def crd(name: str, versions: list[str]) -> dict:
@@ -49,7 +54,7 @@ def render(base: Path, tmp: Path) -> list[dict]:
     ours.mkdir()
     (ours / "kustomization.yaml").write_text(kubeflow.operator_kustomization(base=os.path.relpath(base, ours)))
     out = subprocess.run([kube.kubectl(), "kustomize", str(ours)], capture_output=True, text=True, check=True).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return load_all(out)
 
 
 def owners(*units: tuple[str, list[dict]]) -> dict[str, list[tuple[str, list[str]]]]:
@@ -106,13 +111,14 @@ def git_archive(repo: Path, ref: str, path: str, dest: Path) -> None:
                     reason="upstream git mirrors of kubeflow/trainer and kubeflow/mpi-operator not present")
 def test_real_upstream_renders_one_owner_and_matches_facts(tmp_path):
     trainer, mpi = MIRRORS / "kubeflow+trainer" / "repo", MIRRORS / "kubeflow+mpi-operator" / "repo"
-    git_archive(trainer, FACTS["training-operator"]["ref"], "manifests", tmp_path / "trainer")
+    for part in ("manifests/base", "manifests/overlays/standalone"):
+        git_archive(trainer, FACTS["training-operator"]["ref"], part, tmp_path / "trainer")
     stock = subprocess.run([kube.kubectl(), "kustomize", str(tmp_path / "trainer/manifests/overlays/standalone")],
                            capture_output=True, text=True, check=True).stdout
-    stock_docs = [d for d in yaml.safe_load_all(stock) if d]
+    stock_docs = load_all(stock)
     assert {n: v for n, [(_, v)] in owners(("t", stock_docs)).items()} == FACTS["training-operator"]["crds"]
     git_archive(mpi, FACTS["mpi-operator"]["ref"], "deploy/v2beta1", tmp_path / "mpi")
-    mpi_docs = [d for d in yaml.safe_load_all((tmp_path / "mpi/deploy/v2beta1/mpi-operator.yaml").read_text()) if d]
+    mpi_docs = load_all((tmp_path / "mpi/deploy/v2beta1/mpi-operator.yaml").read_text())
     assert {n: v for n, [(_, v)] in owners(("m", mpi_docs)).items()} == FACTS["mpi-operator"]["crds"]
     ours = render(tmp_path / "trainer/manifests/overlays/standalone", tmp_path)
     check_side_by_side(ours, mpi_docs)
