@@ -129,8 +129,8 @@ def write_overlay(settings) -> Path:
 
 def prerequisites(api_client) -> list[str]:
     """What stands in the way on this cluster (empty = ready): a default StorageClass (Kubeflow's databases and
-    SeaweedFS claim volumes without a class), no foreign Istio and no foreign cert-manager (26.03 installs its own). An MPIJob CRD from the MPI operator is fine: 26.03
-    ships none (its example/ leaves the v1 training operator out)."""
+    SeaweedFS claim volumes without a class), no foreign Istio and no foreign cert-manager (26.03 installs its own).
+    An MPIJob CRD from the MPI operator is fine: 26.03 ships none (its example/ leaves the v1 training operator out)."""
     from kubernetes import client as k8s
 
     problems = []
