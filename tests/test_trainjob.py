@@ -163,3 +163,44 @@ def test_trainer_deploy_dry_run_pins_v2_3_0_manager_then_runtimes(state_dir):
     lines = [line for line in result.stderr.splitlines() if "kubectl apply" in line]
     assert len(lines) == 2 and "overlays/manager?ref=v2.3.0" in lines[0] and "overlays/runtimes?ref=v2.3.0" in lines[1]
     assert trainjob.TRAINER_VERSION == FACTS["ref"]
+
+
+def merged_pod(job: dict) -> dict:
+    """The `node` pod the Trainer would create: the runtime's pod template (facts) with doeks' runtimePatch merged the
+    strategic-merge way (containers and volumes by name, volumeMounts by mountPath; trainingruntime.go
+    mergeRuntimePatches) and the trainer fields set on the `node` container (plugins/jobset/builder.go)."""
+    trainer = job["spec"]["trainer"]
+    pod = {"containers": [{"name": FACTS["container"], "image": FACTS["runtime_image"]}]}
+    for patch in job["spec"]["runtimePatches"]:
+        for rjob in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+            assert rjob["name"] == FACTS["replicated_job"]
+            spec = rjob["template"]["spec"]["template"]["spec"]
+            pod["nodeSelector"] = {**pod.get("nodeSelector", {}), **spec.get("nodeSelector", {})}
+            volumes = {v["name"]: v for v in pod.get("volumes", [])}
+            volumes.update({v["name"]: v for v in spec.get("volumes", [])})
+            pod["volumes"] = list(volumes.values())
+            for c in spec.get("containers", []):
+                target = next(t for t in pod["containers"] if t["name"] == c["name"])
+                mounts = {m["mountPath"]: m for m in target.get("volumeMounts", [])}
+                mounts.update({m["mountPath"]: m for m in c.get("volumeMounts", [])})
+                target["volumeMounts"] = list(mounts.values())
+    node = pod["containers"][0]
+    node.update(image=trainer["image"], command=trainer["command"], args=trainer["args"], env=trainer["env"],
+                resources=trainer["resourcesPerNode"])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x-node-0-0"}, "spec": pod}
+
+
+def test_the_node_pod_is_a_valid_pod_with_the_shared_volume_mounted(state_dir):
+    import kubernetes_validate
+
+    s = load(state_dir=state_dir)
+    pod = merged_pod(trainjob.trainjob(s))
+    kubernetes_validate.validate(pod, "1.31", strict=True)
+    node = pod["spec"]["containers"][0]
+    mounted = {m["name"]: m["mountPath"] for m in node["volumeMounts"]}
+    claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["spec"]["volumes"]}
+    assert claims[next(n for n, p in mounted.items() if p == s.shared_mount)] == s.shared_pvc
+    assert mounted["dshm"] == "/dev/shm" and node["image"] == s.train_image
+    # the data and checkpoint paths the script gets live on the shared volume
+    args = dict(zip(node["args"][::2], node["args"][1::2]))
+    assert all(args[k].startswith(s.shared_mount + "/") for k in ("--data", "--checkpoint-dir", "--metrics-dir"))
