@@ -111,6 +111,25 @@ def job_name(settings) -> str:
     return f"{name_prefix(settings)}-{time.strftime(STAMP)}"
 
 
+def training_instance_types() -> list[str]:
+    """ResourceConfig.InstanceType's enum in botocore's SageMaker service model (what CreateTrainingJob accepts)."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return list(model.operation_model("CreateTrainingJob").input_shape.members["ResourceConfig"].members["InstanceType"].enum)
+
+
+def check_instance_type(settings) -> None:
+    """SAGEMAKER_INSTANCE_TYPE's own check is a pattern (ml.<family>.<size>); the API takes only its enum."""
+    import difflib
+
+    known = training_instance_types()
+    if known and settings.sagemaker_instance_type not in known:
+        close = difflib.get_close_matches(settings.sagemaker_instance_type, known, n=3)
+        raise DoeksError(f"SAGEMAKER_INSTANCE_TYPE={settings.sagemaker_instance_type} is not a SageMaker training instance type"
+                         + (f" (did you mean {', '.join(close)}?)" if close else ""))
+
+
 def vpc_config(settings) -> dict[str, Any] | None:
     """VpcConfig from SAGEMAKER_SUBNETS / SAGEMAKER_SECURITY_GROUPS, or None; the API needs both lists non-empty."""
     if not settings.sagemaker_subnets:
@@ -128,6 +147,7 @@ def vpc_config(settings) -> dict[str, Any] | None:
 
 def training_request(settings, role_arn: str, name: str, max_steps: int = 0) -> dict[str, Any]:
     """The full CreateTrainingJob request: same script, same data layout, torchrun distribution."""
+    check_instance_type(settings)
     prefix = f"s3://{settings.s3_bucket}/doeks/{name}"
     hyper = {"sagemaker_program": "train.py", "sagemaker_submit_directory": f"{prefix}/source/sourcedir.tar.gz",
              "sagemaker_torch_distributed_enabled": "true", "sagemaker_region": settings.aws_region,

@@ -107,6 +107,7 @@ def test_longest_job_name_fits_and_latest_job_finds_it(state_dir):
     ({"SAGEMAKER_SUBNETS": SUBNETS}, "SAGEMAKER_SECURITY_GROUPS is empty"),
     ({"SAGEMAKER_SUBNETS": ",".join(f"subnet-{i:017x}" for i in range(17)), "SAGEMAKER_SECURITY_GROUPS": GROUPS}, "at most 16"),
     ({"SAGEMAKER_SUBNETS": SUBNETS, "SAGEMAKER_SECURITY_GROUPS": ",".join(f"sg-{i:017x}" for i in range(6))}, "at most 5"),
+    ({"SAGEMAKER_INSTANCE_TYPE": "ml.g5.13xlarge"}, "not a SageMaker training instance type"),
 ])
 def test_env_the_api_would_refuse_is_one_clear_error(env, message, state_dir):
     with pytest.raises(DoeksError, match=message):
@@ -119,3 +120,9 @@ def test_sagemaker_sdk_is_not_a_dependency():
     """boto3 alone: the SDK (v2 pinned <3, never imported) is no longer installed."""
     text = (ROOT / "pyproject.toml").read_text()
     assert not re.search(r'^\s*"sagemaker\b', text, re.M)
+
+
+def test_instance_type_typo_gets_a_suggestion(state_dir):
+    with pytest.raises(DoeksError, match=r"did you mean .*ml\.g5\.12xlarge"):
+        sagemaker.training_request(settings_for({"SAGEMAKER_INSTANCE_TYPE": "ml.g5.13xlarge"}, state_dir), ROLE, "n")
+    assert S.load(environ={"SAGEMAKER_INSTANCE_TYPE": "ml.g5.13xlarge"}, path=ROOT / ".env")  # the .env check alone lets it by
