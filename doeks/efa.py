@@ -9,7 +9,11 @@ from .jobspec import EFA_ADAPTERS, GPUS
 
 DEVICE_PLUGIN_VERSION = "v0.5.10"
 DEVICE_PLUGIN_IMAGE = "602401143452.dkr.ecr.{region}.amazonaws.com/eks/aws-efa-k8s-device-plugin:" + DEVICE_PLUGIN_VERSION
-MPI_OPERATOR_VERSION = "v0.6.0"
+# kubeflow/mpi-operator v0.8.0 (2026-02-18): deploy/v2beta1/mpi-operator.yaml holds the one MPIJob CRD on the cluster
+# (mpijobs.kubeflow.org, v2beta1 served + storage); the training operator is deployed without its v1 copy
+# (doeks.kubeflow.operator_kustomization), so the two never fight over storedVersions (kubeflow/trainer#1930).
+MPI_OPERATOR_VERSION = "v0.8.0"
+MPIJOB_CRD = "mpijobs.kubeflow.org"
 MPI_OPERATOR_MANIFEST = f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{MPI_OPERATOR_VERSION}/deploy/v2beta1/mpi-operator.yaml"
 NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:latest-efa"
 LABELS = {"app.kubernetes.io/part-of": "doeks", "app.kubernetes.io/name": "aws-efa-k8s-device-plugin"}

@@ -139,6 +139,31 @@ def _cluster_image(settings) -> str:
     return reference(settings, on_this_machine=False)
 
 
+def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | None = None) -> dict[str, Any]:
+    """The non-elastic PyTorchJob: no elasticPolicy, one Master + REPLICAS-1 Workers (REPLICAS nodes in all).
+
+    Without elasticPolicy the training operator sets MASTER_ADDR / PET_MASTER_ADDR, RANK and PET_NODE_RANK only when
+    the job has a Master replica (kubeflow/trainer v1.9.4 pkg/controller.v1/pytorch/envvar.go `setPodEnv`): a
+    Worker-only job leaves torchrun on its default 127.0.0.1 and every pod waits for itself. PET_NNODES is the total
+    of the replicas and PET_NPROC_PER_NODE comes from nprocPerNode, so the command is plain `torchrun SCRIPT`.
+    """
+    import copy
+
+    job = pytorchjob(settings, extra_args, run)
+    spec = job["spec"]
+    del spec["elasticPolicy"]
+    worker = spec["pytorchReplicaSpecs"]["Worker"]
+    worker["template"]["spec"]["containers"][0]["command"] = ["torchrun", CONTAINER_SCRIPT]
+    master = copy.deepcopy(worker)
+    master["replicas"] = 1
+    spec["pytorchReplicaSpecs"] = {"Master": master}
+    if settings.replicas > 1:
+        worker["replicas"] = settings.replicas - 1
+        spec["pytorchReplicaSpecs"]["Worker"] = worker
+    spec["runPolicy"]["backoffLimit"] = max(3, settings.replicas)
+    return job
+
+
 def manifests(settings, extra_args: list[str] | None = None, run: str | None = None,
               image: str | None = None) -> list[dict[str, Any]]:
     """Everything `elasticjob.deploy` applies, in apply order."""

@@ -1,7 +1,12 @@
-"""Kubeflow on the cluster from the pinned upstream manifests (kubeflow/manifests): prerequisites checked first, the
-default password replaced, `kustomize build` + server-side apply retried until the CRDs settle, then a wait for the
-pods. The user's password is never printed: it is read from KUBEFLOW_PASSWORD or generated and written to a file
-only the user can read.
+"""Kubeflow on the cluster from the pinned upstream platform release (kubeflow/manifests): prerequisites checked
+first, the default password replaced, `kustomize build` + server-side apply retried until the CRDs settle, then a wait
+for the pods. The user's password is never printed: it is read from KUBEFLOW_PASSWORD or generated and written to a
+file only the user can read.
+
+Also the standalone Kubeflow training operator (v1, for elastic PyTorchJobs), side by side with the MPI operator: a
+local kustomization over the upstream standalone overlay that drops the operator's MPIJob CRD (kubeflow.org/v1 only;
+the MPI operator owns `mpijobs.kubeflow.org` at v2beta1, kubeflow/trainer#1930) and enables only the schemes nothing
+else on the cluster serves (`--enable-scheme`).
 """
 from __future__ import annotations
 
@@ -14,10 +19,30 @@ from typing import Any
 from . import ui
 from .errors import DoeksError
 
-VERSION = "v1.10.1"
+# kubeflow/manifests tag 26.03 (commit d68ebc7, 2026-03-21): the current dated platform release. Its example/ installs
+# Kubeflow Trainer v2.1.0 (namespace kubeflow-system, with JobSet) and has the v1 training operator commented out, so
+# it ships no MPIJob CRD (the only one in the tree is under applications/training-operator, which example/ omits).
+VERSION = "26.03"
 REPOSITORY = "https://github.com/kubeflow/manifests.git"
 DEFAULT_USER = "user@example.com"
-NAMESPACES = ("cert-manager", "istio-system", "auth", "oauth2-proxy", "knative-serving", "kubeflow", "kubeflow-user-example-com")
+NAMESPACES = ("cert-manager", "istio-system", "auth", "oauth2-proxy", "knative-serving", "kubeflow", "kubeflow-system",
+              "kubeflow-user-example-com")
+
+# Kubeflow Trainer v2.3.0 (kubeflow/trainer tag v2.3.0, commit 658725b, 2026-08-06), the release the TrainJob path
+# targets (../shared/schemas); its kubeflow-platform overlay replaces the release's applications/trainer (v2.1.0).
+TRAINER_VERSION = "v2.3.0"
+TRAINER_PLATFORM = f"https://github.com/kubeflow/trainer.git/manifests/overlays/kubeflow-platform?ref={TRAINER_VERSION}"
+EXAMPLE_TRAINER = "../applications/trainer/overlays"
+
+# The standalone training operator v1: kubeflow/trainer (was kubeflow/training-operator) tag v1.9.4 (2026-08-18),
+# manifests/overlays/standalone. Its base/crds lists tfjobs, pytorchjobs, xgboostjobs, mpijobs (v1), paddlejobs, jaxjobs.
+TRAINING_OPERATOR_REF = "v1.9.4"
+TRAINING_OPERATOR_BASE = f"https://github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref={TRAINING_OPERATOR_REF}"
+MPIJOB_CRD = "mpijobs.kubeflow.org"
+# cmd/training-operator.v1/main.go (v1.9.4): `--enable-scheme` may be repeated; default = every supported scheme
+# (TFJob, PyTorchJob, XGBoostJob, MPIJob, PaddleJob, JAXJob; pkg/controller.v1/register_controller.go). MPIJob is left
+# out: the MPI operator (efa unit) serves it.
+OPERATOR_SCHEMES = ("tfjob", "pytorchjob", "xgboostjob", "paddlejob", "jaxjob")
 
 
 def checkout(settings) -> Path:
@@ -51,38 +76,61 @@ def password(settings) -> str:
 
 
 def dex_patch(hashed: str) -> str:
-    """A kustomize patch of dex's config with our bcrypt hash for the default user."""
+    """A kustomize patch of the Secret `auth/dex-passwords` with our bcrypt hash for the default user (26.03's dex
+    config reads it with `hashFromEnv: DEX_USER_PASSWORD`: common/dex/base/config-map.yaml, dex-passwords.yaml)."""
     import yaml
 
-    config = {"issuer": "http://dex.auth.svc.cluster.local:5556/dex", "storage": {"type": "kubernetes", "config": {"inCluster": True}},
-              "web": {"http": "0.0.0.0:5556"}, "logger": {"level": "debug", "format": "text"},
-              "oauth2": {"skipApprovalScreen": True}, "enablePasswordDB": True,
-              "staticPasswords": [{"email": DEFAULT_USER, "hash": hashed, "username": "user", "userID": "15841185641784"}],
-              "staticClients": [{"idEnv": "OIDC_CLIENT_ID", "redirectURIs": ["/oauth2/callback"], "name": "Dex Login Application",
-                                 "secretEnv": "OIDC_CLIENT_SECRET"}]}
-    patch = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "dex", "namespace": "auth"},
-             "data": {"config.yaml": yaml.safe_dump(config, sort_keys=False)}}
+    patch = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "dex-passwords", "namespace": "auth"},
+             "stringData": {"DEX_USER_PASSWORD": hashed}}
     return yaml.safe_dump(patch, sort_keys=False)
 
 
-def write_overlay(settings) -> Path:
-    """overlay/: upstream `example` plus our dex password patch."""
-    import bcrypt
+# Marks istio-system and cert-manager as Kubeflow's (upstream's Namespaces have no such label), so a second deploy is
+# not refused as "an Istio / a cert-manager not installed by Kubeflow" (26.03 installs both: common/istio,
+# common/cert-manager).
+OWNED_NAMESPACES = ("istio-system", "cert-manager")
+NAMESPACE_PATCH = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n    app.kubernetes.io/part-of: kubeflow\n"
 
+
+def write_overlay(settings) -> Path:
+    """overlay/: the release's `example` (same resources, same sort order) with Kubeflow Trainer v2.3.0 in place of
+    the release's v2.1.0 (whose TrainJob has podTemplateOverrides, not runtimePatches), plus our dex password patch and
+    the ownership label on istio-system and cert-manager. Needs the release checked out (deploy clones it first)."""
+    import bcrypt
+    import yaml
+
+    root = checkout(settings)
+    example_file = root / "example" / "kustomization.yaml"
+    if not example_file.is_file():
+        raise DoeksError(f"{example_file} not found: the Kubeflow manifests {VERSION} checkout is incomplete "
+                         f"(remove {root} and deploy again)")
+    example = yaml.safe_load(example_file.read_text())
+    resources = list(example.get("resources") or [])
+    if EXAMPLE_TRAINER not in resources:
+        raise DoeksError(f"{example_file} does not list {EXAMPLE_TRAINER}: not the {VERSION} layout doeks knows")
     overlay = overlay_dir(settings)
-    overlay.mkdir(parents=True, exist_ok=True)
-    hashed = bcrypt.hashpw(password(settings).encode(), bcrypt.gensalt(rounds=10)).decode()
+    (overlay / "trainer").mkdir(parents=True, exist_ok=True)
+    trainer = yaml.safe_load((root / "example" / EXAMPLE_TRAINER / "kustomization.yaml").read_text())
+    trainer["resources"] = [TRAINER_PLATFORM]  # keeps the release's namespace (kubeflow-system) and Istio patches
+    (overlay / "trainer" / "kustomization.yaml").write_text(yaml.safe_dump(trainer, sort_keys=False))
+    hashed = bcrypt.hashpw(password(settings).encode(), bcrypt.gensalt(rounds=12)).decode()
     (overlay / "dex-password.yaml").write_text(dex_patch(hashed))
-    upstream = os.path.relpath(checkout(settings) / "example", overlay)
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources:\n- {upstream}\npatches:\n- path: dex-password.yaml\n")
+    for name in OWNED_NAMESPACES:
+        (overlay / f"namespace-{name}.yaml").write_text(NAMESPACE_PATCH.format(name=name))
+    ours: dict[str, Any] = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
+    if example.get("sortOptions"):
+        ours["sortOptions"] = example["sortOptions"]
+    ours["resources"] = ["trainer" if r == EXAMPLE_TRAINER
+                         else os.path.relpath(os.path.normpath(root / "example" / r), overlay) for r in resources]
+    ours["patches"] = [{"path": "dex-password.yaml"}] + [{"path": f"namespace-{name}.yaml"} for name in OWNED_NAMESPACES]
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(ours, sort_keys=False))
     return overlay
 
 
 def prerequisites(api_client) -> list[str]:
-    """What stands in the way on this cluster (empty = ready): a default StorageClass, no foreign Istio, no MPIJob CRD
-    from a standalone mpi-operator (Kubeflow's training operator serves MPIJob itself)."""
+    """What stands in the way on this cluster (empty = ready): a default StorageClass (Kubeflow's databases and
+    SeaweedFS claim volumes without a class), no foreign Istio and no foreign cert-manager (26.03 installs its own).
+    An MPIJob CRD from the MPI operator is fine: 26.03 ships none (its example/ leaves the v1 training operator out)."""
     from kubernetes import client as k8s
 
     problems = []
@@ -93,21 +141,14 @@ def prerequisites(api_client) -> list[str]:
         problems.append("no default StorageClass (Kubeflow's databases need one): annotate one with "
                         "storageclass.kubernetes.io/is-default-class=true")
     core = k8s.CoreV1Api(api_client)
-    try:
-        namespace = core.read_namespace("istio-system")
-        if (namespace.metadata.labels or {}).get("app.kubernetes.io/part-of") != "kubeflow":
-            problems.append("an Istio not installed by Kubeflow is present (namespace istio-system): remove it or install Kubeflow by hand")
-    except k8s.ApiException as error:
-        if error.status != 404:
-            raise
-    try:
-        crd = k8s.ApiextensionsV1Api(api_client).read_custom_resource_definition("mpijobs.kubeflow.org")
-        versions = [v.name for v in crd.spec.versions]
-        problems.append(f"an MPIJob CRD ({', '.join(versions)}) from a standalone mpi-operator is installed: "
-                        "remove it first (invoke efa.delete)")
-    except k8s.ApiException as error:
-        if error.status != 404:
-            raise
+    for name, what in (("istio-system", "an Istio"), ("cert-manager", "a cert-manager")):
+        try:
+            namespace = core.read_namespace(name)
+            if (namespace.metadata.labels or {}).get("app.kubernetes.io/part-of") != "kubeflow":
+                problems.append(f"{what} not installed by Kubeflow is present (namespace {name}): remove it or install Kubeflow by hand")
+        except k8s.ApiException as error:
+            if error.status != 404:
+                raise
     return problems
 
 
@@ -125,7 +166,8 @@ def deploy(settings, runner, attempts: int = 20, wait_s: float = 15) -> None:
 
     if runner.dry_run:
         runner.run(["git", "clone", "--depth", "1", "--branch", VERSION, REPOSITORY, str(checkout(settings))])
-        runner.step(f"write {overlay_dir(settings)} (upstream example + dex password patch, bcrypt hash)", lambda: None)
+        runner.step(f"write {overlay_dir(settings)} (Kubeflow platform {VERSION} example with Trainer {TRAINER_VERSION} in place of "
+                    "its own, dex password patch with a bcrypt hash)", lambda: None)
         runner.run(["kubectl", "kustomize", str(overlay_dir(settings))])
         runner.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", "-"])
         return
@@ -149,7 +191,7 @@ def deploy(settings, runner, attempts: int = 20, wait_s: float = 15) -> None:
             raise DoeksError(f"Kubeflow manifests did not apply after {attempts} rounds: see `kubectl get pods -A`")
     for namespace in NAMESPACES:
         runner.run([kube.kubectl(), "wait", "--for=condition=Ready", "pods", "--all", "-n", namespace, "--timeout=600s"], mutating=False)
-    ui.say(f"Kubeflow {VERSION} is up; log in as {DEFAULT_USER} with the password in {password_file(settings)} "
+    ui.say(f"Kubeflow platform {VERSION} (Trainer {TRAINER_VERSION}) is up; log in as {DEFAULT_USER} with the password in {password_file(settings)} "
            "(or KUBEFLOW_PASSWORD); `invoke kubeflow.expose` opens the dashboard")
 
 
@@ -179,3 +221,86 @@ def pod_rows(api) -> list[list[Any]]:
         ready = sum(1 for p in pods if p.status.phase in ("Running", "Succeeded"))
         rows.append([namespace, len(pods), ready])
     return rows
+
+
+def operator_dir(settings) -> Path:
+    return settings.state_dir / "kubeflow" / "training-operator"
+
+
+def operator_kustomization(base: str = TRAINING_OPERATOR_BASE, drop_mpijob: bool = True) -> str:
+    """The standalone training operator over `base`: without its MPIJob CRD (the MPI operator owns it) and with
+    `--enable-scheme` for every scheme but MPIJob, so the operator neither installs nor reconciles MPIJobs."""
+    import yaml
+
+    args = [f"--enable-scheme={scheme}" for scheme in OPERATOR_SCHEMES]
+    ops = [{"op": "add", "path": "/spec/template/spec/containers/0/args", "value": args}]
+    patches: list[dict[str, Any]] = [{"target": {"group": "apps", "version": "v1", "kind": "Deployment", "name": "training-operator"},
+                                      "patch": yaml.safe_dump(ops, sort_keys=False)}]
+    if drop_mpijob:
+        patches.insert(0, {"patch": yaml.safe_dump({"$patch": "delete", "apiVersion": "apiextensions.k8s.io/v1",
+                                                    "kind": "CustomResourceDefinition", "metadata": {"name": MPIJOB_CRD}},
+                                                   sort_keys=False)})
+    return yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                           "resources": [base], "patches": patches}, sort_keys=False)
+
+
+def write_operator_kustomization(settings) -> Path:
+    folder = operator_dir(settings)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kustomization.yaml").write_text(operator_kustomization())
+    return folder
+
+
+def operator_deploy(settings, runner) -> None:
+    from . import kube
+
+    folder = operator_dir(settings)
+    if runner.dry_run:
+        import yaml
+
+        runner.step(f"write {folder}/kustomization.yaml (printed on stdout)", lambda: None)
+        runner.emit([yaml.safe_load(operator_kustomization())])
+        kube.run(runner, ["apply", "--server-side", "-k", str(folder)])
+        return
+    write_operator_kustomization(settings)
+    kube.run(runner, ["apply", "--server-side", "-k", str(folder)])
+
+
+def operator_delete(settings, runner) -> None:
+    """Deletes exactly what operator_deploy applies (never the MPI operator's MPIJob CRD); safe twice."""
+    from . import kube
+
+    folder = operator_dir(settings)
+    if not runner.dry_run:
+        write_operator_kustomization(settings)
+    kube.run(runner, ["delete", "--ignore-not-found", "-k", str(folder)])
+
+
+# Trainer v2.3.0 on its own (a cluster without the platform): the controller + JobSet (manifests/overlays/manager),
+# then the ClusterTrainingRuntimes incl. torch-distributed (manifests/overlays/runtimes), which need the CRDs and
+# the webhook up first (hence the retries).
+TRAINER_MANAGER = f"https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref={TRAINER_VERSION}"
+TRAINER_RUNTIMES = f"https://github.com/kubeflow/trainer.git/manifests/overlays/runtimes?ref={TRAINER_VERSION}"
+
+
+def trainer_deploy(settings, runner, attempts: int = 20, wait_s: float = 10) -> None:
+    from . import kube
+
+    kube.run(runner, ["apply", "--server-side", "-k", TRAINER_MANAGER])
+    if runner.dry_run:
+        kube.run(runner, ["apply", "--server-side", "-k", TRAINER_RUNTIMES])
+        return
+    runner.run([kube.kubectl(), "wait", "-n", "kubeflow-system", "--for=condition=Available", "deployment", "--all", "--timeout=300s"],
+               mutating=False)
+    for _ in range(attempts):
+        if runner.run([kube.kubectl(), "apply", "--server-side", "-k", TRAINER_RUNTIMES], check=False).returncode == 0:
+            return
+        time.sleep(wait_s)
+    raise DoeksError(f"the Trainer {TRAINER_VERSION} runtimes did not apply after {attempts} rounds: see `kubectl get pods -n kubeflow-system`")
+
+
+def trainer_delete(settings, runner) -> None:
+    from . import kube
+
+    kube.run(runner, ["delete", "--ignore-not-found", "-k", TRAINER_RUNTIMES])
+    kube.run(runner, ["delete", "--ignore-not-found", "-k", TRAINER_MANAGER])

@@ -1,6 +1,12 @@
 """SageMaker training from the same training script and data: the execution role (scoped, not *FullAccess), the S3
 gateway VPC endpoint, and CreateTrainingJob built with boto3 so the request is plain to read (`--dry-run` prints it).
 
+boto3 alone, by decision: the SageMaker Python SDK v3 (`ModelTrainer` + `Torchrun`, which replaced the v2 Estimators)
+would build this same CreateTrainingJob request, but it needs AWS (session, role, defaults) before it can show a request,
+so `--dry-run` could not print one, and it adds a large dependency tree for nothing doeks uses; every request variant
+(S3, EFS, VPC, spot) is instead checked against botocore's service model in the tests. The unused `sagemaker<3`
+dependency is gone.
+
 The script goes to S3 as `sourcedir.tar.gz` and runs in a PyTorch Deep Learning Container under torchrun
 (`sagemaker_torch_distributed_enabled`), reading SM_CHANNEL_TRAINING / SM_MODEL_DIR like on SageMaker proper.
 """
@@ -86,12 +92,62 @@ def source_archive() -> bytes:
     return buffer.getvalue()
 
 
+# CreateTrainingJob's limits that botocore's own parameter check does not enforce (it checks types, required members
+# and minimums only): TrainingJobName <= 63 characters, VpcConfig.Subnets 1-16, VpcConfig.SecurityGroupIds 1-5
+# (botocore data sagemaker/2017-07-24/service-2.json; tests/test_kubeflow_sagemaker.py checks every request variant
+# against that model's max/pattern/enum as well).
+NAME_MAX = 63
+STAMP = "%Y%m%d-%H%M%S"
+SUBNETS_MAX = 16
+SECURITY_GROUPS_MAX = 5
+
+
+def name_prefix(settings) -> str:
+    """JOB_NAME cut so that `<prefix>-<YYYYmmdd-HHMMSS>` fits TrainingJobName's 63 characters (JOB_NAME may be 50)."""
+    return settings.job_name[: NAME_MAX - len(time.strftime(STAMP)) - 1].rstrip("-")
+
+
 def job_name(settings) -> str:
-    return f"{settings.job_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"{name_prefix(settings)}-{time.strftime(STAMP)}"
+
+
+def training_instance_types() -> list[str]:
+    """ResourceConfig.InstanceType's enum in botocore's SageMaker service model (what CreateTrainingJob accepts)."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return list(model.operation_model("CreateTrainingJob").input_shape.members["ResourceConfig"].members["InstanceType"].enum)
+
+
+def check_instance_type(settings) -> None:
+    """SAGEMAKER_INSTANCE_TYPE's own check is a pattern (ml.<family>.<size>); the API takes only its enum."""
+    import difflib
+
+    known = training_instance_types()
+    if known and settings.sagemaker_instance_type not in known:
+        close = difflib.get_close_matches(settings.sagemaker_instance_type, known, n=3)
+        raise DoeksError(f"SAGEMAKER_INSTANCE_TYPE={settings.sagemaker_instance_type} is not a SageMaker training instance type"
+                         + (f" (did you mean {', '.join(close)}?)" if close else ""))
+
+
+def vpc_config(settings) -> dict[str, Any] | None:
+    """VpcConfig from SAGEMAKER_SUBNETS / SAGEMAKER_SECURITY_GROUPS, or None; the API needs both lists non-empty."""
+    if not settings.sagemaker_subnets:
+        return None
+    subnets = settings.sagemaker_subnets.split(",")
+    groups = settings.sagemaker_security_groups.split(",") if settings.sagemaker_security_groups else []
+    if not groups:
+        raise DoeksError("SAGEMAKER_SUBNETS is set but SAGEMAKER_SECURITY_GROUPS is empty: VPC training needs 1-5 security groups")
+    if len(subnets) > SUBNETS_MAX:
+        raise DoeksError(f"SAGEMAKER_SUBNETS lists {len(subnets)} subnets: SageMaker takes at most {SUBNETS_MAX}")
+    if len(groups) > SECURITY_GROUPS_MAX:
+        raise DoeksError(f"SAGEMAKER_SECURITY_GROUPS lists {len(groups)} groups: SageMaker takes at most {SECURITY_GROUPS_MAX}")
+    return {"Subnets": subnets, "SecurityGroupIds": groups}
 
 
 def training_request(settings, role_arn: str, name: str, max_steps: int = 0) -> dict[str, Any]:
     """The full CreateTrainingJob request: same script, same data layout, torchrun distribution."""
+    check_instance_type(settings)
     prefix = f"s3://{settings.s3_bucket}/doeks/{name}"
     hyper = {"sagemaker_program": "train.py", "sagemaker_submit_directory": f"{prefix}/source/sourcedir.tar.gz",
              "sagemaker_torch_distributed_enabled": "true", "sagemaker_region": settings.aws_region,
@@ -122,9 +178,9 @@ def training_request(settings, role_arn: str, name: str, max_steps: int = 0) -> 
         "StoppingCondition": {"MaxRuntimeInSeconds": settings.sagemaker_max_run},
         "Tags": [{"Key": "doeks/job", "Value": settings.job_name}],
     }
-    if settings.sagemaker_subnets:
-        request["VpcConfig"] = {"Subnets": settings.sagemaker_subnets.split(","),
-                                "SecurityGroupIds": settings.sagemaker_security_groups.split(",") if settings.sagemaker_security_groups else []}
+    vpc = vpc_config(settings)
+    if vpc:
+        request["VpcConfig"] = vpc
     if settings.sagemaker_spot:
         request["EnableManagedSpotTraining"] = True
         request["StoppingCondition"]["MaxWaitTimeInSeconds"] = settings.sagemaker_max_wait
@@ -170,7 +226,7 @@ def describe(settings, name: str) -> dict[str, Any]:
 def latest_job(settings) -> str:
     from .aws import client
 
-    jobs = client(settings, "sagemaker").list_training_jobs(NameContains=settings.job_name, SortBy="CreationTime",
+    jobs = client(settings, "sagemaker").list_training_jobs(NameContains=name_prefix(settings), SortBy="CreationTime",
                                                             SortOrder="Descending", MaxResults=1)["TrainingJobSummaries"]
     if not jobs:
         raise DoeksError(f"no SageMaker training job named {settings.job_name}-*: submit one with `invoke kubeflow.sagemaker.train`")

@@ -1,50 +1,43 @@
-"""kubeflow: the Kubeflow training operator (PyTorchJob), PyTorchJobs from the repo's training script, and the
+"""kubeflow: the Kubeflow platform, the training operator v1 (elastic PyTorchJobs), Trainer v2 TrainJobs (fixed size), and the
 hybrid KFP v2 pipeline that picks kubernetes, sagemaker or local at run time.
 """
 from invoke import Collection
 
 from doeks.taskkit import Unit, runner, settings, task
 
-TRAINING_OPERATOR_REF = "v1.9.2"
-TRAINING_OPERATOR_KUSTOMIZE = f"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref={TRAINING_OPERATOR_REF}"
 
-
-@task(name="deploy", help={"dry_run": "print the command; change nothing"})
+@task(name="deploy", help={"dry_run": "print the kustomization and the command; change nothing"})
 def operator_deploy(c, dry_run=False):
-    """Deploy the standalone training operator (pinned) with server-side apply (TARGET=local: nothing to deploy)."""
-    from doeks import kube, ui
+    """Deploy the standalone training operator v1 (pinned) without MPIJob (the MPI operator owns it), server-side apply."""
+    from doeks import kubeflow, ui
 
     s = settings()
     if s.target == "local":
         ui.say("TARGET=local: PyTorchJobs are interpreted by doeks' local runtime; no operator to deploy")
         return
-    kube.run(runner(dry_run), ["apply", "--server-side", "-k", TRAINING_OPERATOR_KUSTOMIZE])
+    kubeflow.operator_deploy(s, runner(dry_run))
 
 
 @task(name="delete", help={"dry_run": "print the command; change nothing"})
 def operator_delete(c, dry_run=False):
     """Delete the training operator; safe to run twice."""
-    from doeks import kube, ui
+    from doeks import kubeflow, ui
 
     s = settings()
     if s.target == "local":
         ui.say("TARGET=local: no operator to delete")
         return
-    kube.run(runner(dry_run), ["delete", "--ignore-not-found", "-k", TRAINING_OPERATOR_KUSTOMIZE])
+    kubeflow.operator_delete(s, runner(dry_run))
 
 
 @task(help={"elastic": "add elasticPolicy (min:max replicas, rendezvous) as elasticjob does",
-            "replicas": "worker replicas", "dry_run": "print the PyTorchJob as YAML on stdout; change nothing"})
+            "replicas": "nodes (elastic: Worker replicas; --no-elastic: 1 Master + N-1 Workers)", "dry_run": "print the PyTorchJob as YAML on stdout; change nothing"})
 def submit(c, elastic=True, replicas=None, dry_run=False):
     """Submit a PyTorchJob running the repo's training script (kubectl server-side apply)."""
     from doeks import jobspec, kube
 
     s = settings(replicas=replicas)
-    job = jobspec.pytorchjob(s)
-    if not elastic:
-        del job["spec"]["elasticPolicy"]
-        container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-        container["command"] = ["torchrun", "--nnodes", str(s.replicas), "--nproc-per-node", str(s.nproc_per_node), jobspec.CONTAINER_SCRIPT]
+    job = jobspec.pytorchjob(s) if elastic else jobspec.pytorchjob_fixed(s)
     kube.apply(runner(dry_run), [job])
 
 
@@ -72,6 +65,70 @@ def job_delete(c, dry_run=False):
     from doeks import jobspec, kube
 
     kube.delete(runner(dry_run), [jobspec.pytorchjob(settings())])
+
+
+@task(name="deploy", help={"dry_run": "print the commands; change nothing"})
+def trainer_deploy(c, dry_run=False):
+    """Deploy Kubeflow Trainer v2.3.0 alone (controller, JobSet, the torch-distributed runtime); kubeflow.deploy includes it."""
+    from doeks import kubeflow, ui
+
+    s = settings()
+    if s.target == "local":
+        ui.say("TARGET=local: no cluster for the Trainer; `invoke elasticjob.deploy` runs the job here")
+        return
+    kubeflow.trainer_deploy(s, runner(dry_run))
+
+
+@task(name="delete", help={"dry_run": "print the commands; change nothing"})
+def trainer_delete(c, dry_run=False):
+    """Delete what kubeflow.trainer.deploy applied (runtimes first); safe to run twice."""
+    from doeks import kubeflow, ui
+
+    s = settings()
+    if s.target == "local":
+        ui.say("TARGET=local: no Trainer to delete")
+        return
+    kubeflow.trainer_delete(s, runner(dry_run))
+
+
+@task(name="submit", help={"replicas": "nodes (trainer.numNodes; default REPLICAS)",
+                           "dry_run": "print the TrainJob as YAML on stdout; change nothing"})
+def trainjob_submit(c, replicas=None, dry_run=False):
+    """Submit the fixed-size job as a Trainer v2 TrainJob (torch-distributed runtime), server-side apply."""
+    from doeks import kube, trainjob
+    from doeks.errors import DoeksError
+
+    s = settings(replicas=replicas)
+    if s.target != "eks" and not dry_run:
+        raise DoeksError(f"TARGET={s.target}: TrainJobs run on the cluster (TARGET=eks); locally use `invoke elasticjob.deploy`")
+    kube.apply(runner(dry_run), [trainjob.trainjob(s)])
+
+
+@task(name="status")
+def trainjob_status(c):
+    """Show the TrainJob (and its JobSet's pods)."""
+    from doeks import kube, trainjob
+
+    s = settings()
+    kube.show(runner(), ["trainjob", s.job_name, "-n", s.namespace, "-o", "wide"])
+    kube.show(runner(), ["pods", "-n", s.namespace, "-l", trainjob.selector(s.job_name), "-o", "wide"])
+
+
+@task(name="logs", help={"follow": "keep streaming"})
+def trainjob_logs(c, follow=False):
+    """Logs of all the TrainJob's pods, prefixed."""
+    from doeks import kube, trainjob
+
+    s = settings()
+    kube.follow_logs(runner(), s.namespace, trainjob.selector(s.job_name), follow=follow)
+
+
+@task(name="delete", help={"dry_run": "print; change nothing"})
+def trainjob_delete(c, dry_run=False):
+    """Delete the TrainJob (its JobSet and pods go with it); safe to run twice."""
+    from doeks import kube, trainjob
+
+    kube.delete(runner(dry_run), [trainjob.trainjob(settings())])
 
 
 @task(name="compile", help={"out": "IR YAML path", "runtime": "default for training_runtime: kubernetes, sagemaker or local",
@@ -168,9 +225,13 @@ def expose(c, port=8080):
 
 operator = Collection("training-operator", operator_deploy, operator_delete)
 pytorchjob = Collection("pytorchjob", submit, job_status, job_logs, job_delete)
+trainer_ns = Collection("trainer", trainer_deploy, trainer_delete)
+trainjob_ns = Collection("trainjob", trainjob_submit, trainjob_status, trainjob_logs, trainjob_delete)
 pipeline_ns = Collection("pipeline", pipeline_compile, pipeline_run)
 ns = Collection("kubeflow", platform_deploy, remove, platform_status, expose)
 ns.add_collection(operator)
 ns.add_collection(pytorchjob)
+ns.add_collection(trainer_ns)
+ns.add_collection(trainjob_ns)
 ns.add_collection(pipeline_ns)
 UNIT = Unit("kubeflow", order=50, up=operator_deploy, down=operator_delete)

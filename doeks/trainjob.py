@@ -1,0 +1,83 @@
+"""The fixed-size job as a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1, Trainer v2.3.0) against the
+`torch-distributed` ClusterTrainingRuntime.
+
+What the runtime and the Trainer provide (kubeflow/trainer v2.3.0): the runtime's one replicated job `node` with the
+container `node` (manifests/base/runtimes/torch_distributed.yaml); `trainer.numNodes` sets its count; the torch plugin
+(pkg/runtime/framework/plugins/torch/torch.go) gives that container PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK
+(the pod's completion index), PET_MASTER_ADDR (`<name>-node-0-0.<name>`) and PET_MASTER_PORT, which stock `torchrun`
+reads, so the command is plain `torchrun SCRIPT` and the TrainJob must not set those variables itself
+(TorchRunReservedEnvNames). The shared volume, /dev/shm and the node selector go in `runtimePatches` (the API that
+replaced podTemplateOverrides in v2.3.0), keyed by our manager name. Trainer v2 has no elastic mode (ElasticPolicy was
+removed in v2.2, kubeflow/trainer#3235): elastic jobs stay PyTorchJobs on the v1 operator (doeks.jobspec).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import DoeksError
+from .jobspec import CONTAINER_SCRIPT, EFA_ADAPTERS, labels, train_args
+
+API_VERSION = "trainer.kubeflow.org/v1alpha1"
+TRAINER_VERSION = "v2.3.0"
+RUNTIME = "torch-distributed"
+RUNTIME_KIND = "ClusterTrainingRuntime"
+REPLICATED_JOB = "node"   # torch_distributed.yaml: replicatedJobs[0].name
+CONTAINER = "node"        # ... and its container's name (constants.Node)
+MANAGER = "doeks.io/trainjob"
+RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+# JobSet's pod selector label (sigs.k8s.io/jobset: jobset.sigs.k8s.io/jobset-name); the Trainer names the JobSet
+# after the TrainJob.
+POD_SELECTOR = "jobset.sigs.k8s.io/jobset-name={name}"
+
+
+def resources(settings) -> dict[str, Any]:
+    """GPUs per node (= NPROC_PER_NODE) and, on an EFA instance type with GPU_EFA, all of its EFA adapters."""
+    gpus = settings.nproc_per_node
+    per_node: dict[str, Any] = {"nvidia.com/gpu": gpus}
+    if settings.gpu_efa and settings.gpu_instance_type in EFA_ADAPTERS:
+        per_node["vpc.amazonaws.com/efa"] = EFA_ADAPTERS[settings.gpu_instance_type]
+    return {"limits": dict(per_node), "requests": dict(per_node)}
+
+
+def trainjob(settings, name: str | None = None, extra_args: list[str] | None = None, nodes: int | None = None) -> dict[str, Any]:
+    """The TrainJob for the job in `settings`: REPLICAS nodes x NPROC_PER_NODE processes, TRAIN_IMAGE, SHARED_PVC."""
+    name = name or settings.job_name
+    nodes = nodes or settings.replicas
+    if nodes < 1:
+        raise DoeksError(f"a TrainJob needs at least one node (got {nodes})")
+    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "NCCL_DEBUG", "value": "INFO"}]
+    pod_spec: dict[str, Any] = {
+        "nodeSelector": {"node.kubernetes.io/instance-type": settings.gpu_instance_type, **settings.node_labels},
+        "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": settings.shared_pvc}},
+                    {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "containers": [{"name": CONTAINER, "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
+                                                            {"name": "dshm", "mountPath": "/dev/shm"}]}],
+    }
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels(settings)},
+        "spec": {
+            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": RUNTIME_KIND, "name": RUNTIME},
+            "trainer": {
+                "image": settings.train_image,
+                "command": ["torchrun", CONTAINER_SCRIPT],
+                "args": train_args(settings) + list(extra_args or []),
+                "env": env,
+                "numNodes": nodes,
+                "numProcPerNode": settings.nproc_per_node,
+                "resourcesPerNode": resources(settings),
+            },
+            "runtimePatches": [{
+                "manager": MANAGER,
+                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
+                    "name": REPLICATED_JOB,
+                    "template": {"spec": {"template": {"spec": pod_spec}}},
+                }]}}},
+            }],
+        },
+    }
+
+
+def selector(name: str) -> str:
+    return POD_SELECTOR.format(name=name)
