@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import trainimage
 from .errors import DoeksError
 from .jobspec import CONTAINER_SCRIPT, EFA_ADAPTERS, labels, train_args
 
@@ -60,7 +61,7 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
         "spec": {
             "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": RUNTIME_KIND, "name": RUNTIME},
             "trainer": {
-                "image": settings.train_image,
+                "image": trainimage.reference(settings, on_this_machine=False),
                 "command": ["torchrun", CONTAINER_SCRIPT],
                 "args": train_args(settings) + list(extra_args or []),
                 "env": env,

@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
+from doeks import trainimage
 from doeks import jobspec
 from doeks import settings as S
 
@@ -55,7 +56,7 @@ def test_fixed_size_job_has_a_master_and_distinct_ranks(replicas, state_dir):
     views = []
     for rtype, index in pods:
         container = job["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"]["containers"][0]
-        assert container["name"] == "pytorch" and container["image"] == s.train_image
+        assert container["name"] == "pytorch" and container["image"] == trainimage.reference(s, False)
         views.append(torchrun_view(container, operator_env(job, rtype, index)))
     assert {v["master_addr"] for v in views} == {f"{s.job_name}-master-0"}
     assert sorted(int(v["node_rank"]) for v in views) == list(range(replicas))

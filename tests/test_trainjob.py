@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
+from doeks import trainimage
 from doeks import settings as S
 from doeks import trainjob
 
@@ -95,7 +96,7 @@ def test_dry_run_prints_a_valid_trainjob(state_dir):
     validate(job)
     assert webhook_errors(job) == []
     s = load(state_dir=state_dir)
-    assert job["spec"]["trainer"]["image"] == s.train_image
+    assert job["spec"]["trainer"]["image"] == trainimage.reference(s, False)
     assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": FACTS["runtime_kind"], "name": FACTS["runtime"]}
     assert "would run: kubectl apply --server-side" in result.stderr
 
@@ -200,7 +201,7 @@ def test_the_node_pod_is_a_valid_pod_with_the_shared_volume_mounted(state_dir):
     mounted = {m["name"]: m["mountPath"] for m in node["volumeMounts"]}
     claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["spec"]["volumes"]}
     assert claims[next(n for n, p in mounted.items() if p == s.shared_mount)] == s.shared_pvc
-    assert mounted["dshm"] == "/dev/shm" and node["image"] == s.train_image
+    assert mounted["dshm"] == "/dev/shm" and node["image"] == trainimage.reference(s, False)
     # the data and checkpoint paths the script gets live on the shared volume
     args = dict(zip(node["args"][::2], node["args"][1::2]))
     assert all(args[k].startswith(s.shared_mount + "/") for k in ("--data", "--checkpoint-dir", "--metrics-dir"))
