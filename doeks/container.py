@@ -139,7 +139,8 @@ def exec_(settings, command: str) -> int:
         raise DoeksError(f"container {settings.doeks_container_name} is not running: `invoke run` first")
     if not command:
         os.execvp("docker", ["docker", "exec", "-it", settings.doeks_container_name, "bash"])
-    result = container.exec_run(["bash", "-lc", command], demux=False)
+    # not a login shell: /etc/profile would reset PATH and hide the image's tools (/opt/doeks/bin: invoke, doeks)
+    result = container.exec_run(["bash", "-c", command], demux=False, workdir="/doeks")
     sys.stdout.write(result.output.decode(errors="replace"))
     if result.exit_code:
         raise DoeksError(f"`{command}` exited with {result.exit_code} in {settings.doeks_container_name}")

@@ -30,7 +30,9 @@ def train(c, max_steps=0, dry_run=False):
 
     from doeks import sagemaker
 
-    request = sagemaker.submit(settings(), runner(dry_run), int(max_steps))
+    from doeks.taskkit import int_flag
+
+    request = sagemaker.submit(settings(), runner(dry_run), int_flag("max_steps", max_steps, 0, 10**9))
     if dry_run:
         sys.stdout.write(json.dumps(request, indent=2) + "\n")
 

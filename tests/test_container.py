@@ -65,6 +65,8 @@ def test_build_run_exec_stop(docker_env, state_dir):
     ran = invoke("exec", "--", "echo", "ok", env=docker_env)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == "ok"
+    listed = invoke("exec", "--", "invoke --list", env=docker_env)  # the image's PATH: was `command not found` (127)
+    assert listed.returncode == 0 and "elasticjob.deploy" in listed.stdout, listed.stdout + listed.stderr
     failing = invoke("exec", "--", "exit 3", env=docker_env)
     assert failing.returncode == 1 and "exited with 3" in failing.stderr
 
