@@ -15,6 +15,7 @@ from doeks import datastage, storage
 from doeks import settings as S
 from doeks.local import services
 
+from . import moto_eks
 from .conftest import ROOT, invoke
 from .test_jobspec import k8s_validate
 
@@ -22,7 +23,7 @@ from .test_jobspec import k8s_validate
 @pytest.fixture
 def cloud(state_dir, tmp_path):
     """moto with a VPC (two private subnets, one public), a cluster security group and an EKS cluster."""
-    server = services.moto(state_dir)
+    server = moto_eks.server(state_dir)  # moto + the EKS Pod Identity and add-on operations moto lacks
     server.start()
     kw = dict(endpoint_url=server.endpoint(), region_name="us-west-2", aws_access_key_id="testing", aws_secret_access_key="testing")
     ec2 = boto3.client("ec2", **kw)
