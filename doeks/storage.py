@@ -74,6 +74,8 @@ def ensure_security_group(settings, runner, net, name: str, description: str, pe
 def delete_security_group(settings, runner, vpc: str, name: str, timeout: float = 600) -> None:
     ec2 = _client(settings, "ec2")
     group = _find_group(ec2, vpc, name)
+    if group is None and runner.dry_run:
+        group = f"<{name}>"
     if group is None:
         ui.say(f"security group {name} is gone already")
         return
@@ -145,11 +147,17 @@ def efs_destroy(settings, runner) -> bool:
         runner.call(efs, "delete_file_system", FileSystemId=fs_id)
         if not runner.dry_run:
             _wait(lambda: find_efs(settings) is None, f"EFS {fs_id} to be deleted")
+    elif runner.dry_run:
+        runner.call(efs, "delete_mount_target", MountTargetId="<each mount target of the cluster's EFS>")
+        runner.step("wait until the mount targets are gone", lambda: None)
+        runner.call(efs, "delete_file_system", FileSystemId="<the cluster's EFS>")
     else:
         ui.say(f"no EFS for cluster {settings.cluster_name}: nothing to destroy")
     from . import eks
 
-    if eks.describe(settings):
+    if runner.dry_run and not eks.describe(settings):
+        delete_security_group(settings, runner, "<vpc>", f"doeks-efs-{settings.cluster_name}")
+    elif eks.describe(settings):
         delete_security_group(settings, runner, cluster_network(settings)["vpc"], f"doeks-efs-{settings.cluster_name}")
     return fs is not None
 
