@@ -53,8 +53,8 @@ def scan(settings) -> list[Found]:
     vpcs: set[str] = set()
     if cluster is not None:
         found.append(Found("eks cluster", name, cluster.get("status", ""), EKS_CLUSTER_HOUR))
-        if cluster.get("resourcesVpcConfig", {}).get("vpcId"):
-            vpcs.add(cluster["resourcesVpcConfig"]["vpcId"])
+        if eks.cluster_vpc(settings, cluster):
+            vpcs.add(eks.cluster_vpc(settings, cluster))
         for group in eks.nodegroups(settings):
             types = group.get("instanceTypes") or []
             size = group.get("scalingConfig", {}).get("desiredSize", 0)

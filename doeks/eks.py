@@ -39,6 +39,17 @@ def ensure_addons(settings, runner) -> None:
                                            "storageclass.kubernetes.io/is-default-class=false", "--overwrite"], check=False)
 
 
+def cluster_vpc(settings, cluster: dict[str, Any]) -> str | None:
+    """The cluster's VPC id (from its subnets when EKS does not report it)."""
+    vpc_config = cluster.get("resourcesVpcConfig", {})
+    if vpc_config.get("vpcId"):
+        return vpc_config["vpcId"]
+    if not vpc_config.get("subnetIds"):
+        return None
+    subnets = _client(settings, "ec2").describe_subnets(SubnetIds=vpc_config["subnetIds"][:1])["Subnets"]
+    return subnets[0]["VpcId"] if subnets else None
+
+
 def remove_addons(settings, runner) -> None:
     """What ensure_addons and the other units made in AWS around the cluster, before eksctl deletes it: the S3 gateway
     endpoint (its route entries keep the VPC), the EBS add-on, every role of the identity table (a unit's delete
@@ -46,8 +57,8 @@ def remove_addons(settings, runner) -> None:
     from . import identity, sagemaker, storage
 
     cluster = describe(settings)
-    if cluster is not None:
-        sagemaker.delete_s3_endpoint(settings, runner, cluster.get("resourcesVpcConfig", {}).get("vpcId") or "")
+    if cluster is not None and cluster_vpc(settings, cluster):
+        sagemaker.delete_s3_endpoint(settings, runner, cluster_vpc(settings, cluster))
     elif runner.dry_run:
         runner.call(_client(settings, "ec2"), "delete_vpc_endpoints", VpcEndpointIds=["<S3 gateway endpoint of the cluster VPC>"])
     storage.delete_addon(settings, runner, EBS_ADDON)

@@ -84,7 +84,7 @@ def test_up_down_audit_is_zero_and_down_twice_too(account):
     assert left.returncode == 1
     for expected in ("eks cluster", "fsx lustre", fs, "efs", "vpc endpoint", "iam role", "security group", "pod identity"):
         assert expected in left.stdout + left.stderr, expected
-    assert "$" in left.stdout  # priced where known (cluster, FSx per TiB, nodes)
+    assert "$0.345" in left.stdout + left.stderr  # 1200 GiB PERSISTENT_2/250 at $0.21 per GB-month; priced where known (cluster, FSx per TiB, nodes)
 
     down = invoke("down", "--yes", env=env)
     assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-3000:]
