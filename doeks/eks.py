@@ -46,7 +46,11 @@ def cluster_vpc(settings, cluster: dict[str, Any]) -> str | None:
         return vpc_config["vpcId"]
     if not vpc_config.get("subnetIds"):
         return None
-    subnets = _client(settings, "ec2").describe_subnets(SubnetIds=vpc_config["subnetIds"][:1])["Subnets"]
+    ec2 = _client(settings, "ec2")
+    try:
+        subnets = ec2.describe_subnets(SubnetIds=vpc_config["subnetIds"][:1])["Subnets"]
+    except ec2.exceptions.ClientError:  # a subnet deleted already: there is no VPC left to clean
+        return None
     return subnets[0]["VpcId"] if subnets else None
 
 

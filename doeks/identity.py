@@ -196,7 +196,9 @@ def ensure_role(settings, runner, workload: Workload) -> str:
     ui.say(describe(settings, workload))
     try:
         arn = iam.get_role(RoleName=name)["Role"]["Arn"]
-    except iam.exceptions.NoSuchEntityException:
+    except Exception as error:  # noqa: BLE001 - NoSuchEntity; in a dry run also no credentials / no account at all
+        if not (runner.dry_run or type(error).__name__ == "NoSuchEntityException"):
+            raise
         created = runner.call(iam, "create_role", RoleName=name, AssumeRolePolicyDocument=json.dumps(POD_IDENTITY_TRUST),
                               Description=f"doeks: {workload.what}", Tags=[{"Key": TAG, "Value": settings.cluster_name}])
         arn = created["Role"]["Arn"] if created else f"arn:aws:iam::<account>:role/{name}"
@@ -223,7 +225,12 @@ def ensure(settings, runner, workload: Workload) -> str:
     if workload.addon:
         return arn
     eks = _client(settings, "eks")
-    found = [] if runner.dry_run and "<account>" in arn else associations(settings, workload)
+    try:
+        found = [] if runner.dry_run and "<account>" in arn else associations(settings, workload)
+    except Exception:  # noqa: BLE001 - a dry run without credentials shows the plan all the same
+        if not runner.dry_run:
+            raise
+        found = []
     for association in found:
         current = eks.describe_pod_identity_association(clusterName=settings.cluster_name,
                                                         associationId=association["associationId"])["association"]
@@ -258,7 +265,9 @@ def remove(settings, runner, workload: Workload) -> None:
     try:
         attached = iam.list_attached_role_policies(RoleName=name)["AttachedPolicies"]
         inline = iam.list_role_policies(RoleName=name)["PolicyNames"]
-    except iam.exceptions.NoSuchEntityException:
+    except Exception as error:  # noqa: BLE001 - NoSuchEntity; in a dry run also no credentials
+        if not (runner.dry_run or type(error).__name__ == "NoSuchEntityException"):
+            raise
         if runner.dry_run:
             runner.call(iam, "delete_role", RoleName=name)
         else:

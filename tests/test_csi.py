@@ -126,15 +126,16 @@ def test_fsx_deploy_then_delete_reverses_everything(cloud, state_dir):
     assert "PersistentVolumeClaim" in deleted and "StorageClass" in deleted
 
 
-def test_fsx_delete_refuses_a_bound_pvc_without_force(cloud, state_dir, monkeypatch):
+def test_fsx_delete_refuses_a_claim_pods_use_without_force(cloud, state_dir, monkeypatch):
+    """Refused while pods use the claim, not because it is Bound (a provisioned claim always is: tests/test_teardown.py)."""
     from doeks.errors import DoeksError
     from doeks.runner import Runner
 
     for key, value in cloud["env"].items():
         monkeypatch.setenv(key, value)
     s = S.load()
-    with pytest.raises(DoeksError, match="still bound"):
-        storage.fsx_delete(s, Runner(echo=False), force=False, bound=True)
+    with pytest.raises(DoeksError, match="used by pod"):
+        storage.fsx_delete(s, Runner(echo=False), force=False, in_use=["imagenet-worker-0"])
 
 
 @pytest.mark.parametrize("key,value", [("FSX_STORAGE_CAPACITY", "1000"), ("FSX_STORAGE_CAPACITY", "3600"),

@@ -15,6 +15,7 @@ from doeks import eks
 from doeks import settings as S
 from doeks.local import services
 
+from . import moto_eks
 from .conftest import ROOT, SCHEMAS, invoke
 
 SCHEMA = json.loads((SCHEMAS / "eksctl-clusterconfig-v1alpha5.schema.json").read_text())
@@ -82,7 +83,7 @@ def test_eks_yaml_is_used_as_is(tmp_path, state_dir):
 
 @pytest.fixture
 def moto_endpoint(state_dir):
-    server = services.moto(state_dir)
+    server = moto_eks.server(state_dir)  # moto + EKS add-ons and Pod Identity (eks.create adds the EBS CSI add-on)
     server.start()
     yield server.endpoint()
     server.stop()
@@ -93,8 +94,10 @@ def fake_eksctl(tmp_path, moto_endpoint):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shutil.copy(ROOT / "tests" / "eksctl_standin.py", bin_dir / "eksctl")
+    shutil.copy(ROOT / "tests" / "recorder.py", bin_dir / "kubectl")  # the gp3 StorageClass is applied after create
     record = tmp_path / "eksctl.jsonl"
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "EKSCTL_RECORD": str(record), "TARGET": "eks",
+           "RECORD": str(tmp_path / "kubectl.jsonl"),
            "AWS_ENDPOINT_URL": moto_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "COLUMNS": "250"}
     return env, record
@@ -140,7 +143,9 @@ def test_create_dry_run_prints_config_and_commands_only(fake_eksctl, state_dir):
     env, record = fake_eksctl
     result = invoke("eks.create", "--dry-run", env=env)
     assert result.returncode == 0, result.stderr
-    validate(yaml.safe_load(result.stdout))
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    validate(docs[0])  # the ClusterConfig, then what doeks applies after it (the gp3 default StorageClass)
+    assert [d["kind"] for d in docs] == ["ClusterConfig", "StorageClass"]
     assert "would run: eksctl create cluster -f" in result.stderr
     assert calls(record) == []
 
