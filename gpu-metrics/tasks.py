@@ -26,10 +26,13 @@ def deploy(c, interval=60, agent=False, dry_run=False):
     if s.target != "local":
         from doeks import identity, storage
 
+        # one copy per node: the add-on's agent and the DaemonSet would both collect and put the same GPUs
         if agent:
+            storage.delete_addon(s, r, gpumetrics.ADDON)
             identity.ensure(s, r, identity.get("cloudwatch-agent-gpu"))
             kube.apply(r, gpumetrics.manifests(s, interval))
             return
+        kube.delete(r, [m for m in gpumetrics.manifests(s, interval) if m["kind"] in ("DaemonSet", "ConfigMap")])
         associations = identity.addon_associations(s, r, identity.get("cloudwatch-observability"))
         if not dry_run and storage.addon_exists(s, gpumetrics.ADDON):
             ui.say(f"add-on {gpumetrics.ADDON} exists")
