@@ -189,6 +189,8 @@ def test_val_relayout_works_for_any_mount_path(tmp_path):
 def test_stage_job_manifest_validates_on_eks(state_dir):
     result = invoke("csi.data.stage", "--dry-run", env={"TARGET": "eks"})
     assert result.returncode == 0, result.stderr
-    job = yaml.safe_load(result.stdout)
-    k8s_validate(job)
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    for doc in docs:
+        k8s_validate(doc)
+    job = next(d for d in docs if d["kind"] == "Job")  # after its ServiceAccount (identity: tests/test_identity.py)
     assert job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "fsx-pvc"
