@@ -158,7 +158,7 @@ def test_fsx_delete_keeps_role_and_group_until_the_driver_deleted_its_file_syste
     (account["tmp"] / "nodriver").mkdir()
     for tool in ("kubectl", "helm"):  # a cluster whose driver does not get to delete the file system
         shutil.copy(ROOT / "tests" / "recorder.py", account["tmp"] / "nodriver" / tool)
-    monkeypatch.setattr(storage, "WAIT_TIMEOUT", 3)
+    monkeypatch.setattr(storage, "WAIT_TIMEOUT", 3, raising=False)
     s = S.load()
     with pytest.raises(DoeksError, match="timed out"):
         storage.fsx_delete(s, Runner(echo=False), force=True)
