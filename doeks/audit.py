@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from .storage import TAG
 
 HOURS_PER_MONTH = 730
-# On-demand list prices, us-east-1, USD, as published on aws.amazon.com/<service>/pricing (recorded 2026-11); other
-# regions differ by a few percent: an estimate to notice what is left, not a bill.
+# On-demand list prices, us-east-1, USD, from aws.amazon.com/{eks,fsx/lustre,ec2}/pricing as last known to the
+# author (not fetched here: no internet; the Pricing API is not in moto). Other regions and later price changes
+# differ: an estimate to notice what is left, not a bill. GPU P-instances are left out (their prices changed in 2025).
 EKS_CLUSTER_HOUR = 0.10
 FSX_LUSTRE_GB_MONTH = {("PERSISTENT_2", 125): 0.145, ("PERSISTENT_2", 250): 0.210, ("PERSISTENT_2", 500): 0.340,
                        ("PERSISTENT_2", 1000): 0.600, ("PERSISTENT_1", 50): 0.140, ("PERSISTENT_1", 100): 0.190,
