@@ -11,6 +11,7 @@ import json
 import re
 
 import boto3
+import pytest
 import yaml
 
 from doeks import identity, storage
@@ -231,6 +232,7 @@ def test_dry_runs_change_nothing(cloud, state_dir):  # noqa: F811
     assert not boto3.client("eks", **kw).list_pod_identity_associations(clusterName="doeks")["associations"]
 
 
+@pytest.mark.slow
 def test_remove_is_idempotent_and_leaves_no_role(cloud, state_dir, monkeypatch):  # noqa: F811
     from doeks.runner import Runner
 

@@ -172,6 +172,7 @@ def test_fsx_delete_keeps_role_and_group_until_the_driver_deleted_its_file_syste
     assert not ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["doeks-fsx-doeks"]}])["SecurityGroups"]
 
 
+@pytest.mark.slow
 def test_claim_is_refused_only_while_pods_use_it(account):
     env = account["env"]
     assert invoke("eks.create", env=env).returncode == 0
