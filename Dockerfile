@@ -31,13 +31,15 @@ RUN set -eu; \
       chmod +x /usr/local/bin/kubectx /usr/local/bin/kubens; \
     else echo "DOWNLOADS=false: aws cli, eksctl, kubectl, helm and kubectx are not installed in this image"; fi
 
-# doeks itself (the context is filtered by .dockerignore), in a virtual environment. .build/ holds what
+# doeks itself with its cloud extras (kubernetes, docker, sagemaker, kfp, bcrypt: imported by eks/csi/kubeflow tasks)
+# and matplotlib (gpu-metrics.show, efa.report, elasticjob.plot draw PNGs; torch stays out of this image),
+# in a virtual environment (the context is filtered by .dockerignore). .build/ holds what
 # `invoke build` adds at build time only (e.g. a CA bundle for pip behind a TLS-inspecting proxy); it is git-ignored,
 # never committed, and removed from the image in the same layer.
 COPY . /opt/src/doeks
 RUN set -eu; cd /opt/src/doeks; \
     if [ -s .build/ca.crt ]; then export PIP_CERT=/opt/src/doeks/.build/ca.crt; fi; \
-    python3 -m venv /opt/doeks && pip install -q --no-cache-dir . && rm -rf .build; \
+    python3 -m venv /opt/doeks && pip install -q --no-cache-dir ".[cloud]" "matplotlib>=3.8" && rm -rf .build; \
     install -m 0755 docker/selftest /usr/local/bin/doeks-selftest; mkdir -p /doeks
 WORKDIR /doeks
 CMD ["bash"]

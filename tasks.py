@@ -41,23 +41,55 @@ def up(c, dry_run=False):
         unit.up(c, dry_run=dry_run)
 
 
-@task(help={"dry_run": "print every unit's plan; change nothing"})
-def down(c, dry_run=False):
-    """Tear everything down: each unit's delete step in exactly the reverse order, going on past what is gone."""
+def _takes(task_obj, flag):
+    import inspect
+
+    return flag in inspect.signature(getattr(task_obj, "body", task_obj)).parameters
+
+
+@task(help={"dry_run": "print every unit's plan; change nothing", "yes": "confirm deleting the cluster (TARGET=eks)"})
+def down(c, dry_run=False, yes=False):
+    """Tear everything down: each unit's delete step in exactly the reverse order, going on past what is gone.
+
+    TARGET=eks: each unit waits until what it deletes is really gone; a unit that fails stops the teardown there
+    (what comes next depends on it: the cluster and its VPC are not deleted while a file system, endpoint or role
+    made in them remains). Run `invoke audit` afterwards: it exits non-zero while anything is left."""
     from invoke import Exit
 
     from doeks import ui
 
+    cluster = settings().target != "local"
     failed = []
     for unit in reversed(_ordered_units()):
         ui.say(f"== down: {unit.name}", style="bold")
         try:
-            unit.down(c, dry_run=dry_run)
+            unit.down(c, dry_run=dry_run, **({"yes": yes} if _takes(unit.down, "yes") else {}))
         except Exit as error:
             ui.warn(f"{unit.name}: {error.message}")
             failed.append(unit.name)
+            if cluster and not dry_run:
+                raise Exit(f"error: teardown stopped at {unit.name} (what is left depends on it): fix the error above "
+                           "and run `invoke down` again", code=1)
     if failed:
         raise Exit(f"error: teardown incomplete for {', '.join(failed)}: fix the errors above and run `invoke down` again", code=1)
+
+
+@task
+def audit(c):
+    """Every AWS resource doeks tagged or made for CLUSTER_NAME that still exists, with $/hour where known; exit 1 if any."""
+    from invoke import Exit
+
+    from doeks import audit as scan
+    from doeks import ui
+
+    s = settings()
+    found = scan.scan(s)
+    if not found:
+        ui.say(f"audit: nothing left for cluster {s.cluster_name} in {s.aws_region}")
+        return
+    ui.table(f"doeks resources left for {s.cluster_name} ({s.aws_region})", ["kind", "id", "detail", "$/hour"], scan.rows(found))
+    raise Exit(f"error: {len(found)} resource(s) left, about ${scan.total_per_hour(found):,.2f}/hour where priced: "
+               "run `invoke down` (TARGET=eks)", code=1)
 
 
 @task
@@ -163,6 +195,6 @@ def test_(c):
     container.self_test(settings())
 
 
-ns = Collection(up, down, config, setup, doctor, demo, build, run_, exec_, status_, stop, logs, push, pull, login, test_)
+ns = Collection(up, down, audit, config, setup, doctor, demo, build, run_, exec_, status_, stop, logs, push, pull, login, test_)
 for _name, _module in UNITS.items():
     ns.add_collection(_module.ns, name=_name)

@@ -85,9 +85,11 @@ def data_stage(c, source=None, relayout_val=False, dry_run=False):
     source = source or f"s3://{s.s3_bucket}/{s.data_s3_prefix}"
     datastage.split_s3(source)
     if s.target != "local":
-        from doeks import kube
+        from doeks import identity, kube
 
-        kube.apply(runner(dry_run), [stage_job(s, source, relayout_val)])
+        r = runner(dry_run)
+        identity.ensure(s, r, identity.get("data-stage"))  # S3 read on the data prefix, for the Job's service account
+        kube.apply(r, stage_manifests(s, source, relayout_val))
         return
     destination = runtime.shared_volume(s) / "data"
     r = runner(dry_run)
@@ -116,18 +118,29 @@ def _credentials(s):
     return {"aws_access_key_id": frozen.access_key, "aws_secret_access_key": frozen.secret_key, "aws_session_token": frozen.token}
 
 
-def stage_job(s, source: str, relayout_val: bool) -> dict:
-    """The Kubernetes Job that stages data on the cluster, in the doeks image, with the shared PVC mounted."""
-    from doeks import container
+def stage_manifests(s, source: str, relayout_val: bool) -> list[dict]:
+    """The staging Job's service account (its Pod Identity association gives it S3 read) and the Job."""
+    from doeks import identity
 
-    image = container.image_ref(s, with_registry=bool(s.registry))
+    workload = identity.get("data-stage")
+    account = {"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": workload.service_account, "namespace": s.namespace, "labels": {"app.kubernetes.io/part-of": "doeks"}}}
+    return [account, stage_job(s, source, relayout_val)]
+
+
+def stage_job(s, source: str, relayout_val: bool) -> dict:
+    """The Kubernetes Job that stages data on the cluster, in the training image (TRAIN_IMAGE: it has doeks'
+    datastage), as the doeks-stage service account, with the shared PVC mounted."""
+    from doeks import identity
+
+    image = s.train_image
     args = ["python", "-m", "doeks.datastage", source, f"{s.shared_mount}/data", "--threads", str(s.stage_threads)]
     if relayout_val:
         args.append("--relayout-val")
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": f"{s.job_name}-stage", "namespace": s.namespace, "labels": {"app.kubernetes.io/part-of": "doeks"}},
             "spec": {"backoffLimit": 3, "ttlSecondsAfterFinished": 86400, "template": {"spec": {
-                "restartPolicy": "OnFailure",
+                "restartPolicy": "OnFailure", "serviceAccountName": identity.get("data-stage").service_account,
                 "containers": [{"name": "stage", "image": image, "command": args,
                                 "env": [{"name": "AWS_REGION", "value": s.aws_region}],
                                 "resources": {"requests": {"cpu": "2", "memory": "2Gi"}},
@@ -194,7 +207,13 @@ def delete(c, force=False, dry_run=False):
     if s.target == "local":
         ui.say(f"TARGET=local: keeping {runtime.shared_volume(s)} (data and checkpoints); remove it by hand if unwanted")
         return
+    from doeks import storage
+
+    r = runner(dry_run)
     fsx_delete(c, force=force, dry_run=dry_run)
+    if dry_run or storage.find_efs(s):  # EFS made by csi.efs.create: its driver, then mount targets, file system, group
+        storage.efs_delete(s, r)
+        storage.efs_destroy(s, r)
 
 
 efs = Collection("efs", efs_create, efs_deploy, efs_delete, efs_destroy)

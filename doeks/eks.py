@@ -11,7 +11,63 @@ from . import ui
 from .errors import DoeksError, MissingTool
 from .jobspec import EFA_ADAPTERS
 
-ADDONS = ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent")
+ADDONS = ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent")  # eks-pod-identity-agent: every association needs it
+EBS_ADDON = "aws-ebs-csi-driver"  # added by doeks after eksctl (its role is in the identity table), with a gp3 default class
+
+
+def gp3_storage_class() -> dict[str, Any]:
+    """The default StorageClass Kubeflow's claims (MySQL, MinIO, Katib) need. The in-tree gp2 class is migrated to
+    ebs.csi.aws.com (kubernetes CSIMigrationAWS, GA in 1.25), so without the EBS CSI driver those claims stay Pending."""
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": "gp3", "labels": {"app.kubernetes.io/part-of": "doeks"},
+                         "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": "ebs.csi.aws.com", "volumeBindingMode": "WaitForFirstConsumer", "allowVolumeExpansion": True,
+            "reclaimPolicy": "Delete", "parameters": {"type": "gp3", "encrypted": "true"}}
+
+
+def ensure_addons(settings, runner) -> None:
+    """The EBS CSI driver add-on with its Pod Identity role, and gp3 as the default StorageClass (gp2 no longer default)."""
+    from . import identity, kube, storage
+
+    associations = identity.addon_associations(settings, runner, identity.get("ebs-csi"))
+    if runner.dry_run or not storage.addon_exists(settings, EBS_ADDON):
+        runner.call(_client(settings), "create_addon", clusterName=settings.cluster_name, addonName=EBS_ADDON,
+                    resolveConflicts="OVERWRITE", podIdentityAssociations=associations, tags={storage.TAG: settings.cluster_name})
+    kube.apply(runner, [gp3_storage_class()])
+    kube.run(runner, ["annotate", "storageclass", "gp2", "storageclass.kubernetes.io/is-default-class=false", "--overwrite"]) \
+        if runner.dry_run else runner.run([kube.kubectl(), "annotate", "storageclass", "gp2",
+                                           "storageclass.kubernetes.io/is-default-class=false", "--overwrite"], check=False)
+
+
+def cluster_vpc(settings, cluster: dict[str, Any]) -> str | None:
+    """The cluster's VPC id (from its subnets when EKS does not report it)."""
+    vpc_config = cluster.get("resourcesVpcConfig", {})
+    if vpc_config.get("vpcId"):
+        return vpc_config["vpcId"]
+    if not vpc_config.get("subnetIds"):
+        return None
+    ec2 = _client(settings, "ec2")
+    try:
+        subnets = ec2.describe_subnets(SubnetIds=vpc_config["subnetIds"][:1])["Subnets"]
+    except ec2.exceptions.ClientError:  # a subnet deleted already: there is no VPC left to clean
+        return None
+    return subnets[0]["VpcId"] if subnets else None
+
+
+def remove_addons(settings, runner) -> None:
+    """What ensure_addons and the other units made in AWS around the cluster, before eksctl deletes it: the S3 gateway
+    endpoint (its route entries keep the VPC), the EBS add-on, every role of the identity table (a unit's delete
+    that failed half-way leaves them otherwise)."""
+    from . import identity, sagemaker, storage
+
+    cluster = describe(settings)
+    if cluster is not None and cluster_vpc(settings, cluster):
+        sagemaker.delete_s3_endpoint(settings, runner, cluster_vpc(settings, cluster))
+    elif runner.dry_run:
+        runner.call(_client(settings, "ec2"), "delete_vpc_endpoints", VpcEndpointIds=["<S3 gateway endpoint of the cluster VPC>"])
+    storage.delete_addon(settings, runner, EBS_ADDON)
+    for workload in identity.WORKLOADS:
+        identity.remove(settings, runner, workload)
 ACCESS_POLICIES = {"admin": "AmazonEKSClusterAdminPolicy", "edit": "AmazonEKSEditPolicy", "view": "AmazonEKSViewPolicy"}
 
 
@@ -127,6 +183,7 @@ def create(settings, runner) -> None:
     if runner.dry_run:
         runner.run(["eksctl", "create", "cluster", "-f", str(path)])
         runner.run(["eksctl", "utils", "write-kubeconfig", "--cluster", settings.cluster_name, "--region", settings.aws_region])
+        ensure_addons(settings, runner)
         return
     binary = eksctl()
     if describe(settings) is not None:
@@ -136,6 +193,7 @@ def create(settings, runner) -> None:
         path.write_text(text)
         runner.run([binary, "create", "cluster", "-f", str(path)])
     connect(settings, runner)
+    ensure_addons(settings, runner)
 
 
 def connect(settings, runner) -> None:
@@ -164,6 +222,7 @@ def scale(settings, runner, nodegroup: str, size: int, low: int | None, high: in
 def delete(settings, runner) -> bool:
     """Delete the cluster with eksctl; False (and no error) when it is already gone."""
     argv = ["eksctl", "delete", "cluster", "--name", settings.cluster_name, "--region", settings.aws_region, "--wait"]
+    remove_addons(settings, runner)
     if runner.dry_run:
         runner.run(argv)
         return True
@@ -171,6 +230,8 @@ def delete(settings, runner) -> bool:
         ui.say(f"cluster {settings.cluster_name} does not exist in {settings.aws_region}: nothing to delete")
         return False
     runner.run([eksctl()] + argv[1:])
+    if describe(settings) is not None:
+        raise DoeksError(f"eksctl returned but cluster {settings.cluster_name} still exists: run `invoke eks.delete --yes` again")
     return True
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 NAMESPACE = "CWAgent"
+INSIGHTS_NAMESPACE = "ContainerInsights"  # the amazon-cloudwatch-observability add-on's metrics (node_gpu_* via DCGM)
+ADDON = "amazon-cloudwatch-observability"
 K8S_NAMESPACE = "amazon-cloudwatch"
 AGENT_IMAGE = "public.ecr.aws/cloudwatch-agent/cloudwatch-agent:1.300057.1b1167"
 GPU_MEASUREMENTS = ("utilization_gpu", "utilization_memory", "temperature_gpu", "power_draw", "memory_total", "memory_used")
@@ -18,15 +20,31 @@ LABELS = {"app.kubernetes.io/part-of": "doeks", "app.kubernetes.io/name": "cloud
 
 
 def agent_config(settings, interval: int) -> dict[str, Any]:
+    """One series per node and GPU. aws/amazon-cloudwatch-agent (translator/translate/agent/ruleOmitHostname.go):
+    in a container `omit_hostname` defaults to true, so the `host` dimension is dropped unless set to false; and
+    top-level `append_dimensions` accepts only ImageId, InstanceId, InstanceType and AutoScalingGroupName with their
+    ${aws:...} values (translator/translate/metrics/ruleAppendDimensions.go), so ClusterName goes on the plugin."""
     return {
-        "agent": {"region": settings.aws_region, "metrics_collection_interval": interval},
+        "agent": {"region": settings.aws_region, "metrics_collection_interval": interval, "omit_hostname": False},
         "metrics": {
             "namespace": NAMESPACE,
-            "append_dimensions": {"ClusterName": settings.cluster_name},
+            "append_dimensions": {"InstanceId": "${aws:InstanceId}"},
             "metrics_collected": {"nvidia_gpu": {"measurement": list(GPU_MEASUREMENTS),
-                                                 "metrics_collection_interval": interval}},
+                                                 "metrics_collection_interval": interval,
+                                                 "append_dimensions": {"ClusterName": settings.cluster_name}}},
         },
     }
+
+
+def per_node_dimensions(config: dict[str, Any]) -> set[str]:
+    """The dimensions that tell one node's series from another's in an agent config (empty: all nodes collapse)."""
+    found = set()
+    if config.get("agent", {}).get("omit_hostname") is False:
+        found.add("host")
+    top = config.get("metrics", {}).get("append_dimensions", {})
+    if top.get("InstanceId") == "${aws:InstanceId}":
+        found.add("InstanceId")
+    return found
 
 
 def manifests(settings, interval: int = 60) -> list[dict[str, Any]]:
@@ -135,11 +153,24 @@ def run_sampler(endpoint: str, region: str, cluster: str, interval: float, heart
 
 
 # -- reading back -------------------------------------------------------------------------------------------------
+def node_of(dims: dict[str, str]) -> str | None:
+    """The node (and GPU) a series belongs to, or None for an aggregate (e.g. ClusterName only)."""
+    node = dims.get("host") or dims.get("NodeName") or dims.get("InstanceId")
+    if node is None:
+        return None
+    gpu = dims.get("index") or dims.get("GpuDevice")
+    return node + (f"/gpu{gpu}" if gpu is not None else "")
+
+
 def series(cloudwatch, since: timedelta, period: int = 60) -> dict[str, dict[str, list[tuple[datetime, float]]]]:
-    """metric -> node (host[/gpu index]) -> [(time, value)], from every series in the CWAgent namespace."""
+    """metric -> node (host[/gpu index]) -> [(time, value)], from the per-node series of the agent (CWAgent) or of
+    the amazon-cloudwatch-observability add-on (ContainerInsights, node_gpu_* metrics)."""
     metrics = []
     for page in cloudwatch.get_paginator("list_metrics").paginate(Namespace=NAMESPACE):
-        metrics.extend(page["Metrics"])
+        metrics.extend({**m, "Namespace": NAMESPACE} for m in page["Metrics"])
+    for page in cloudwatch.get_paginator("list_metrics").paginate(Namespace=INSIGHTS_NAMESPACE):
+        metrics.extend({**m, "Namespace": INSIGHTS_NAMESPACE} for m in page["Metrics"] if m["MetricName"].startswith("node_gpu_"))
+    metrics = [m for m in metrics if node_of({d["Name"]: d["Value"] for d in m.get("Dimensions", [])}) is not None]
     end = datetime.now(timezone.utc) + timedelta(minutes=1)
     start = end - since - timedelta(minutes=1)
     result: dict[str, dict[str, list[tuple[datetime, float]]]] = {}
@@ -151,7 +182,7 @@ def series(cloudwatch, since: timedelta, period: int = 60) -> dict[str, dict[str
         for item in response["MetricDataResults"]:
             metric = batch[int(item["Id"][1:])]
             dims = {d["Name"]: d["Value"] for d in metric.get("Dimensions", [])}
-            node = dims.get("host", "?") + (f"/gpu{dims['index']}" if "index" in dims else "")
+            node = node_of(dims)
             points = sorted(zip(item["Timestamps"], item["Values"]))
             result.setdefault(metric["MetricName"], {}).setdefault(node, []).extend(points)
     return result

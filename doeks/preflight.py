@@ -156,9 +156,88 @@ def checks() -> list[tuple[str, bool, str]]:
 
 
 def doctor() -> None:
+    from .settings import current
+
     rows = checks()
+    settings = current()
+    if settings.target == "eks":
+        cluster = cluster_checks(settings)
+        ui.table(f"TARGET=eks: account and region {settings.aws_region}", ["check", "ok", "detail / fix"],
+                 [[w, "yes" if ok else "NO", d] for w, ok, d in cluster])
+        failed = [w for w, ok, _ in cluster if not ok]
+        if failed:
+            raise DoeksError(f"the cluster cannot come up as configured: {', '.join(failed)} (see the fixes above)")
     ui.table("doeks doctor", ["check", "ok", "detail / fix"], [[w, "yes" if ok else "NO", d] for w, ok, d in rows])
     needed = {"python: invoke", "python: boto3", "python: torch", "torchvision imports", "etcd (v2 API)"}
     missing = [w for w, ok, _ in rows if not ok and w in needed]
     if missing:
         raise DoeksError(f"the local target cannot run: {', '.join(missing)} missing (see the fixes above)")
+
+
+# -- TARGET=eks: what a real account needs before `invoke up` ---------------------------------------------------------
+# Service Quotas codes of the "Running On-Demand <family> instances" vCPU quotas (service code ec2), by family letter(s)
+ON_DEMAND_QUOTAS = {"p": "L-417A185B", "g": "L-DB2E81BA", "vt": "L-DB2E81BA", "trn": "L-2C3B7624", "inf": "L-1945791B",
+                    "dl": "L-6E869C2A"}
+
+
+def _family(instance_type: str) -> str:
+    import re
+
+    return re.match(r"[a-z]+", instance_type).group(0)
+
+
+def gpu_zone(settings) -> str:
+    return settings.eks_zones[0] if settings.eks_zones else f"{settings.aws_region}a"
+
+
+def cluster_checks(settings, client=None) -> list[tuple[str, bool, str]]:
+    """(what, ok, detail or fix) for the account and region of TARGET=eks, before `invoke up`."""
+    from .aws import client as aws_client
+
+    client = client or (lambda service: aws_client(settings, service))
+    rows: list[tuple[str, bool, str]] = []
+    ec2 = client("ec2")
+    kind, nodes = settings.gpu_instance_type, settings.gpu_nodes_max
+    if nodes > 0:
+        family = _family(kind)
+        code = next((c for f, c in sorted(ON_DEMAND_QUOTAS.items(), key=lambda x: -len(x[0])) if family.startswith(f)), None)
+        vcpus = ec2.describe_instance_types(InstanceTypes=[kind])["InstanceTypes"][0]["VCpuInfo"]["DefaultVCpus"]
+        if code and not settings.gpu_spot:
+            quota = client("service-quotas").get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"]
+            need = vcpus * nodes
+            rows.append((f"quota {code} ({family} on-demand vCPUs)", quota >= need,
+                         f"{quota:.0f} >= {need}" if quota >= need else
+                         f"{quota:.0f} < {need} ({nodes} x {kind} x {vcpus} vCPUs): request an increase in Service Quotas "
+                         f"(ec2 {code}) or lower GPU_NODES_MAX"))
+        offered = {o["Location"] for o in ec2.describe_instance_type_offerings(
+            LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [kind]}])["InstanceTypeOfferings"]}
+        zone = gpu_zone(settings)
+        rows.append((f"{kind} offered in {zone}", zone in offered,
+                     "yes" if zone in offered else f"not offered there: set EKS_ZONES to one of {', '.join(sorted(offered)) or 'none in this region'}"))
+    if settings.capacity_reservation_id:
+        found = ec2.describe_capacity_reservations(CapacityReservationIds=[settings.capacity_reservation_id])["CapacityReservations"]
+        where = found[0]["AvailabilityZone"] if found else None
+        ok = where == gpu_zone(settings) and found[0].get("InstanceType") == kind
+        rows.append((f"capacity reservation {settings.capacity_reservation_id}", ok,
+                     f"{where}, {found[0].get('InstanceType')}" if ok else
+                     f"in {where} for {found[0].get('InstanceType') if found else '?'}: set EKS_ZONES={where} and "
+                     f"GPU_INSTANCE_TYPE to match" if found else "not found in this account/region"))
+    eks = client("eks")
+    try:
+        status = eks.describe_cluster(name=settings.cluster_name)["cluster"]["status"]
+        rows.append((f"cluster {settings.cluster_name}", True, f"exists ({status}): `invoke up` connects to it"))
+    except eks.exceptions.ResourceNotFoundException:
+        vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag:alpha.eksctl.io/cluster-name", "Values": [settings.cluster_name]}])["Vpcs"]
+        rows.append((f"no leftover VPC of {settings.cluster_name}", not vpcs,
+                     "none" if not vpcs else f"{vpcs[0]['VpcId']} left by an earlier cluster: `eksctl delete cluster --name "
+                     f"{settings.cluster_name}` or delete its CloudFormation stacks, then `invoke audit`"))
+    image = settings.train_image
+    if ".dkr.ecr." in image.split("/", 1)[0]:
+        repo, _, tag = image.split("/", 1)[1].partition(":")
+        ecr = client("ecr")
+        try:
+            ecr.describe_images(repositoryName=repo, imageIds=[{"imageTag": tag or "latest"}])
+            rows.append((f"image {image}", True, "present in ECR"))
+        except (ecr.exceptions.ImageNotFoundException, ecr.exceptions.RepositoryNotFoundException):
+            rows.append((f"image {image}", False, "not in ECR: build and push it (invoke build push) or set TRAIN_IMAGE"))
+    return rows

@@ -5,6 +5,7 @@ derived from CLUSTER_NAME, never "the first file system in the region" or "the f
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from typing import Any
 
@@ -15,6 +16,8 @@ EFS_DRIVER_ADDON = "aws-efs-csi-driver"
 FSX_CHART_VERSION = "1.11.0"
 FSX_CHART_REPO = "https://kubernetes-sigs.github.io/aws-fsx-csi-driver"
 TAG = "doeks/cluster"
+FSX_CONTROLLER_SA = "fsx-csi-controller-sa"  # the chart's default; the Pod Identity association names it
+WAIT_TIMEOUT = 1800  # seconds to wait for a file system / add-on to be really gone
 
 
 def _client(settings, service):
@@ -68,13 +71,27 @@ def ensure_security_group(settings, runner, net, name: str, description: str, pe
     return group if created else None
 
 
-def delete_security_group(settings, runner, vpc: str, name: str) -> None:
+def delete_security_group(settings, runner, vpc: str, name: str, timeout: float = 600) -> None:
     ec2 = _client(settings, "ec2")
     group = _find_group(ec2, vpc, name)
+    if group is None and runner.dry_run:
+        group = f"<{name}>"
     if group is None:
         ui.say(f"security group {name} is gone already")
         return
-    runner.call(ec2, "delete_security_group", GroupId=group)
+    if runner.dry_run:
+        runner.call(ec2, "delete_security_group", GroupId=group)
+        return
+    deadline = time.monotonic() + timeout
+    while True:  # network interfaces of a file system just deleted hold the group for a while: DependencyViolation
+        try:
+            runner.call(ec2, "delete_security_group", GroupId=group)
+            return
+        except ec2.exceptions.ClientError as error:
+            if error.response["Error"]["Code"] != "DependencyViolation" or time.monotonic() > deadline:
+                raise DoeksError(f"cannot delete security group {name} ({group}): {error.response['Error']['Code']}: "
+                                 "something in the VPC still uses it; run the teardown again when it is gone") from None
+            time.sleep(10)
 
 
 # -- EFS ----------------------------------------------------------------------------------------------------------
@@ -128,11 +145,19 @@ def efs_destroy(settings, runner) -> bool:
         if not runner.dry_run:
             _wait(lambda: not efs.describe_mount_targets(FileSystemId=fs_id)["MountTargets"], f"mount targets of {fs_id} to go")
         runner.call(efs, "delete_file_system", FileSystemId=fs_id)
+        if not runner.dry_run:
+            _wait(lambda: find_efs(settings) is None, f"EFS {fs_id} to be deleted")
+    elif runner.dry_run:
+        runner.call(efs, "delete_mount_target", MountTargetId="<each mount target of the cluster's EFS>")
+        runner.step("wait until the mount targets are gone", lambda: None)
+        runner.call(efs, "delete_file_system", FileSystemId="<the cluster's EFS>")
     else:
         ui.say(f"no EFS for cluster {settings.cluster_name}: nothing to destroy")
     from . import eks
 
-    if eks.describe(settings):
+    if runner.dry_run and not eks.describe(settings):
+        delete_security_group(settings, runner, "<vpc>", f"doeks-efs-{settings.cluster_name}")
+    elif eks.describe(settings):
         delete_security_group(settings, runner, cluster_network(settings)["vpc"], f"doeks-efs-{settings.cluster_name}")
     return fs is not None
 
@@ -159,10 +184,13 @@ def efs_deploy(settings, runner) -> None:
     fs = find_efs(settings)
     if fs is None and not runner.dry_run:
         raise DoeksError(f"no EFS for cluster {settings.cluster_name}: run `invoke csi.efs.create` first")
-    role = ensure_driver_role(settings, runner, "efs", ["arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"])
+    from . import identity
+
     eks = _client(settings, "eks")
-    runner.call(eks, "create_addon", clusterName=settings.cluster_name, addonName=EFS_DRIVER_ADDON, resolveConflicts="OVERWRITE",
-                podIdentityAssociations=[{"serviceAccount": "efs-csi-controller-sa", "roleArn": role}])
+    associations = identity.addon_associations(settings, runner, identity.get("efs-csi"))
+    if not addon_exists(settings, EFS_DRIVER_ADDON) or runner.dry_run:
+        runner.call(eks, "create_addon", clusterName=settings.cluster_name, addonName=EFS_DRIVER_ADDON, resolveConflicts="OVERWRITE",
+                    podIdentityAssociations=associations, tags={TAG: settings.cluster_name})
     kube.apply(runner, efs_manifests(settings, fs["FileSystemId"] if fs else "<fs-id>"))
 
 
@@ -171,12 +199,34 @@ def efs_delete(settings, runner) -> None:
 
     fs = find_efs(settings)
     kube.delete(runner, list(reversed(efs_manifests(settings, fs["FileSystemId"] if fs else "fs-unknown"))))
+    from . import identity
+
+    delete_addon(settings, runner, EFS_DRIVER_ADDON)
+    identity.remove(settings, runner, identity.get("efs-csi"))
+
+
+def addon_exists(settings, name: str) -> bool:
     eks = _client(settings, "eks")
     try:
-        runner.call(eks, "delete_addon", clusterName=settings.cluster_name, addonName=EFS_DRIVER_ADDON)
+        eks.describe_addon(clusterName=settings.cluster_name, addonName=name)
+        return True
     except eks.exceptions.ResourceNotFoundException:
-        ui.say(f"add-on {EFS_DRIVER_ADDON} is gone already")
-    delete_driver_role(settings, runner, "efs")
+        return False
+
+
+def delete_addon(settings, runner, name: str, timeout: float = 600) -> None:
+    """Delete an EKS add-on (and the associations it made) and wait until it is gone; gone already is fine."""
+    from . import eks as cluster
+
+    eks = _client(settings, "eks")
+    if runner.dry_run:
+        runner.call(eks, "delete_addon", clusterName=settings.cluster_name, addonName=name)
+        return
+    if cluster.describe(settings) is None or not addon_exists(settings, name):
+        ui.say(f"add-on {name} is gone already")
+        return
+    runner.call(eks, "delete_addon", clusterName=settings.cluster_name, addonName=name)
+    _wait(lambda: not addon_exists(settings, name), f"add-on {name} to go", timeout=timeout)
 
 
 # -- IAM for the CSI drivers (Pod Identity) --------------------------------------------------------------------------
@@ -263,7 +313,10 @@ def fsx_manifests(settings, subnet: str, group: str) -> list[dict[str, Any]]:
                       "resources": {"requests": {"storage": f"{fs['StorageCapacity']}Gi"}}}},
         ]
     parameters = {"subnetId": subnet, "securityGroupIds": group, "deploymentType": settings.fsx_deployment_type,
-                  "dataCompressionType": settings.fsx_compression, "fileSystemTypeVersion": "2.15"}
+                  "dataCompressionType": settings.fsx_compression, "fileSystemTypeVersion": "2.15",
+                  # aws-fsx-csi-driver docs/parameters.md: extraTags "key1=value1,key2=value2" on the file system it
+                  # creates, so teardown and `invoke audit` can find it (the driver itself only adds CSIVolumeName)
+                  "extraTags": f"{TAG}={settings.cluster_name}"}
     if settings.fsx_deployment_type != "SCRATCH_2":
         parameters["perUnitStorageThroughput"] = str(settings.fsx_throughput)
     return [
@@ -287,11 +340,14 @@ def fsx_deploy(settings, runner) -> None:
 
     net = cluster_network(settings)
     subnet = fsx_subnet(settings, net)
-    ensure_driver_role(settings, runner, "fsx", inline=fsx_policy(settings))
+    from . import identity
+
+    identity.ensure(settings, runner, identity.get("fsx-csi"))  # role + Pod Identity association for the controller
     group = ensure_security_group(settings, runner, net, f"doeks-fsx-{settings.cluster_name}", "doeks: Lustre 988, 1018-1023 within the VPC",
                                   fsx_group_permissions(net)) or "<fsx-sg>"
     helm = ["helm", "upgrade", "--install", "aws-fsx-csi-driver", "aws-fsx-csi-driver", "--repo", FSX_CHART_REPO,
-            "--version", FSX_CHART_VERSION, "--namespace", "kube-system", "--set", "controller.serviceAccount.create=true"]
+            "--version", FSX_CHART_VERSION, "--namespace", "kube-system", "--set", "controller.serviceAccount.create=true",
+            "--set", f"controller.serviceAccount.name={FSX_CONTROLLER_SA}"]
     runner.run(helm)
     kube.apply(runner, fsx_manifests(settings, subnet, group))
     if settings.fsx_import_path and settings.fsx_file_system_id:
@@ -301,24 +357,77 @@ def fsx_deploy(settings, runner) -> None:
                     S3={"AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}})
 
 
-def fsx_delete(settings, runner, force: bool = False, bound: bool | None = None) -> None:
-    """Kubernetes objects, the driver, the policy and the security group. Refuses while the PVC is bound unless force."""
-    from . import eks, kube
+def fsx_delete(settings, runner, force: bool = False, in_use: list[str] | None = None, timeout: float | None = None) -> None:
+    """Reverse fsx.deploy in dependency order, waiting for each step: the claim (refused while pods use it, not
+    because it is Bound), the file system the driver made for it (its DeleteVolume needs the controller and its
+    role), the driver, its association and role, then the security group."""
+    from . import eks, identity, kube
 
-    if bound is None and not runner.dry_run and not force:
-        bound = pvc_bound(settings)
-    if bound and not force:
-        raise DoeksError(f"PVC {settings.shared_pvc} is still bound (pods may be using the file system): delete the job first, or pass --force")
+    if in_use is None and not runner.dry_run and not force:
+        in_use = pods_using_claim(settings)
+    if in_use and not force:
+        raise DoeksError(f"PVC {settings.shared_pvc} is used by pod(s) {', '.join(in_use[:5])}: delete the job first "
+                         f"(invoke elasticjob.delete), or pass --force")
     cluster = eks.describe(settings)
     subnet = group = "-"
     kube.delete(runner, list(reversed(fsx_manifests(settings.with_overrides(fsx_file_system_id=""), subnet, group))))
-    runner.run(["helm", "uninstall", "aws-fsx-csi-driver", "--namespace", "kube-system", "--ignore-not-found"])
-    delete_driver_role(settings, runner, "fsx")
-    if cluster:
-        delete_security_group(settings, runner, cluster_network(settings)["vpc"], f"doeks-fsx-{settings.cluster_name}")
+    if runner.dry_run:
+        runner.step(f"wait until the FSx file systems tagged {TAG}={settings.cluster_name} by the CSI driver are deleted", lambda: None)
+    else:
+        wait_file_systems_gone(settings, timeout=WAIT_TIMEOUT if timeout is None else timeout)
+    runner.run(["helm", "uninstall", "aws-fsx-csi-driver", "--namespace", "kube-system", "--ignore-not-found", "--wait"])
+    identity.remove(settings, runner, identity.get("fsx-csi"))
+    if cluster or runner.dry_run:
+        vpc = cluster_network(settings)["vpc"] if cluster else "<vpc>"
+        delete_security_group(settings, runner, vpc, f"doeks-fsx-{settings.cluster_name}")
+
+
+def tagged_file_systems(settings) -> list[dict[str, Any]]:
+    """FSx file systems tagged doeks/cluster=<cluster> (the CSI driver's, via extraTags), not yet deleted."""
+    fsx = _client(settings, "fsx")
+    found = []
+    for page in fsx.get_paginator("describe_file_systems").paginate():
+        for fs in page["FileSystems"]:
+            tags = {t["Key"]: t["Value"] for t in fs.get("Tags", [])}
+            if tags.get(TAG) == settings.cluster_name and fs.get("Lifecycle") != "DELETED" \
+                    and fs["FileSystemId"] != settings.fsx_file_system_id:
+                found.append(fs)
+    return found
+
+
+def wait_file_systems_gone(settings, timeout: float = WAIT_TIMEOUT) -> None:
+    if not tagged_file_systems(settings):
+        return
+    _wait(lambda: not tagged_file_systems(settings),
+          f"FSx {', '.join(f['FileSystemId'] for f in tagged_file_systems(settings))} to be deleted by the CSI driver "
+          "(the PV's DeleteVolume); the driver's role and security group are kept until then", timeout=timeout)
+
+
+def pods_using_claim(settings) -> list[str]:
+    """Names of the pods (not finished) that mount the shared claim, from `kubectl get pods -o json`."""
+    from . import kube
+
+    try:
+        result = subprocess.run([kube.kubectl(), "get", "pods", "-n", settings.namespace, "-o", "json"],
+                                capture_output=True, text=True, timeout=30)
+        pods = json.loads(result.stdout)["items"] if result.returncode == 0 else None
+    except (OSError, ValueError, KeyError, subprocess.TimeoutExpired, DoeksError):
+        pods = None
+    if pods is None:
+        raise DoeksError(f"cannot tell whether pods use PVC {settings.shared_pvc} (Kubernetes API not reachable): "
+                         f"pass --force to delete anyway")
+    users = []
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        claims = {(v.get("persistentVolumeClaim") or {}).get("claimName") for v in (pod.get("spec") or {}).get("volumes") or []}
+        if settings.shared_pvc in claims:
+            users.append(pod["metadata"]["name"])
+    return users
 
 
 def pvc_bound(settings) -> bool:
+    """Kept for callers that only report the claim's phase (teardown no longer refuses because of it)."""
     from .kube import client
 
     try:
@@ -326,7 +435,7 @@ def pvc_bound(settings) -> bool:
     except Exception as error:  # noqa: BLE001
         if getattr(error, "status", None) == 404:
             return False
-        raise DoeksError(f"cannot tell whether PVC {settings.shared_pvc} is bound ({type(error).__name__}): pass --force to delete anyway") from None
+        raise DoeksError(f"cannot tell whether PVC {settings.shared_pvc} is bound ({type(error).__name__})") from None
     return claim.status.phase == "Bound"
 
 

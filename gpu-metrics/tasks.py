@@ -9,9 +9,11 @@ from invoke import Collection
 from doeks.taskkit import Unit, runner, settings, task
 
 
-@task(help={"interval": "seconds between samples", "dry_run": "print the manifests or the sampler; change nothing"})
-def deploy(c, interval=60, dry_run=False):
-    """Deploy the CloudWatch agent DaemonSet on GPU nodes (TARGET=local: start the local sampler)."""
+@task(help={"interval": "seconds between samples", "agent": "the CloudWatch agent DaemonSet instead of the add-on (fallback)",
+            "dry_run": "print the manifests or the sampler; change nothing"})
+def deploy(c, interval=60, agent=False, dry_run=False):
+    """GPU metrics per node: the amazon-cloudwatch-observability add-on (Container Insights + DCGM exporter), or with
+    --agent the CloudWatch agent DaemonSet on GPU nodes; each with a Pod Identity role (TARGET=local: the sampler)."""
     from doeks import aws, gpumetrics, kube, ui
     from doeks.errors import DoeksError
     from doeks.local import services
@@ -22,7 +24,21 @@ def deploy(c, interval=60, dry_run=False):
         raise DoeksError(f"--interval {interval}: expected 1 to 3600 seconds")
     r = runner(dry_run)
     if s.target != "local":
-        kube.apply(r, gpumetrics.manifests(s, interval))
+        from doeks import identity, storage
+
+        # one copy per node: the add-on's agent and the DaemonSet would both collect and put the same GPUs
+        if agent:
+            storage.delete_addon(s, r, gpumetrics.ADDON)
+            identity.ensure(s, r, identity.get("cloudwatch-agent-gpu"))
+            kube.apply(r, gpumetrics.manifests(s, interval))
+            return
+        kube.delete(r, [m for m in gpumetrics.manifests(s, interval) if m["kind"] in ("DaemonSet", "ConfigMap")])
+        associations = identity.addon_associations(s, r, identity.get("cloudwatch-observability"))
+        if not dry_run and storage.addon_exists(s, gpumetrics.ADDON):
+            ui.say(f"add-on {gpumetrics.ADDON} exists")
+            return
+        r.call(aws.client(s, "eks"), "create_addon", clusterName=s.cluster_name, addonName=gpumetrics.ADDON,
+               resolveConflicts="OVERWRITE", podIdentityAssociations=associations, tags={storage.TAG: s.cluster_name})
         return
     endpoint = "AWS_ENDPOINT_URL" if dry_run else aws.endpoint_url(s)
     sampler = services.gpu_sampler(s.state_dir, endpoint, s.aws_region, s.cluster_name, interval)
@@ -41,7 +57,12 @@ def delete(c, dry_run=False):
     s = settings()
     r = runner(dry_run)
     if s.target != "local":
+        from doeks import identity, storage
+
+        storage.delete_addon(s, r, gpumetrics.ADDON)
+        identity.remove(s, r, identity.get("cloudwatch-observability"))
         kube.delete(r, list(reversed(gpumetrics.manifests(s))))
+        identity.remove(s, r, identity.get("cloudwatch-agent-gpu"))
         return
     sampler = services.gpu_sampler(s.state_dir)
     if sampler.info() is None:
@@ -58,7 +79,7 @@ def status(c):
 
     s = settings()
     if s.target != "local":
-        kube.show(runner(), ["daemonset", "-n", gpumetrics.K8S_NAMESPACE, "-o", "wide"])
+        kube.show(runner(), ["daemonset", "-n", gpumetrics.K8S_NAMESPACE, "-o", "wide"])  # add-on's and agent's
         return
     info = services.gpu_sampler(s.state_dir).info()
     ui.table("gpu-metrics (local)", ["sampler", "pid"], [["running" if info else "stopped", info["pid"] if info else ""]])

@@ -15,6 +15,7 @@ from doeks import datastage, storage
 from doeks import settings as S
 from doeks.local import services
 
+from . import moto_eks
 from .conftest import ROOT, invoke
 from .test_jobspec import k8s_validate
 
@@ -22,7 +23,7 @@ from .test_jobspec import k8s_validate
 @pytest.fixture
 def cloud(state_dir, tmp_path):
     """moto with a VPC (two private subnets, one public), a cluster security group and an EKS cluster."""
-    server = services.moto(state_dir)
+    server = moto_eks.server(state_dir)  # moto + the EKS Pod Identity and add-on operations moto lacks
     server.start()
     kw = dict(endpoint_url=server.endpoint(), region_name="us-west-2", aws_access_key_id="testing", aws_secret_access_key="testing")
     ec2 = boto3.client("ec2", **kw)
@@ -125,15 +126,16 @@ def test_fsx_deploy_then_delete_reverses_everything(cloud, state_dir):
     assert "PersistentVolumeClaim" in deleted and "StorageClass" in deleted
 
 
-def test_fsx_delete_refuses_a_bound_pvc_without_force(cloud, state_dir, monkeypatch):
+def test_fsx_delete_refuses_a_claim_pods_use_without_force(cloud, state_dir, monkeypatch):
+    """Refused while pods use the claim, not because it is Bound (a provisioned claim always is: tests/test_teardown.py)."""
     from doeks.errors import DoeksError
     from doeks.runner import Runner
 
     for key, value in cloud["env"].items():
         monkeypatch.setenv(key, value)
     s = S.load()
-    with pytest.raises(DoeksError, match="still bound"):
-        storage.fsx_delete(s, Runner(echo=False), force=False, bound=True)
+    with pytest.raises(DoeksError, match="used by pod"):
+        storage.fsx_delete(s, Runner(echo=False), force=False, in_use=["imagenet-worker-0"])
 
 
 @pytest.mark.parametrize("key,value", [("FSX_STORAGE_CAPACITY", "1000"), ("FSX_STORAGE_CAPACITY", "3600"),
@@ -187,6 +189,8 @@ def test_val_relayout_works_for_any_mount_path(tmp_path):
 def test_stage_job_manifest_validates_on_eks(state_dir):
     result = invoke("csi.data.stage", "--dry-run", env={"TARGET": "eks"})
     assert result.returncode == 0, result.stderr
-    job = yaml.safe_load(result.stdout)
-    k8s_validate(job)
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    for doc in docs:
+        k8s_validate(doc)
+    job = next(d for d in docs if d["kind"] == "Job")  # after its ServiceAccount (identity: tests/test_identity.py)
     assert job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "fsx-pvc"

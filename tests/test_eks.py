@@ -15,6 +15,7 @@ from doeks import eks
 from doeks import settings as S
 from doeks.local import services
 
+from . import moto_eks
 from .conftest import ROOT, SCHEMAS, invoke
 
 SCHEMA = json.loads((SCHEMAS / "eksctl-clusterconfig-v1alpha5.schema.json").read_text())
@@ -82,7 +83,7 @@ def test_eks_yaml_is_used_as_is(tmp_path, state_dir):
 
 @pytest.fixture
 def moto_endpoint(state_dir):
-    server = services.moto(state_dir)
+    server = moto_eks.server(state_dir)  # moto + EKS add-ons and Pod Identity (eks.create adds the EBS CSI add-on)
     server.start()
     yield server.endpoint()
     server.stop()
@@ -93,8 +94,10 @@ def fake_eksctl(tmp_path, moto_endpoint):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shutil.copy(ROOT / "tests" / "eksctl_standin.py", bin_dir / "eksctl")
+    shutil.copy(ROOT / "tests" / "recorder.py", bin_dir / "kubectl")  # the gp3 StorageClass is applied after create
     record = tmp_path / "eksctl.jsonl"
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "EKSCTL_RECORD": str(record), "TARGET": "eks",
+           "RECORD": str(tmp_path / "kubectl.jsonl"),
            "AWS_ENDPOINT_URL": moto_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "COLUMNS": "250"}
     return env, record
@@ -140,7 +143,9 @@ def test_create_dry_run_prints_config_and_commands_only(fake_eksctl, state_dir):
     env, record = fake_eksctl
     result = invoke("eks.create", "--dry-run", env=env)
     assert result.returncode == 0, result.stderr
-    validate(yaml.safe_load(result.stdout))
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    validate(docs[0])  # the ClusterConfig, then what doeks applies after it (the gp3 default StorageClass)
+    assert [d["kind"] for d in docs] == ["ClusterConfig", "StorageClass"]
     assert "would run: eksctl create cluster -f" in result.stderr
     assert calls(record) == []
 
@@ -187,3 +192,43 @@ def test_local_target_create_and_delete_manage_the_local_runtime(state_dir):
     assert invoke("eks.delete").returncode == 0
     assert services.etcd(state_dir).info() is None and services.moto(state_dir).info() is None
     assert invoke("eks.delete").returncode == 0
+
+
+def test_doctor_checks_what_a_real_account_needs(state_dir):
+    """Service Quotas, instance type offerings, the capacity reservation's AZ, a leftover VPC, the ECR image; each
+    request checked against AWS's service model by botocore's Stubber (moto has no Service Quotas)."""
+    import boto3
+    from botocore.stub import Stubber
+
+    from doeks import preflight
+
+    s = S.load(environ={"TARGET": "eks", "GPU_INSTANCE_TYPE": "p4d.24xlarge", "GPU_NODES_MAX": "4", "EKS_ZONES": "us-west-2b,us-west-2c",
+                        "CAPACITY_RESERVATION_ID": "cr-0123456789abcdef0",
+                        "TRAIN_IMAGE": "123456789012.dkr.ecr.us-west-2.amazonaws.com/doeks-train:1.0"})
+    kw = dict(region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x")
+    clients = {name: boto3.client(name, **kw) for name in ("ec2", "service-quotas", "eks", "ecr")}
+    stubs = {name: Stubber(c) for name, c in clients.items()}
+    stubs["ec2"].add_response("describe_instance_types", {"InstanceTypes": [{"InstanceType": "p4d.24xlarge", "VCpuInfo": {"DefaultVCpus": 96}}]},
+                              {"InstanceTypes": ["p4d.24xlarge"]})
+    stubs["service-quotas"].add_response("get_service_quota", {"Quota": {"Value": 192.0}}, {"ServiceCode": "ec2", "QuotaCode": "L-417A185B"})
+    stubs["ec2"].add_response("describe_instance_type_offerings", {"InstanceTypeOfferings": [
+        {"InstanceType": "p4d.24xlarge", "LocationType": "availability-zone", "Location": "us-west-2a"}]},
+        {"LocationType": "availability-zone", "Filters": [{"Name": "instance-type", "Values": ["p4d.24xlarge"]}]})
+    stubs["ec2"].add_response("describe_capacity_reservations", {"CapacityReservations": [
+        {"CapacityReservationId": "cr-0123456789abcdef0", "AvailabilityZone": "us-west-2a", "InstanceType": "p4d.24xlarge"}]},
+        {"CapacityReservationIds": ["cr-0123456789abcdef0"]})
+    stubs["eks"].add_client_error("describe_cluster", "ResourceNotFoundException", http_status_code=404, expected_params={"name": "doeks"})
+    stubs["ec2"].add_response("describe_vpcs", {"Vpcs": [{"VpcId": "vpc-0abc"}]},
+                              {"Filters": [{"Name": "tag:alpha.eksctl.io/cluster-name", "Values": ["doeks"]}]})
+    stubs["ecr"].add_client_error("describe_images", "ImageNotFoundException", expected_params={
+        "repositoryName": "doeks-train", "imageIds": [{"imageTag": "1.0"}]})
+    for stub in stubs.values():
+        stub.activate()
+    rows = {what: (ok, detail) for what, ok, detail in preflight.cluster_checks(s, clients.__getitem__)}
+    for stub in stubs.values():
+        stub.assert_no_pending_responses()
+    assert rows["quota L-417A185B (p on-demand vCPUs)"][0] is False and "384" in rows["quota L-417A185B (p on-demand vCPUs)"][1]
+    assert rows["p4d.24xlarge offered in us-west-2b"] == (False, "not offered there: set EKS_ZONES to one of us-west-2a")
+    assert rows["capacity reservation cr-0123456789abcdef0"][0] is False and "EKS_ZONES=us-west-2a" in rows["capacity reservation cr-0123456789abcdef0"][1]
+    assert rows["no leftover VPC of doeks"][0] is False and "vpc-0abc" in rows["no leftover VPC of doeks"][1]
+    assert rows["image 123456789012.dkr.ecr.us-west-2.amazonaws.com/doeks-train:1.0"][0] is False

@@ -22,7 +22,8 @@ def test_agent_manifests_validate_and_use_env():
         k8s_validate(doc)
     config = json.loads(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["cwagentconfig.json"])
     assert config["agent"]["region"] == "eu-west-1"
-    assert config["metrics"]["append_dimensions"]["ClusterName"] == "train-1"
+    # top-level append_dimensions keeps only the four ${aws:...} keys: ClusterName goes on the plugin (test_identity)
+    assert config["metrics"]["metrics_collected"]["nvidia_gpu"]["append_dimensions"]["ClusterName"] == "train-1"
     assert config["metrics"]["metrics_collected"]["nvidia_gpu"]["measurement"] == list(gpumetrics.GPU_MEASUREMENTS)
     assert config["metrics"]["metrics_collected"]["nvidia_gpu"]["metrics_collection_interval"] == 30
     daemonset = docs[-1]
@@ -31,9 +32,12 @@ def test_agent_manifests_validate_and_use_env():
 
 
 def test_deploy_dry_run_on_eks_prints_manifests(state_dir):
-    result = invoke("gpu-metrics.deploy", "--dry-run", "--interval", "15", env={"TARGET": "eks"})
+    result = invoke("gpu-metrics.deploy", "--agent", "--dry-run", "--interval", "15", env={"TARGET": "eks"})
     assert result.returncode == 0, result.stderr
     assert "kind: DaemonSet" in result.stdout and "kubectl apply --server-side" in result.stderr
+    addon = invoke("gpu-metrics.deploy", "--dry-run", env={"TARGET": "eks"})  # the default: the EKS add-on
+    assert addon.returncode == 0, addon.stderr
+    assert "would call: eks.create_addon" in addon.stderr and "amazon-cloudwatch-observability" in addon.stderr
     assert "set-context" not in result.stdout + result.stderr
 
 

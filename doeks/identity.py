@@ -1,0 +1,291 @@
+"""The identity table: every workload doeks puts on the cluster that calls AWS -> namespace/service account -> IAM
+role (trusted by EKS Pod Identity, with its association made and deleted with it) -> policy.
+
+Without an association a pod falls back to the node role (worker, ECR read-only, SSM), which allows none of the
+calls below: the FSx controller cannot CreateFileSystem, the CloudWatch agent cannot PutMetricData, the staging Job
+cannot read S3. Each row lists the AWS actions its code (or the upstream driver) calls, with the upstream source; the
+tests check that the policy allows each of them and nothing broader (no `*` action, no FullAccess policy).
+
+Rows whose `addon` is set get their association through the EKS add-on API (`podIdentityAssociations` of
+CreateAddon); the others through CreatePodIdentityAssociation. Both are deleted before the role.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import ui
+
+TAG = "doeks/cluster"
+POD_IDENTITY_TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
+                                                              "Action": ["sts:AssumeRole", "sts:TagSession"]}]}
+
+# AWS managed policies used below, with the actions they allow (as published in the AWS Managed Policy Reference,
+# docs.aws.amazon.com/aws-managed-policy/latest/reference/<name>.html; versions noted). Tests evaluate these.
+MANAGED = {
+    # AmazonEBSCSIDriverPolicy v3: snapshots/volumes, scoped by the ebs.csi.aws.com tags in its conditions
+    "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy": [
+        "ec2:CreateSnapshot", "ec2:AttachVolume", "ec2:DetachVolume", "ec2:ModifyVolume", "ec2:DescribeAvailabilityZones",
+        "ec2:DescribeInstances", "ec2:DescribeSnapshots", "ec2:DescribeTags", "ec2:DescribeVolumes",
+        "ec2:DescribeVolumesModifications", "ec2:CreateTags", "ec2:CreateVolume", "ec2:DeleteVolume", "ec2:DeleteSnapshot",
+        "ec2:EnableFastSnapshotRestores"],
+    # AmazonEFSCSIDriverPolicy v3
+    "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy": [
+        "elasticfilesystem:DescribeAccessPoints", "elasticfilesystem:DescribeFileSystems",
+        "elasticfilesystem:DescribeMountTargets", "ec2:DescribeAvailabilityZones", "elasticfilesystem:CreateAccessPoint",
+        "elasticfilesystem:TagResource", "elasticfilesystem:DeleteAccessPoint"],
+    # CloudWatchAgentServerPolicy v2 (what the amazon-cloudwatch-observability add-on docs attach)
+    "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy": [
+        "cloudwatch:PutMetricData", "ec2:DescribeVolumes", "ec2:DescribeTags", "logs:PutLogEvents", "logs:PutRetentionPolicy",
+        "logs:DescribeLogStreams", "logs:DescribeLogGroups", "logs:CreateLogStream", "logs:CreateLogGroup",
+        "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules", "xray:GetSamplingTargets",
+        "xray:GetSamplingStatisticSummaries", "ssm:GetParameter"],
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    key: str  # role name suffix: doeks-<cluster>-<key>
+    unit: str
+    what: str
+    namespace: str
+    service_account: str
+    calls: tuple[str, ...]  # AWS actions the workload's code or upstream driver calls
+    source: str  # where `calls` comes from
+    managed: tuple[str, ...] = ()
+    inline: Callable[[Any], dict] | None = None
+    addon: str | None = None  # the association comes with this EKS add-on
+    namespace_of: Callable[[Any], str] | None = field(default=None, compare=False)
+
+    def ns(self, settings) -> str:
+        return self.namespace_of(settings) if self.namespace_of else self.namespace
+
+
+def role_name(settings, workload: Workload) -> str:
+    return f"doeks-{settings.cluster_name}-{workload.key}"[:64]
+
+
+def policy_name(workload: Workload) -> str:
+    return f"doeks-{workload.key}"
+
+
+# -- policies -----------------------------------------------------------------------------------------------------
+def fsx_policy(settings) -> dict[str, Any]:
+    from .storage import fsx_policy as policy
+
+    return policy(settings)
+
+
+def bucket_and_prefix(settings) -> tuple[str, str]:
+    return settings.s3_bucket, settings.data_s3_prefix.strip("/")
+
+
+def stage_policy(settings) -> dict[str, Any]:
+    """S3 read on the data prefix only: ListBucket limited by s3:prefix, GetObject on the prefix's objects."""
+    bucket, prefix = bucket_and_prefix(settings)
+    return {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}",
+         "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}}},
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{bucket}/{prefix}/*"}]}
+
+
+def cloudwatch_agent_policy(settings) -> dict[str, Any]:
+    """PutMetricData into CWAgent only (cloudwatch:namespace condition key), and the EC2 reads of the agent's ec2tagger."""
+    from .gpumetrics import NAMESPACE
+
+    return {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "cloudwatch:PutMetricData", "Resource": "*",
+         "Condition": {"StringEquals": {"cloudwatch:namespace": NAMESPACE}}},
+        {"Effect": "Allow", "Action": ["ec2:DescribeTags", "ec2:DescribeInstances", "ec2:DescribeVolumes"], "Resource": "*"}]}
+
+
+# -- the table ----------------------------------------------------------------------------------------------------
+WORKLOADS: tuple[Workload, ...] = (
+    Workload("fsx-csi", "csi", "FSx for Lustre CSI controller", "kube-system", "fsx-csi-controller-sa",
+             calls=("fsx:CreateFileSystem", "fsx:DeleteFileSystem", "fsx:DescribeFileSystems", "fsx:TagResource",
+                    "fsx:UpdateFileSystem", "iam:CreateServiceLinkedRole", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"),
+             # kubernetes-sigs/aws-fsx-csi-driver v1.11.0 (chart 1.11.0): docs/install.md (example IAM policy),
+             # pkg/cloud/cloud.go (CreateFileSystem, DeleteFileSystem, DescribeFileSystems, UpdateFileSystem on resize);
+             # chart values controller.serviceAccount.name = fsx-csi-controller-sa
+             source="kubernetes-sigs/aws-fsx-csi-driver v1.11.0 docs/install.md, pkg/cloud/cloud.go, charts/aws-fsx-csi-driver/values.yaml",
+             inline=fsx_policy),
+    Workload("efs-csi", "csi", "EFS CSI controller (EKS add-on aws-efs-csi-driver)", "kube-system", "efs-csi-controller-sa",
+             calls=("elasticfilesystem:DescribeAccessPoints", "elasticfilesystem:DescribeFileSystems",
+                    "elasticfilesystem:DescribeMountTargets", "elasticfilesystem:CreateAccessPoint",
+                    "elasticfilesystem:DeleteAccessPoint", "elasticfilesystem:TagResource", "ec2:DescribeAvailabilityZones"),
+             source="kubernetes-sigs/aws-efs-csi-driver v2.1 docs/iam-policy-example.json, pkg/cloud/cloud.go",
+             managed=("arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy",), addon="aws-efs-csi-driver"),
+    Workload("ebs-csi", "eks", "EBS CSI controller (EKS add-on aws-ebs-csi-driver, gp3 default StorageClass)", "kube-system",
+             "ebs-csi-controller-sa",
+             calls=("ec2:CreateVolume", "ec2:DeleteVolume", "ec2:AttachVolume", "ec2:DetachVolume", "ec2:DescribeVolumes",
+                    "ec2:DescribeInstances", "ec2:CreateTags", "ec2:ModifyVolume", "ec2:DescribeAvailabilityZones"),
+             source="kubernetes-sigs/aws-ebs-csi-driver v1.48 docs/example-iam-policy.json, pkg/cloud/cloud.go",
+             managed=("arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy",), addon="aws-ebs-csi-driver"),
+    Workload("cloudwatch-observability", "gpu-metrics", "CloudWatch agent of the amazon-cloudwatch-observability add-on "
+             "(Container Insights, DCGM exporter)", "amazon-cloudwatch", "cloudwatch-agent",
+             calls=("cloudwatch:PutMetricData", "logs:PutLogEvents", "logs:CreateLogStream", "logs:CreateLogGroup",
+                    "logs:DescribeLogStreams", "ec2:DescribeTags", "ec2:DescribeVolumes"),
+             # docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/install-CloudWatch-Observability-EKS-addon.html
+             # (attach CloudWatchAgentServerPolicy; service account amazon-cloudwatch/cloudwatch-agent)
+             source="AWS docs install-CloudWatch-Observability-EKS-addon; aws/amazon-cloudwatch-agent-operator helm values (cloudwatch-agent SA)",
+             managed=("arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy",), addon="amazon-cloudwatch-observability"),
+    Workload("cloudwatch-agent-gpu", "gpu-metrics", "CloudWatch agent DaemonSet on GPU nodes (fallback)", "amazon-cloudwatch",
+             "cloudwatch-agent-gpu",
+             calls=("cloudwatch:PutMetricData", "ec2:DescribeTags", "ec2:DescribeInstances"),
+             # aws/amazon-cloudwatch-agent: plugins/outputs/cloudwatch (PutMetricData), plugins/processors/ec2tagger
+             # (DescribeTags, DescribeVolumes) and its docs' "ec2:DescribeTags" requirement
+             source="aws/amazon-cloudwatch-agent plugins/outputs/cloudwatch/cloudwatch.go, plugins/processors/ec2tagger/ec2tagger.go",
+             inline=cloudwatch_agent_policy),
+    Workload("data-stage", "csi", "staging Job (csi.data.stage on the cluster)", "", "doeks-stage",
+             calls=("s3:ListBucket", "s3:GetObject"),
+             source="doeks/datastage.py: list_objects_v2 (s3:ListBucket), get_object (s3:GetObject)",
+             inline=stage_policy, namespace_of=lambda s: s.namespace),
+)
+BY_KEY = {w.key: w for w in WORKLOADS}
+
+
+def get(key: str) -> Workload:
+    return BY_KEY[key]
+
+
+def policies(settings, workload: Workload) -> list[dict[str, Any]]:
+    """Every policy document the workload's role carries (managed ones as recorded in MANAGED)."""
+    docs = [{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": MANAGED[arn], "Resource": "*"}]}
+            for arn in workload.managed]
+    if workload.inline:
+        docs.append(workload.inline(settings))
+    return docs
+
+
+def _listify(value) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def allows(documents: list[dict[str, Any]], action: str, resource: str | None = None) -> bool:
+    """Whether any Allow statement matches the action (and the resource, when one is given); conditions are not evaluated."""
+    for doc in documents:
+        for statement in doc["Statement"]:
+            if statement.get("Effect") != "Allow":
+                continue
+            if not any(fnmatch.fnmatchcase(action, pattern) for pattern in _listify(statement["Action"])):
+                continue
+            if resource is None or any(fnmatch.fnmatchcase(resource, r) for r in _listify(statement.get("Resource", "*"))):
+                return True
+    return False
+
+
+def describe(settings, workload: Workload) -> str:
+    what = ", ".join([arn.rsplit("/", 1)[-1] for arn in workload.managed] + ([policy_name(workload) + " (inline)"] if workload.inline else []))
+    via = f"add-on {workload.addon}" if workload.addon else "pod identity association"
+    return f"identity: {workload.ns(settings)}/{workload.service_account} -> role {role_name(settings, workload)} [{what}] via {via}"
+
+
+# -- make and remove ----------------------------------------------------------------------------------------------
+def _client(settings, service):
+    from .aws import client
+
+    return client(settings, service)
+
+
+def ensure_role(settings, runner, workload: Workload) -> str:
+    """The role (trusted by pods.eks.amazonaws.com, tagged), its managed and inline policies; returns its ARN."""
+    iam = _client(settings, "iam")
+    name = role_name(settings, workload)
+    ui.say(describe(settings, workload))
+    try:
+        arn = iam.get_role(RoleName=name)["Role"]["Arn"]
+    except Exception as error:  # noqa: BLE001 - NoSuchEntity; in a dry run also no credentials / no account at all
+        if not (runner.dry_run or type(error).__name__ == "NoSuchEntityException"):
+            raise
+        created = runner.call(iam, "create_role", RoleName=name, AssumeRolePolicyDocument=json.dumps(POD_IDENTITY_TRUST),
+                              Description=f"doeks: {workload.what}", Tags=[{"Key": TAG, "Value": settings.cluster_name}])
+        arn = created["Role"]["Arn"] if created else f"arn:aws:iam::<account>:role/{name}"
+    for policy in workload.managed:
+        runner.call(iam, "attach_role_policy", RoleName=name, PolicyArn=policy)
+    if workload.inline:
+        runner.call(iam, "put_role_policy", RoleName=name, PolicyName=policy_name(workload),
+                    PolicyDocument=json.dumps(workload.inline(settings)))
+    return arn
+
+
+def associations(settings, workload: Workload) -> list[dict[str, Any]]:
+    eks = _client(settings, "eks")
+    try:
+        return eks.list_pod_identity_associations(clusterName=settings.cluster_name, namespace=workload.ns(settings),
+                                                  serviceAccount=workload.service_account)["associations"]
+    except eks.exceptions.ResourceNotFoundException:
+        return []
+
+
+def ensure(settings, runner, workload: Workload) -> str:
+    """Role + policies + (unless an add-on brings it) the Pod Identity association; returns the role ARN."""
+    arn = ensure_role(settings, runner, workload)
+    if workload.addon:
+        return arn
+    eks = _client(settings, "eks")
+    try:
+        found = [] if runner.dry_run and "<account>" in arn else associations(settings, workload)
+    except Exception:  # noqa: BLE001 - a dry run without credentials shows the plan all the same
+        if not runner.dry_run:
+            raise
+        found = []
+    for association in found:
+        current = eks.describe_pod_identity_association(clusterName=settings.cluster_name,
+                                                        associationId=association["associationId"])["association"]
+        if current["roleArn"] == arn:
+            ui.say(f"pod identity association {workload.ns(settings)}/{workload.service_account} exists")
+            return arn
+        runner.call(eks, "update_pod_identity_association", clusterName=settings.cluster_name,
+                    associationId=association["associationId"], roleArn=arn)
+        return arn
+    runner.call(eks, "create_pod_identity_association", clusterName=settings.cluster_name, namespace=workload.ns(settings),
+                serviceAccount=workload.service_account, roleArn=arn, tags={TAG: settings.cluster_name})
+    return arn
+
+
+def remove(settings, runner, workload: Workload) -> None:
+    """The association(s) first, then the role with its policies; what is gone already is fine."""
+    from . import eks as cluster
+
+    if runner.dry_run:
+        runner.call(_client(settings, "eks"), "delete_pod_identity_association", clusterName=settings.cluster_name,
+                    associationId=f"<{workload.ns(settings)}/{workload.service_account}>")
+    elif cluster.describe(settings) is not None:
+        eks = _client(settings, "eks")
+        for association in associations(settings, workload):
+            try:
+                runner.call(eks, "delete_pod_identity_association", clusterName=settings.cluster_name,
+                            associationId=association["associationId"])
+            except eks.exceptions.ResourceNotFoundException:
+                pass
+    iam = _client(settings, "iam")
+    name = role_name(settings, workload)
+    try:
+        attached = iam.list_attached_role_policies(RoleName=name)["AttachedPolicies"]
+        inline = iam.list_role_policies(RoleName=name)["PolicyNames"]
+    except Exception as error:  # noqa: BLE001 - NoSuchEntity; in a dry run also no credentials
+        if not (runner.dry_run or type(error).__name__ == "NoSuchEntityException"):
+            raise
+        if runner.dry_run:
+            runner.call(iam, "delete_role", RoleName=name)
+        else:
+            ui.say(f"role {name} is gone already")
+        return
+    for policy in attached:
+        runner.call(iam, "detach_role_policy", RoleName=name, PolicyArn=policy["PolicyArn"])
+    for policy in inline:
+        runner.call(iam, "delete_role_policy", RoleName=name, PolicyName=policy)
+    runner.call(iam, "delete_role", RoleName=name)
+
+
+def addon_associations(settings, runner, workload: Workload) -> list[dict[str, str]]:
+    """The `podIdentityAssociations` argument of CreateAddon for an add-on row (the role made first)."""
+    return [{"serviceAccount": workload.service_account, "roleArn": ensure_role(settings, runner, workload)}]
+
+
+def rows(settings) -> list[list[str]]:
+    return [[w.unit, w.what, f"{w.ns(settings)}/{w.service_account}", role_name(settings, w),
+             ", ".join([a.rsplit("/", 1)[-1] for a in w.managed] + (["inline " + policy_name(w)] if w.inline else []))]
+            for w in WORKLOADS]

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Stand-ins for eksctl and kubectl/helm that act on the moto server (no EKS, no cluster here), closer to what a real
+account does than tests/eksctl_standin.py: `eksctl create cluster` makes the VPC (tagged, 2 private + 1 public
+subnets, a cluster security group), the cluster and its node groups; `eksctl delete cluster` deletes them and, like
+eksctl's CloudFormation stack, FAILS with DependencyViolation while anything doeks made still sits in the VPC
+(security groups, VPC endpoints, EFS mount targets, FSx file systems). kubectl/helm record their argv + stdin to
+$RECORD; `kubectl get pods -o json` answers from $PODS (a JSON list, default none); `kubectl delete` of the shared
+claim does what the FSx CSI driver's DeleteVolume does: deletes the file systems it made (tag doeks/cluster).
+Whatever it runs as is chosen by its file name (eksctl, kubectl, helm).
+"""
+import json
+import os
+import sys
+
+import boto3
+import yaml
+
+tool, argv = os.path.basename(sys.argv[0]), sys.argv[1:]
+KW = dict(endpoint_url=os.environ["AWS_ENDPOINT_URL"], aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def flag(name):
+    return argv[argv.index(name) + 1]
+
+
+def client(service, region):
+    return boto3.client(service, region_name=region, **KW)
+
+
+def eksctl():
+    with open(os.environ["RECORD"], "a") as record:
+        record.write(json.dumps({"tool": "eksctl", "argv": argv, "stdin": ""}) + "\n")
+    if argv[:2] == ["create", "cluster"]:
+        config = yaml.safe_load(open(flag("-f")))
+        meta, region = config["metadata"], config["metadata"]["region"]
+        ec2, eks = client("ec2", region), client("eks", region)
+        tags = [{"Key": k, "Value": v} for k, v in {**meta.get("tags", {}), "alpha.eksctl.io/cluster-name": meta["name"]}.items()]
+        vpc = ec2.create_vpc(CidrBlock=config["vpc"]["cidr"], TagSpecifications=[{"ResourceType": "vpc", "Tags": tags}])["Vpc"]["VpcId"]
+        base = config["vpc"]["cidr"].rsplit(".", 2)[0]
+        private = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"{base}.{i}.0/24", AvailabilityZone=f"{region}{z}")["Subnet"]["SubnetId"]
+                   for i, z in ((1, "a"), (2, "b"))]
+        public = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{base}.3.0/24", AvailabilityZone=f"{region}a")["Subnet"]["SubnetId"]
+        ec2.modify_subnet_attribute(SubnetId=public, MapPublicIpOnLaunch={"Value": True})
+        group = ec2.create_security_group(GroupName=f"eks-cluster-sg-{meta['name']}", Description="cluster", VpcId=vpc)["GroupId"]
+        eks.create_cluster(name=meta["name"], version=meta["version"], roleArn="arn:aws:iam::123456789012:role/eks",
+                           resourcesVpcConfig={"subnetIds": private + [public], "securityGroupIds": [group]}, tags=meta.get("tags", {}))
+        for ng in config["managedNodeGroups"]:
+            eks.create_nodegroup(clusterName=meta["name"], nodegroupName=ng["name"], instanceTypes=[ng["instanceType"]],
+                                 scalingConfig={"minSize": ng["minSize"], "desiredSize": ng["desiredCapacity"], "maxSize": ng["maxSize"]},
+                                 subnets=private, nodeRole="arn:aws:iam::123456789012:role/node", labels=ng.get("labels", {}))
+    elif argv[:2] == ["delete", "cluster"]:
+        region, name = flag("--region"), flag("--name")
+        ec2, eks = client("ec2", region), client("eks", region)
+        cluster = eks.describe_cluster(name=name)["cluster"]
+        vpc = ec2.describe_subnets(SubnetIds=cluster["resourcesVpcConfig"]["subnetIds"][:1])["Subnets"][0]["VpcId"]
+        for ng in eks.list_nodegroups(clusterName=name)["nodegroups"]:
+            eks.delete_nodegroup(clusterName=name, nodegroupName=ng)
+        eks.delete_cluster(name=name)
+        subnets = [s["SubnetId"] for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]]
+        blocking = [g["GroupName"] for g in ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["SecurityGroups"]
+                    if g["GroupName"] != "default" and g["GroupId"] not in cluster["resourcesVpcConfig"]["securityGroupIds"]]
+        blocking += [e["VpcEndpointId"] for e in ec2.describe_vpc_endpoints(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["VpcEndpoints"]
+                     if e.get("State", "").lower() not in ("deleted", "deleting")]
+        efs = client("efs", region)
+        for fs in efs.describe_file_systems()["FileSystems"]:
+            blocking += [m["MountTargetId"] for m in efs.describe_mount_targets(FileSystemId=fs["FileSystemId"])["MountTargets"]
+                         if m["SubnetId"] in subnets]
+        blocking += [f["FileSystemId"] for f in client("fsx", region).describe_file_systems()["FileSystems"]
+                     if set(f.get("SubnetIds", [])) & set(subnets)]
+        if blocking:
+            sys.stderr.write(f"Error: deleting VPC {vpc}: DependencyViolation: still in use by {', '.join(blocking)}\n")
+            sys.exit(1)
+        for group in cluster["resourcesVpcConfig"]["securityGroupIds"]:
+            ec2.delete_security_group(GroupId=group)
+        for subnet in subnets:
+            ec2.delete_subnet(SubnetId=subnet)
+        ec2.delete_vpc(VpcId=vpc)
+
+
+def kube():
+    stdin = sys.stdin.read() if "-f" in argv and "-" in argv else ""
+    with open(os.environ["RECORD"], "a") as record:
+        record.write(json.dumps({"tool": tool, "argv": argv, "stdin": stdin}) + "\n")
+    if tool == "kubectl" and argv[:2] == ["get", "pods"]:
+        pods = os.environ.get("PODS")
+        print(json.dumps({"items": json.load(open(pods)) if pods and os.path.exists(pods) else []}))
+    if tool == "kubectl" and argv[:1] == ["delete"]:
+        claims = [d for d in yaml.safe_load_all(stdin) if d and d.get("kind") == "PersistentVolumeClaim"]
+        if any(c["spec"].get("storageClassName") == "fsx-sc" for c in claims):
+            fsx = client("fsx", os.environ.get("AWS_REGION", "us-west-2"))
+            for fs in fsx.describe_file_systems()["FileSystems"]:
+                if any(t["Key"] == "doeks/cluster" for t in fs.get("Tags", [])):
+                    fsx.delete_file_system(FileSystemId=fs["FileSystemId"])
+
+
+eksctl() if tool == "eksctl" else kube()

@@ -1,0 +1,189 @@
+"""Teardown with proof: `invoke down` (TARGET=eks) deletes in dependency order, waiting until each thing is gone, and
+`invoke audit` is 0 afterwards: after up -> down, after an `up` killed mid-way -> down, after down twice.
+
+moto is the account (with the EKS Pod Identity and add-on operations it lacks, tests/moto_eks.py); eksctl, kubectl
+and helm are stand-ins (tests/cluster_standins.py) whose `eksctl delete cluster` fails with DependencyViolation while
+anything doeks made is left in the VPC, as eksctl's CloudFormation stack does on a real account.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import boto3
+import pytest
+
+from doeks import identity, storage
+from doeks import settings as S
+from doeks.errors import DoeksError
+from doeks.runner import Runner
+
+from . import moto_eks
+from .conftest import ROOT, invoke
+
+SMALL = {"GPU_NODES_MAX": "1", "GPU_NODES": "1", "GPU_NODES_MIN": "0", "GPU_INSTANCE_TYPE": "g5.xlarge"}
+
+
+@pytest.fixture
+def account(state_dir, tmp_path):
+    server = moto_eks.server(state_dir)
+    server.start()
+    kw = dict(endpoint_url=server.endpoint(), region_name="us-west-2", aws_access_key_id="testing", aws_secret_access_key="testing")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("eksctl", "kubectl", "helm"):
+        shutil.copy(ROOT / "tests" / "cluster_standins.py", bin_dir / tool)
+        os.chmod(bin_dir / tool, 0o755)
+    env = {"TARGET": "eks", "AWS_ENDPOINT_URL": server.endpoint(), "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_REGION": "us-west-2", "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(tmp_path / "record.jsonl"),
+           "PODS": str(tmp_path / "pods.json"), "COLUMNS": "200", **SMALL}
+    yield {"env": env, "kw": kw, "tmp": tmp_path}
+    server.stop()
+
+
+def calls(account) -> list[dict]:
+    path = account["tmp"] / "record.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def extras(account):
+    """What the default `up` does not make but a user does: EFS (csi.efs.create/deploy), the S3 gateway endpoint."""
+    for args in (("csi.efs.create",), ("csi.efs.deploy",), ("sagemaker.s3-endpoint",)):
+        result = invoke(*args, env=account["env"])
+        assert result.returncode == 0, (args, result.stderr)
+
+
+def simulate_driver_file_system(account):
+    """What the FSx CSI driver makes for fsx-pvc (CreateVolume): a file system tagged through the StorageClass's extraTags."""
+    kw = account["kw"]
+    eks, ec2 = boto3.client("eks", **kw), boto3.client("ec2", **kw)
+    subnet = eks.describe_cluster(name="doeks")["cluster"]["resourcesVpcConfig"]["subnetIds"][0]
+    group = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["doeks-fsx-doeks"]}])["SecurityGroups"][0]["GroupId"]
+    return boto3.client("fsx", **kw).create_file_system(
+        FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[subnet], SecurityGroupIds=[group],
+        LustreConfiguration={"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 250},
+        Tags=[{"Key": "CSIVolumeName", "Value": "pvc-1"}, {"Key": "doeks/cluster", "Value": "doeks"}])["FileSystem"]["FileSystemId"]
+
+
+def audit(account):
+    return invoke("audit", env=account["env"])
+
+
+@pytest.mark.slow
+def test_up_down_audit_is_zero_and_down_twice_too(account):
+    env = account["env"]
+    up = invoke("up", env=env)
+    assert up.returncode == 0, up.stderr[-3000:]
+    extras(account)
+    fs = simulate_driver_file_system(account)
+    left = audit(account)
+    assert left.returncode == 1
+    for expected in ("eks cluster", "fsx lustre", fs, "efs", "vpc endpoint", "iam role", "security group", "pod identity"):
+        assert expected in left.stdout + left.stderr, expected
+    assert "$0.345" in left.stdout + left.stderr  # 1200 GiB PERSISTENT_2/250 at $0.21 per GB-month; priced where known (cluster, FSx per TiB, nodes)
+
+    down = invoke("down", "--yes", env=env)
+    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-3000:]
+    result = audit(account)
+    assert result.returncode == 0, result.stdout + result.stderr
+    again = invoke("down", "--yes", env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert audit(account).returncode == 0
+
+
+@pytest.mark.slow
+def test_up_killed_midway_then_down_leaves_nothing(account):
+    env = account["env"]
+    eks = boto3.client("eks", **account["kw"])
+    process = subprocess.Popen([sys.executable, "-m", "invoke", "up"], cwd=ROOT, env={**os.environ, **env},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # kill it as soon as the cluster exists and csi has made its role
+        roles = [r["RoleName"] for r in boto3.client("iam", **account["kw"]).list_roles()["Roles"]]
+        if eks.list_clusters()["clusters"] and any(r.startswith("doeks-doeks-") for r in roles):
+            break
+        time.sleep(0.2)
+    process.kill()
+    process.wait()
+    assert audit(account).returncode == 1
+    down = invoke("down", "--yes", env=env)
+    assert down.returncode == 0, down.stderr[-3000:]
+    result = audit(account)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_down_dry_run_prints_every_deletion_in_reverse_dependency_order(account):
+    result = invoke("down", "--dry-run", env=account["env"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("would ")]
+    text = "\n".join(lines)
+
+    def first(fragment):
+        index = next((i for i, line in enumerate(lines) if fragment in line), None)
+        assert index is not None, f"{fragment!r} not in the plan:\n{text}"
+        return index
+
+    claim = first("run: kubectl delete")  # jobs (elasticjob), then claims ...
+    order = [first("PyTorchJob") if "PyTorchJob" in text else claim, claim,
+             first("FSx file systems tagged doeks/cluster=doeks"),
+             first("helm uninstall aws-fsx-csi-driver"),
+             first('delete_pod_identity_association {"associationId": "<kube-system/fsx-csi-controller-sa>"'),
+             first('delete_role {"RoleName": "doeks-doeks-fsx-csi"}'),
+             first("doeks-fsx-doeks"),
+             first("efs.delete_mount_target"), first("wait until the mount targets are gone"), first("efs.delete_file_system"),
+             first("doeks-efs-doeks"),
+             first("ec2.delete_vpc_endpoints"),
+             first('delete_addon {"addonName": "aws-ebs-csi-driver"'),
+             first("run: eksctl delete cluster")]
+    assert order == sorted(order), text
+    for workload in identity.WORKLOADS:  # every role `up` implies
+        assert f'"RoleName": "{identity.role_name(S.load(), workload)}"' in text, workload.key
+
+
+def test_fsx_delete_keeps_role_and_group_until_the_driver_deleted_its_file_system(account, monkeypatch):
+    """--force used to delete the driver's role and security group right after the claim, without waiting for the
+    PV's DeleteVolume: the controller lost its identity, DeleteFileSystem was never called, the group was in use."""
+    env, kw = account["env"], account["kw"]
+    assert invoke("eks.create", env=env).returncode == 0
+    assert invoke("csi.fsx.deploy", env=env).returncode == 0
+    fs = simulate_driver_file_system(account)
+    os.environ.pop("PODS", None)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PATH", env["PATH"].replace(str(account["tmp"] / "bin"), str(account["tmp"] / "nodriver")))
+    (account["tmp"] / "nodriver").mkdir()
+    for tool in ("kubectl", "helm"):  # a cluster whose driver does not get to delete the file system
+        shutil.copy(ROOT / "tests" / "recorder.py", account["tmp"] / "nodriver" / tool)
+    monkeypatch.setattr(storage, "WAIT_TIMEOUT", 3, raising=False)
+    s = S.load()
+    with pytest.raises(DoeksError, match="timed out"):
+        storage.fsx_delete(s, Runner(echo=False), force=True)
+    iam, ec2 = boto3.client("iam", **kw), boto3.client("ec2", **kw)
+    assert iam.get_role(RoleName="doeks-doeks-fsx-csi")  # the controller keeps its identity while its volume exists
+    assert ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["doeks-fsx-doeks"]}])["SecurityGroups"]
+    boto3.client("fsx", **kw).delete_file_system(FileSystemId=fs)  # the driver's DeleteVolume
+    storage.fsx_delete(s, Runner(echo=False), force=True)
+    with pytest.raises(iam.exceptions.NoSuchEntityException):
+        iam.get_role(RoleName="doeks-doeks-fsx-csi")
+    assert not ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["doeks-fsx-doeks"]}])["SecurityGroups"]
+
+
+@pytest.mark.slow
+def test_claim_is_refused_only_while_pods_use_it(account):
+    env = account["env"]
+    assert invoke("eks.create", env=env).returncode == 0
+    assert invoke("csi.fsx.deploy", env=env).returncode == 0
+    (account["tmp"] / "pods.json").write_text(json.dumps([
+        {"metadata": {"name": "imagenet-worker-0"}, "status": {"phase": "Running"},
+         "spec": {"volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": "fsx-pvc"}}]}},
+        {"metadata": {"name": "old-stage"}, "status": {"phase": "Succeeded"},
+         "spec": {"volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": "fsx-pvc"}}]}}]))
+    used = invoke("csi.fsx.delete", env=env)
+    assert used.returncode == 1 and "imagenet-worker-0" in used.stderr and "old-stage" not in used.stderr
+    (account["tmp"] / "pods.json").write_text("[]")  # the claim is Bound, but no pod uses it: delete it
+    free = invoke("csi.fsx.delete", env=env)
+    assert free.returncode == 0, free.stderr
