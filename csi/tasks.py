@@ -131,9 +131,9 @@ def stage_manifests(s, source: str, relayout_val: bool) -> list[dict]:
 def stage_job(s, source: str, relayout_val: bool) -> dict:
     """The Kubernetes Job that stages data on the cluster, in the training image (TRAIN_IMAGE: it has doeks'
     datastage), as the doeks-stage service account, with the shared PVC mounted."""
-    from doeks import identity
+    from doeks import identity, trainimage
 
-    image = s.train_image
+    image = trainimage.reference(s, on_this_machine=False)
     args = ["python", "-m", "doeks.datastage", source, f"{s.shared_mount}/data", "--threads", str(s.stage_threads)]
     if relayout_val:
         args.append("--relayout-val")

@@ -231,13 +231,15 @@ def cluster_checks(settings, client=None) -> list[tuple[str, bool, str]]:
         rows.append((f"no leftover VPC of {settings.cluster_name}", not vpcs,
                      "none" if not vpcs else f"{vpcs[0]['VpcId']} left by an earlier cluster: `eksctl delete cluster --name "
                      f"{settings.cluster_name}` or delete its CloudFormation stacks, then `invoke audit`"))
-    image = settings.train_image
-    if ".dkr.ecr." in image.split("/", 1)[0]:
+    from .trainimage import reference
+
+    image = reference(settings, on_this_machine=False)
+    if ".dkr.ecr." in image.split("/", 1)[0] and "<account>" not in image:
         repo, _, tag = image.split("/", 1)[1].partition(":")
         ecr = client("ecr")
         try:
             ecr.describe_images(repositoryName=repo, imageIds=[{"imageTag": tag or "latest"}])
             rows.append((f"image {image}", True, "present in ECR"))
         except (ecr.exceptions.ImageNotFoundException, ecr.exceptions.RepositoryNotFoundException):
-            rows.append((f"image {image}", False, "not in ECR: build and push it (invoke build push) or set TRAIN_IMAGE"))
+            rows.append((f"image {image}", False, "not in ECR: `invoke elasticjob.build elasticjob.push`, or set TRAIN_IMAGE"))
     return rows

@@ -29,6 +29,8 @@ DLC_BASE = "763104351884.dkr.ecr.{region}.amazonaws.com/pytorch-training:2.9.0-g
 DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile"
 BASE_DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile.torch-cpu"
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
+# The stager, for the cluster's staging Job (`python -m doeks.datastage`, standard library only): at /opt/doeks-stage.
+STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py")]
 
 
 def _cpu_base() -> str:
@@ -57,6 +59,8 @@ def content_tag(base: str) -> str:
     digest.update(base.encode())
     for path in workload_files():
         digest.update(path.relative_to(WORKLOAD).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in STAGE_FILES:
+        digest.update(b"stage/" + path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]
 
 
@@ -210,6 +214,9 @@ def build(settings, runner, on_this_machine: bool, remote: bool = False) -> str:
             target = context / "workload" / path.relative_to(WORKLOAD)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
+        (context / "stage" / "doeks").mkdir(parents=True)
+        for path in STAGE_FILES:
+            shutil.copyfile(path, context / "stage" / "doeks" / path.name)
         shutil.copyfile(DOCKERFILE, context / "Dockerfile")
         try:
             _stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir})

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from doeks import identity, storage
+from doeks import trainimage
 from doeks import settings as S
 
 from .conftest import invoke
@@ -193,7 +194,8 @@ def test_stage_job_runs_a_pullable_image_as_an_account_with_s3_read(cloud, state
     pod = job["spec"]["template"]["spec"]
     image = pod["containers"][0]["image"]
     s = S.load()
-    assert image == s.train_image
+    # the content-tagged training image (it holds doeks' stager), in this account's ECR
+    assert image == f"123456789012.dkr.ecr.{s.aws_region}.amazonaws.com/{trainimage.local_ref(trainimage.base_image(s, False))}"
     registry = image.split("/", 1)[0]
     assert "/" in image and ("." in registry or ":" in registry), f"{image} would resolve to Docker Hub"
     account = pod["serviceAccountName"]

@@ -16,6 +16,7 @@ import tomllib
 from importlib import metadata
 
 from doeks import efa, gpumetrics
+from doeks import trainimage
 from doeks import settings as S
 
 from .conftest import ROOT
@@ -106,7 +107,7 @@ def test_cluster_manifests_name_pinned_qualified_images(state_dir):
     for doc in docs:
         pod = doc.get("spec", {}).get("template", {}).get("spec", {})
         images += [c["image"] for c in pod.get("containers", []) + pod.get("initContainers", [])]
-    assert s.train_image in images  # the staging Job runs the training image, not `doeks:latest`
+    assert trainimage.reference(s, on_this_machine=False) in images  # the staging Job runs the training image, not `doeks:latest`
     for image in images:
         registry = image.split("/", 1)[0]
         assert "/" in image and ("." in registry or ":" in registry), f"{image}: a short name resolves to Docker Hub"
