@@ -58,7 +58,7 @@ def down(c, dry_run=False, yes=False):
 
     from doeks import ui
 
-    cluster = settings().target != "local"
+    cluster = not settings().on_this_machine
     failed = []
     for unit in reversed(_ordered_units()):
         ui.say(f"== down: {unit.name}", style="bold")

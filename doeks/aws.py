@@ -16,7 +16,7 @@ def endpoint_url(settings, start: bool = True) -> str | None:
     """The AWS-API endpoint to use: AWS_ENDPOINT_URL, else the local moto server on TARGET=local, else real AWS."""
     if settings.aws_endpoint_url:
         return settings.aws_endpoint_url
-    if settings.target != "local":
+    if not settings.on_this_machine:
         return None
     from .local.services import moto
 

@@ -1,6 +1,6 @@
 """efa: the EFA device plugin and MPI operator, and an NCCL all-reduce test that proves EFA is really used.
 
-On TARGET=local there is no EFA hardware: deploy/delete say so and change nothing, and `efa.test` runs the same
+On TARGET=local/docker there is no EFA hardware: deploy/delete say so and change nothing, and `efa.test` runs the same
 message-size sweep with torch.distributed all_reduce across local processes, reported the same way.
 """
 from pathlib import Path
@@ -34,8 +34,8 @@ def deploy(c, dry_run=False):
     from doeks import efa, kube, ui
 
     s = settings()
-    if s.target == "local":
-        ui.say("TARGET=local: no EFA devices here; nothing to deploy (efa.test runs a local all-reduce sweep)")
+    if s.on_this_machine:
+        ui.say("TARGET=local/docker: no EFA devices here; nothing to deploy (efa.test runs a local all-reduce sweep)")
         return
     r = runner(dry_run)
     kube.apply(r, efa.device_plugin(s))
@@ -48,8 +48,8 @@ def delete(c, dry_run=False):
     from doeks import efa, kube, ui
 
     s = settings()
-    if s.target == "local":
-        ui.say("TARGET=local: no EFA device plugin here; nothing to delete")
+    if s.on_this_machine:
+        ui.say("TARGET=local/docker: no EFA device plugin here; nothing to delete")
         return
     r = runner(dry_run)
     kube.run(r, ["delete", "--ignore-not-found", "-f", efa.MPI_OPERATOR_MANIFEST])
@@ -62,8 +62,8 @@ def status(c):
     from doeks import eks, kube, ui
 
     s = settings()
-    if s.target == "local":
-        ui.say("TARGET=local: no EFA devices")
+    if s.on_this_machine:
+        ui.say("TARGET=local/docker: no EFA devices")
         return
     kube.show(runner(), ["daemonset", "-n", "kube-system", "aws-efa-k8s-device-plugin-daemonset"])
     ui.table("nodes", ["node", "instance type", "ready", "nvidia.com/gpu", "vpc.amazonaws.com/efa"], eks.node_rows())
@@ -81,7 +81,7 @@ def test(c, nodes=None, end=None, dry_run=False):
 
     s = settings()
     out_dir = s.state_dir / "efa"
-    if s.target == "local":
+    if s.on_this_machine:
         argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(s.nproc_per_node),
                 "--standalone", str(Path(__file__).resolve().parents[1] / "doeks" / "workload" / "allreduce.py"),
                 "-b", "8", "-e", end or "64M", "-f", "2"]
@@ -89,7 +89,7 @@ def test(c, nodes=None, end=None, dry_run=False):
         if dry_run:
             r.run(argv)
             return
-        ui.say(f"TARGET=local: all_reduce sweep with {s.nproc_per_node} processes (gloo on CPU, nccl on GPUs)")
+        ui.say(f"TARGET=local/docker: all_reduce sweep with {s.nproc_per_node} processes (gloo on CPU, nccl on GPUs)")
         result = subprocess.run(argv, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", **__import__("os").environ})
         if result.returncode != 0:
             raise DoeksError(f"the all-reduce sweep failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")

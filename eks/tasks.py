@@ -1,6 +1,6 @@
 """eks: the cluster, made, scaled and removed by eksctl from `.env`; read back with boto3 and kubernetes.
 
-On TARGET=local, create/delete bring the local runtime (etcd, the moto AWS-API endpoint, the volume folder) up and
+On TARGET=local/docker, create/delete bring the local runtime (etcd, the moto AWS-API endpoint, the volume folder) up and
 down instead, so the same setup and teardown order works everywhere.
 """
 from invoke import Collection
@@ -26,13 +26,13 @@ def config(c, out=None):
 
 @task(help={"dry_run": "print the ClusterConfig and the eksctl commands; change nothing"})
 def create(c, dry_run=False):
-    """Create the cluster with eksctl and connect kubectl (TARGET=local: start the local runtime)."""
+    """Create the cluster with eksctl and connect kubectl (TARGET=local/docker: start the local runtime)."""
     from doeks import eks, ui
     from doeks.local import runtime
 
     s = settings()
-    if s.target == "local":
-        ui.say("TARGET=local: no cluster; starting the local runtime (etcd, AWS-API endpoint, volume folder)")
+    if s.on_this_machine:
+        ui.say("TARGET=local/docker: no cluster; starting the local runtime (etcd, AWS-API endpoint, volume folder)")
         runtime.up(s, runner(dry_run))
         return
     eks.create(s, runner(dry_run))
@@ -40,14 +40,14 @@ def create(c, dry_run=False):
 
 @task(help={"dry_run": "print the eksctl command; change nothing", "yes": "do not ask for confirmation"})
 def delete(c, dry_run=False, yes=False):
-    """Delete the cluster with eksctl and wait (TARGET=local: stop the local runtime); safe to run twice."""
+    """Delete the cluster with eksctl and wait (TARGET=local/docker: stop the local runtime); safe to run twice."""
     from doeks import eks, ui
     from doeks.errors import DoeksError
     from doeks.local import runtime
 
     s = settings()
-    if s.target == "local":
-        ui.say("TARGET=local: stopping the local runtime (jobs, etcd, AWS-API endpoint); volumes are kept")
+    if s.on_this_machine:
+        ui.say("TARGET=local/docker: stopping the local runtime (jobs, etcd, AWS-API endpoint); volumes are kept")
         runtime.down(s, runner(dry_run))
         return
     if not dry_run and not yes:
@@ -68,8 +68,8 @@ def status(c):
     from doeks.local import runtime
 
     s = settings()
-    if s.target == "local":
-        ui.table("local runtime (TARGET=local)", ["server", "state", "endpoint", "pid"], runtime.rows(s))
+    if s.on_this_machine:
+        ui.table("local runtime (TARGET=local/docker)", ["server", "state", "endpoint", "pid"], runtime.rows(s))
         return
     head, groups = eks.status_rows(s)
     ui.table(f"EKS cluster ({s.aws_region})", ["cluster", "status", "version", "endpoint", "platform"], head)

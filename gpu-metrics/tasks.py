@@ -1,7 +1,7 @@
 """gpu-metrics: the CloudWatch agent on GPU nodes (utilization, memory, temperature, power in the CWAgent namespace)
 and `show`, which pulls the series with GetMetricData and draws a PNG per metric per node.
 
-On TARGET=local a sampler process puts the same metrics (nvidia-smi when present, else CPU and memory) to the local
+On TARGET=local/docker a sampler process puts the same metrics (nvidia-smi when present, else CPU and memory) to the local
 AWS-API endpoint, so `show` works the same.
 """
 from invoke import Collection
@@ -13,7 +13,7 @@ from doeks.taskkit import Unit, runner, settings, task
             "dry_run": "print the manifests or the sampler; change nothing"})
 def deploy(c, interval=60, agent=False, dry_run=False):
     """GPU metrics per node: the amazon-cloudwatch-observability add-on (Container Insights + DCGM exporter), or with
-    --agent the CloudWatch agent DaemonSet on GPU nodes; each with a Pod Identity role (TARGET=local: the sampler)."""
+    --agent the CloudWatch agent DaemonSet on GPU nodes; each with a Pod Identity role (TARGET=local/docker: the sampler)."""
     from doeks import aws, gpumetrics, kube, ui
     from doeks.errors import DoeksError
     from doeks.local import services
@@ -23,7 +23,7 @@ def deploy(c, interval=60, agent=False, dry_run=False):
     if not 1 <= interval <= 3600:
         raise DoeksError(f"--interval {interval}: expected 1 to 3600 seconds")
     r = runner(dry_run)
-    if s.target != "local":
+    if not s.on_this_machine:
         from doeks import identity, storage
 
         # one copy per node: the add-on's agent and the DaemonSet would both collect and put the same GPUs
@@ -50,13 +50,13 @@ def deploy(c, interval=60, agent=False, dry_run=False):
 
 @task(help={"dry_run": "print what would be deleted; change nothing"})
 def delete(c, dry_run=False):
-    """Delete the agent (TARGET=local: stop the sampler); safe to run twice; never changes your kubectl namespace."""
+    """Delete the agent (TARGET=local/docker: stop the sampler); safe to run twice; never changes your kubectl namespace."""
     from doeks import gpumetrics, kube, ui
     from doeks.local import services
 
     s = settings()
     r = runner(dry_run)
-    if s.target != "local":
+    if not s.on_this_machine:
         from doeks import identity, storage
 
         storage.delete_addon(s, r, gpumetrics.ADDON)
@@ -78,7 +78,7 @@ def status(c):
     from doeks.local import services
 
     s = settings()
-    if s.target != "local":
+    if not s.on_this_machine:
         kube.show(runner(), ["daemonset", "-n", gpumetrics.K8S_NAMESPACE, "-o", "wide"])  # add-on's and agent's
         return
     info = services.gpu_sampler(s.state_dir).info()

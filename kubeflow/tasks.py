@@ -12,8 +12,8 @@ def operator_deploy(c, dry_run=False):
     from doeks import kubeflow, ui
 
     s = settings()
-    if s.target == "local":
-        ui.say("TARGET=local: PyTorchJobs are interpreted by doeks' local runtime; no operator to deploy")
+    if s.on_this_machine:
+        ui.say("TARGET=local/docker: PyTorchJobs are interpreted by doeks' local runtime; no operator to deploy")
         return
     kubeflow.operator_deploy(s, runner(dry_run))
 
@@ -24,8 +24,8 @@ def operator_delete(c, dry_run=False):
     from doeks import kubeflow, ui
 
     s = settings()
-    if s.target == "local":
-        ui.say("TARGET=local: no operator to delete")
+    if s.on_this_machine:
+        ui.say("TARGET=local/docker: no operator to delete")
         return
     kubeflow.operator_delete(s, runner(dry_run))
 
@@ -73,8 +73,8 @@ def trainer_deploy(c, dry_run=False):
     from doeks import kubeflow, ui
 
     s = settings()
-    if s.target == "local":
-        ui.say("TARGET=local: no cluster for the Trainer; `invoke elasticjob.deploy` runs the job here")
+    if s.on_this_machine:
+        ui.say("TARGET=local/docker: no cluster for the Trainer; `invoke elasticjob.deploy` runs the job here")
         return
     kubeflow.trainer_deploy(s, runner(dry_run))
 
@@ -85,8 +85,8 @@ def trainer_delete(c, dry_run=False):
     from doeks import kubeflow, ui
 
     s = settings()
-    if s.target == "local":
-        ui.say("TARGET=local: no Trainer to delete")
+    if s.on_this_machine:
+        ui.say("TARGET=local/docker: no Trainer to delete")
         return
     kubeflow.trainer_delete(s, runner(dry_run))
 
@@ -192,8 +192,8 @@ def platform_deploy(c, dry_run=False):
     from doeks import kubeflow, ui
 
     s = settings()
-    if s.target == "local":
-        ui.say("TARGET=local: no cluster for Kubeflow; `invoke kubeflow.pipeline.run --local` runs the pipeline here")
+    if s.on_this_machine:
+        ui.say("TARGET=local/docker: no cluster for Kubeflow; `invoke kubeflow.pipeline.run --local` runs the pipeline here")
         return
     kubeflow.deploy(s, runner(dry_run))
 
