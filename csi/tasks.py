@@ -92,15 +92,14 @@ def data_stage(c, source=None, relayout_val=False, dry_run=False):
     destination = runtime.shared_volume(s) / "data"
     r = runner(dry_run)
     if dry_run:
-        r.step(f"stage {source} -> {destination} with {s.stage_threads} threads", lambda: None)
+        r.step(f"stage {source} -> {destination} with {s.stage_threads} requests in flight", lambda: None)
         return
-    client = datastage.s3_client(aws.endpoint_url(s), s.aws_region, s.stage_threads,
-                                 _credentials(s))
     with ui.progress() as bar:
         task_id = bar.add_task(f"staging {source}", total=None)
-        result = datastage.stage(client, source, destination, s.stage_threads,
+        result = datastage.stage(source, destination, region=s.aws_region, credentials=_credentials(s),
+                                 endpoint_url=aws.endpoint_url(s), concurrency=s.stage_threads, writers=0,
                                  progress=lambda done, total: bar.update(task_id, completed=done, total=total))
-    ui.say(f"staged {result.files} files ({result.bytes / 1e6:.1f} MB) into {destination}: "
+    ui.say(f"staged {result.files} files ({result.bytes / 1e6:.1f} MB) into {destination} in {result.seconds:.1f} s: "
            f"{result.downloaded} downloaded, {result.skipped} already there; verified")
     if relayout_val:
         ui.say(f"val re-layout: {datastage.relayout_val(destination)} files moved into class folders")
