@@ -35,7 +35,7 @@ class Store:
     def __init__(self, bucket: str, prefix: str, files: int, size: int, seed: int = 7):
         rng = random.Random(seed)
         self.bucket = bucket
-        self.buffer = memoryview(os.urandom(2 * size + 4096))
+        self.buffer = memoryview(rng.randbytes(2 * size + 4096))  # the same bytes in every process
         self.objects: dict[str, tuple[int, int, bytes]] = {}  # key -> (offset, size, etag)
         for i in range(files):
             key = f"{prefix}/train/n{i % 100:08d}/img_{i:07d}.JPEG" if prefix else f"train/n{i % 100:08d}/img_{i:07d}.JPEG"
@@ -96,10 +96,12 @@ class Store:
 
 
 class Limits:
-    def __init__(self, max_requests: int, stop: asyncio.Event):
+    def __init__(self, max_requests: int, stop: asyncio.Event, fail_every: int = 0, log=None):
         self.served = 0
         self.max_requests = max_requests
         self.stop = stop
+        self.fail_every = fail_every  # every Nth request answers 503 SlowDown (clients must retry)
+        self.log = log                # a file: one "METHOD target" line per request
 
 
 class S3Protocol(asyncio.Protocol):
@@ -131,9 +133,15 @@ class S3Protocol(asyncio.Protocol):
             return  # wait for the request body (ignored)
         self.buffer = self.buffer[end + 4 + length:]
         self.busy = True
-        self.limits.served += 1
-        if self.limits.served >= self.limits.max_requests:
-            self.limits.stop.set()
+        limits = self.limits
+        limits.served += 1
+        if limits.served >= limits.max_requests:
+            limits.stop.set()
+        if limits.log is not None:
+            limits.log.write(head[0].rsplit(" ", 1)[0] + "\n")
+        if limits.fail_every and limits.served % limits.fail_every == 0:
+            self._send(b"503 Slow Down", b"", _error("SlowDown", "please reduce your request rate"), 0, later=True)
+            return
         asyncio.get_running_loop().call_later(self.latency, self._answer, head[0], headers)
 
     def _answer(self, request_line: str, headers: dict[str, str]):
@@ -175,7 +183,12 @@ class S3Protocol(asyncio.Protocol):
             status, body = b"501 Not Implemented", _error("NotImplemented", method)
         self._send(status, extra, body, len(body))
 
-    def _send(self, status: bytes, extra: bytes, body, length: int):
+    def _send(self, status: bytes, extra: bytes, body, length: int, later: bool = False):
+        if later:  # answer after the latency, like every other answer
+            asyncio.get_running_loop().call_later(self.latency, self._send, status, extra, body, len(body))
+            return
+        if self.transport is None or self.transport.is_closing():
+            return
         self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: " + str(length).encode() + b"\r\n" + extra +
                              b"x-amz-request-id: DOEKSBENCH\r\nServer: AmazonS3\r\n\r\n")
         if body:
@@ -193,10 +206,11 @@ def _error(code: str, what: str) -> bytes:
             f"<RequestId>DOEKSBENCH</RequestId></Error>").encode()
 
 
-async def serve(store: Store, latency: float, max_requests: int, max_seconds: float, port: int = 0) -> int:
+async def serve(store: Store, latency: float, max_requests: int, max_seconds: float, port: int = 0,
+                fail_every: int = 0, log=None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    limits = Limits(max_requests, stop)
+    limits = Limits(max_requests, stop, fail_every, log)
     server = await loop.create_server(lambda: S3Protocol(store, latency, limits), "127.0.0.1", port, backlog=4096)
     print(f"port {server.sockets[0].getsockname()[1]}", flush=True)
     loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not os.read(sys.stdin.fileno(), 4096) else None)
@@ -275,13 +289,21 @@ def main(argv=None) -> int:
     parser.add_argument("--ceiling", type=int, metavar="PORT", help="be the trivial client of the endpoint on PORT instead: "
                         "GET every object over --connections connections, print files/s")
     parser.add_argument("--connections", type=int, default=256)
+    parser.add_argument("--fail-every", type=int, default=0, help="every Nth request answers 503 SlowDown")
+    parser.add_argument("--log", help="append one 'METHOD target' line per request to this file")
     args = parser.parse_args(argv)
     store = Store(args.bucket, args.prefix.strip("/"), args.files, args.size)
     if args.ceiling:
         seconds = asyncio.run(ceiling(args.ceiling, args.bucket, store.keys, args.connections))
         print(f"{len(store.keys)} files in {seconds:.2f} s: {len(store.keys) / seconds:.0f} files/s", flush=True)
         return 0
-    return asyncio.run(serve(store, args.latency_ms / 1000, args.max_requests, args.max_seconds, args.port))
+    log = open(args.log, "a", buffering=1) if args.log else None
+    try:
+        return asyncio.run(serve(store, args.latency_ms / 1000, args.max_requests, args.max_seconds, args.port,
+                                 args.fail_every, log))
+    finally:
+        if log is not None:
+            log.close()
 
 
 if __name__ == "__main__":
