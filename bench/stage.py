@@ -11,7 +11,7 @@ as S3's time to first byte), each client is its own process (CPU = its user + sy
 copy is checked: file count and bytes. Targets: doeks stage >= 1.0x s5cmd and >= 5x `aws s3 sync` (files/s).
 A client that is not installed is reported as not measured. The last two lines are the ratios.
 
-Run: python bench/stage.py [--files 20000] [--size 110000] [--latency-ms 20] [--threads 256] [--aws PATH]
+Run: python bench/stage.py [--files 20000] [--size 110000] [--latency-ms 20] [--threads 64] [--aws PATH]
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=20_000)
     parser.add_argument("--size", type=int, default=110_000, help="mean bytes per file (ImageNet JPEGs average ~110 kB)")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="the endpoint's time to first byte per request")
-    parser.add_argument("--threads", type=int, default=256, help="doeks stage: GETs in flight (STAGE_THREADS)")
+    parser.add_argument("--threads", type=int, default=64, help="doeks stage: GETs in flight (STAGE_THREADS, default 64)")
     parser.add_argument("--aws", default=shutil.which("aws"), help="aws CLI for the `aws s3 sync` baseline")
     parser.add_argument("--s5cmd", default=shutil.which("s5cmd"))
     parser.add_argument("--dir", default=None, help="where the copies go (default: a temp folder)")

@@ -478,12 +478,13 @@ async def _stage(reader: S3Reader, prefix: str, destination: Path, concurrency: 
 
 
 def stage(source: str, destination: Path, *, region: str, credentials, endpoint_url: str | None = None,
-          concurrency: int = 64, writers: int = 8, progress: Callable[[int, int], None] | None = None,
+          concurrency: int = 64, writers: int = 0, progress: Callable[[int, int], None] | None = None,
           path_style: bool | None = None) -> StageResult:
     """Copy every object under `source` (s3://bucket/prefix) into `destination`, keeping relative paths.
 
-    `concurrency` GETs in flight; `writers` threads create and rename the files (0 = in the event loop: fastest on
-    a local disk; threads keep a network file system's create latency off the loop). `progress(done, total)`."""
+    `concurrency` GETs in flight; `writers` threads create and rename the files (0, the default: in the event loop;
+    measured on this machine, 20,000 files: 0.27 ms of CPU per file with 0, ~1.2 ms with 2 or 8 threads, as each
+    file's four syscalls hand the GIL back and forth). `progress(done, total)` at most every 0.2 s and at the end."""
     bucket, prefix = split_s3(source)
     reader = S3Reader(bucket, region, credentials, endpoint_url, path_style)
     started = time.perf_counter()
@@ -579,7 +580,7 @@ def main(argv=None) -> int:
     parser.add_argument("source")
     parser.add_argument("destination")
     parser.add_argument("--threads", type=int, default=64, help="GET requests in flight")
-    parser.add_argument("--writers", type=int, default=8, help="threads that write files (0: in the event loop)")
+    parser.add_argument("--writers", type=int, default=0, help="threads that write files (0: in the event loop, the cheapest)")
     parser.add_argument("--relayout-val", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)

@@ -152,3 +152,24 @@ def test_signature_is_what_botocore_signs(key, params, token):
     assert ours["authorization"] == request.headers["Authorization"]
     if token:
         assert ours["x-amz-security-token"] == token
+
+
+def test_the_cluster_jobs_command_stages(endpoint, tmp_path, state_dir):
+    """The Job csi.data.stage applies on EKS runs exactly this command (python -m doeks.datastage ...)."""
+    import yaml
+
+    from .conftest import invoke
+
+    url, _ = endpoint
+    result = invoke("csi.data.stage", "--source", "s3://bench/imagenet", "--dry-run", env={"TARGET": "eks", "STAGE_THREADS": "16"})
+    assert result.returncode == 0, result.stderr
+    container = yaml.safe_load(result.stdout)["spec"]["template"]["spec"]["containers"][0]
+    command = container["command"]
+    assert command[:3] == ["python", "-m", "doeks.datastage"] and command[3] == "s3://bench/imagenet"
+    assert command[4] == "/fsx-shared/data" and command[5:7] == ["--threads", "16"]
+    dest = tmp_path / "mount" / "data"
+    run = subprocess.run([sys.executable] + command[1:4] + [str(dest)] + command[5:], capture_output=True, text=True,
+                         env={**os.environ, **ENV, "AWS_ENDPOINT_URL": url}, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1].startswith(f"staged {FILES} files") and "verified" in run.stdout
+    assert_identical(dest, store())
