@@ -207,11 +207,11 @@ def _error(code: str, what: str) -> bytes:
 
 
 async def serve(store: Store, latency: float, max_requests: int, max_seconds: float, port: int = 0,
-                fail_every: int = 0, log=None) -> int:
+                fail_every: int = 0, log=None, tls=None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     limits = Limits(max_requests, stop, fail_every, log)
-    server = await loop.create_server(lambda: S3Protocol(store, latency, limits), "127.0.0.1", port, backlog=4096)
+    server = await loop.create_server(lambda: S3Protocol(store, latency, limits), "127.0.0.1", port, backlog=4096, ssl=tls)
     print(f"port {server.sockets[0].getsockname()[1]}", flush=True)
     loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not os.read(sys.stdin.fileno(), 4096) else None)
     start = time.monotonic()
@@ -291,6 +291,7 @@ def main(argv=None) -> int:
     parser.add_argument("--connections", type=int, default=256)
     parser.add_argument("--fail-every", type=int, default=0, help="every Nth request answers 503 SlowDown")
     parser.add_argument("--log", help="append one 'METHOD target' line per request to this file")
+    parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve HTTPS with this certificate (PEM files)")
     args = parser.parse_args(argv)
     store = Store(args.bucket, args.prefix.strip("/"), args.files, args.size)
     if args.ceiling:
@@ -298,9 +299,15 @@ def main(argv=None) -> int:
         print(f"{len(store.keys)} files in {seconds:.2f} s: {len(store.keys) / seconds:.0f} files/s", flush=True)
         return 0
     log = open(args.log, "a", buffering=1) if args.log else None
+    tls = None
+    if args.tls:
+        import ssl
+
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(*args.tls)
     try:
         return asyncio.run(serve(store, args.latency_ms / 1000, args.max_requests, args.max_seconds, args.port,
-                                 args.fail_every, log))
+                                 args.fail_every, log, tls))
     finally:
         if log is not None:
             log.close()

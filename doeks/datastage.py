@@ -257,7 +257,8 @@ class S3Reader:
             self.host_name = f"{bucket}.{self.host_name}"
         default = 443 if self.tls else 80
         self.host = self.host_name if self.port == default else f"{self.host_name}:{self.port}"
-        self.ssl = ssl.create_default_context() if self.tls else None
+        # AWS_CA_BUNDLE as botocore reads it (a private CA, an HTTPS proxy); else the system's trust store
+        self.ssl = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None) if self.tls else None
         self.retries = 0
         self._idle: list[_Connection] = []
 
@@ -300,6 +301,8 @@ class S3Reader:
                     response = await future
                 finally:
                     timer.cancel()
+            except ssl.SSLCertVerificationError as error:  # retrying cannot help
+                raise DoeksError(f"{self.host}: {error.verify_message or error} (a private CA? set AWS_CA_BUNDLE)") from None
             except (OSError, ConnectionError, asyncio.TimeoutError) as error:
                 last_error = f"{type(error).__name__}: {error}"
                 if conn is not None and conn.transport is not None:

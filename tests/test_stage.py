@@ -28,12 +28,17 @@ ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_
 def endpoint(tmp_path, request):
     """The bench endpoint as its own process (20 ms per request); yields (url, request log path); stops with stdin."""
     extra = getattr(request, "param", [])
+    if "--tls" in extra:  # a certificate for 127.0.0.1, made here
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(tmp_path / "key.pem"),
+                        "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True)
+        extra = [a.format(cert=tmp_path / "cert.pem", key=tmp_path / "key.pem") for a in extra]
     log = tmp_path / "requests.log"
     server = subprocess.Popen([sys.executable, str(ROOT / "bench" / "s3_endpoint.py"), "--files", str(FILES), "--size", str(SIZE),
                                "--latency-ms", "20", "--max-seconds", "120", "--log", str(log), *extra],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     port = int(server.stdout.readline().split()[1])
-    yield f"http://127.0.0.1:{port}", log
+    yield f"{'https' if '--tls' in extra else 'http'}://127.0.0.1:{port}", log
     server.stdin.close()
     server.wait(10)
 
@@ -173,3 +178,19 @@ def test_the_cluster_jobs_command_stages(endpoint, tmp_path, state_dir):
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[-1].startswith(f"staged {FILES} files") and "verified" in run.stdout
     assert_identical(dest, store())
+
+
+@pytest.mark.parametrize("endpoint", [["--tls", "{cert}", "{key}"]], indirect=True)
+def test_https_with_the_ca_bundle_botocore_uses(endpoint, tmp_path):
+    """S3 is HTTPS: the same copy over TLS, trusting AWS_CA_BUNDLE (a certificate made here for 127.0.0.1)."""
+    url, _ = endpoint
+    assert url.startswith("https://")
+    run = subprocess.run([sys.executable, "-m", "doeks.datastage", "s3://bench/imagenet", str(tmp_path / "d"), "--quiet"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **ENV, "AWS_ENDPOINT_URL": url, "AWS_CA_BUNDLE": str(tmp_path / "cert.pem")})
+    assert run.returncode == 0, run.stderr
+    assert_identical(tmp_path / "d", store())
+    untrusted = subprocess.run([sys.executable, "-m", "doeks.datastage", "s3://bench/imagenet", str(tmp_path / "e"), "--quiet"],
+                               capture_output=True, text=True, timeout=120, env={**os.environ, **ENV, "AWS_ENDPOINT_URL": url})
+    assert untrusted.returncode == 1 and "self-signed certificate" in untrusted.stderr and "AWS_CA_BUNDLE" in untrusted.stderr
+    assert len(untrusted.stderr.strip().splitlines()) == 1  # one line, not retried six times
