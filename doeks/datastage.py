@@ -379,6 +379,15 @@ def local_files(destination: Path) -> dict[str, int]:
     return found
 
 
+def relative(key: str, base: str) -> str:
+    """Where an object goes under the destination; a key that would leave it (.., absolute) is refused."""
+    rel = key[len(base):] if key.startswith(base) else key.rsplit("/", 1)[-1]
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or any(part in ("..", ".", "") for part in parts[:-1]) or parts[-1] in ("..", "."):
+        raise DoeksError(f"object key {key!r} does not map to a file under the destination: not staged")
+    return rel
+
+
 def _write(target: Path, body: bytes) -> None:
     tmp = target.parent / f".{target.name}{PART}"
     try:
@@ -418,7 +427,7 @@ async def _stage(reader: S3Reader, prefix: str, destination: Path, concurrency: 
     async def lister():
         async for page in reader.list_pages(prefix):
             for key, size in page:
-                rel = key[len(base):] if key.startswith(base) else Path(key).name
+                rel = relative(key, base)
                 listed.append((rel, size))
                 result.files += 1
                 result.bytes += size

@@ -194,3 +194,10 @@ def test_https_with_the_ca_bundle_botocore_uses(endpoint, tmp_path):
                                capture_output=True, text=True, timeout=120, env={**os.environ, **ENV, "AWS_ENDPOINT_URL": url})
     assert untrusted.returncode == 1 and "self-signed certificate" in untrusted.stderr and "AWS_CA_BUNDLE" in untrusted.stderr
     assert len(untrusted.stderr.strip().splitlines()) == 1  # one line, not retried six times
+
+
+def test_keys_that_would_leave_the_destination_are_refused():
+    assert datastage.relative("data/imagenet/train/n1/a.JPEG", "data/imagenet/") == "train/n1/a.JPEG"
+    for key in ("data/imagenet/../../etc/passwd", "data/imagenet//x", "data/imagenet/train/./a", "data/imagenet/.."):
+        with pytest.raises(datastage.DoeksError, match="does not map"):
+            datastage.relative(key, "data/imagenet/")
