@@ -59,7 +59,7 @@ def efs_destroy(c, yes=False, dry_run=False):
 # -- FSx ----------------------------------------------------------------------------------------------------------
 @task(name="deploy", help={"dry_run": "print the manifests, commands and requests; change nothing"})
 def fsx_deploy(c, dry_run=False):
-    """FSx CSI driver (pinned chart), scoped IAM, Lustre security group, StorageClass fsx-sc and PVC (dynamic or static)."""
+    """FSx CSI driver (pinned chart), scoped IAM, Lustre SG, fsx-sc and PVC; FSX_IMPORT_PATH: an S3 link once the PVC binds."""
     from doeks import storage
 
     storage.fsx_deploy(_cluster_settings(), runner(dry_run))
@@ -67,7 +67,7 @@ def fsx_deploy(c, dry_run=False):
 
 @task(name="delete", help={"force": "delete even while the PVC is bound", "dry_run": "print; change nothing"})
 def fsx_delete(c, force=False, dry_run=False):
-    """Reverse fsx.deploy: objects, driver, policy and role, security group. Refuses while the PVC is bound."""
+    """Reverse fsx.deploy: S3 link, objects, driver, policy and role, security group. Refuses while the PVC is bound."""
     from doeks import storage
 
     storage.fsx_delete(_cluster_settings(), runner(dry_run), force=force)
