@@ -97,7 +97,7 @@ def data_stage(c, source=None, relayout_val=False, dry_run=False):
     with ui.progress() as bar:
         task_id = bar.add_task(f"staging {source}", total=None)
         result = datastage.stage(source, destination, region=s.aws_region, credentials=_credentials(s),
-                                 endpoint_url=aws.endpoint_url(s), concurrency=s.stage_threads, writers=0,
+                                 endpoint_url=aws.endpoint_url(s), concurrency=s.stage_threads,
                                  progress=lambda done, total: bar.update(task_id, completed=done, total=total))
     ui.say(f"staged {result.files} files ({result.bytes / 1e6:.1f} MB) into {destination} in {result.seconds:.1f} s: "
            f"{result.downloaded} downloaded, {result.skipped} already there; verified")
