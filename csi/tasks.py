@@ -59,7 +59,7 @@ def efs_destroy(c, yes=False, dry_run=False):
 # -- FSx ----------------------------------------------------------------------------------------------------------
 @task(name="deploy", help={"dry_run": "print the manifests, commands and requests; change nothing"})
 def fsx_deploy(c, dry_run=False):
-    """FSx CSI driver (pinned chart), scoped IAM, Lustre security group, StorageClass fsx-sc and PVC (dynamic or static)."""
+    """FSx CSI driver (pinned chart), scoped IAM, Lustre SG, fsx-sc and PVC; FSX_IMPORT_PATH: an S3 link once the PVC binds."""
     from doeks import storage
 
     storage.fsx_deploy(_cluster_settings(), runner(dry_run))
@@ -67,7 +67,7 @@ def fsx_deploy(c, dry_run=False):
 
 @task(name="delete", help={"force": "delete even while the PVC is bound", "dry_run": "print; change nothing"})
 def fsx_delete(c, force=False, dry_run=False):
-    """Reverse fsx.deploy: objects, driver, policy and role, security group. Refuses while the PVC is bound."""
+    """Reverse fsx.deploy: S3 link, objects, driver, policy and role, security group. Refuses while the PVC is bound."""
     from doeks import storage
 
     storage.fsx_delete(_cluster_settings(), runner(dry_run), force=force)
@@ -94,15 +94,14 @@ def data_stage(c, source=None, relayout_val=False, dry_run=False):
     destination = runtime.shared_volume(s) / "data"
     r = runner(dry_run)
     if dry_run:
-        r.step(f"stage {source} -> {destination} with {s.stage_threads} threads", lambda: None)
+        r.step(f"stage {source} -> {destination} with {s.stage_threads} requests in flight", lambda: None)
         return
-    client = datastage.s3_client(aws.endpoint_url(s), s.aws_region, s.stage_threads,
-                                 _credentials(s))
     with ui.progress() as bar:
         task_id = bar.add_task(f"staging {source}", total=None)
-        result = datastage.stage(client, source, destination, s.stage_threads,
+        result = datastage.stage(source, destination, region=s.aws_region, credentials=_credentials(s),
+                                 endpoint_url=aws.endpoint_url(s), concurrency=s.stage_threads,
                                  progress=lambda done, total: bar.update(task_id, completed=done, total=total))
-    ui.say(f"staged {result.files} files ({result.bytes / 1e6:.1f} MB) into {destination}: "
+    ui.say(f"staged {result.files} files ({result.bytes / 1e6:.1f} MB) into {destination} in {result.seconds:.1f} s: "
            f"{result.downloaded} downloaded, {result.skipped} already there; verified")
     if relayout_val:
         ui.say(f"val re-layout: {datastage.relayout_val(destination)} files moved into class folders")

@@ -350,11 +350,20 @@ def fsx_deploy(settings, runner) -> None:
             "--set", f"controller.serviceAccount.name={FSX_CONTROLLER_SA}"]
     runner.run(helm)
     kube.apply(runner, fsx_manifests(settings, subnet, group))
-    if settings.fsx_import_path and settings.fsx_file_system_id:
-        fsx = _client(settings, "fsx")
-        runner.call(fsx, "create_data_repository_association", FileSystemId=settings.fsx_file_system_id,
-                    FileSystemPath="/data", DataRepositoryPath=settings.fsx_import_path, BatchImportMetaDataOnCreate=True,
-                    S3={"AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}})
+    if settings.fsx_import_path:
+        fsx_import(settings, runner)
+
+
+def fsx_import(settings, runner, core=None, fsx=None) -> str | None:
+    """FSX_IMPORT_PATH on the static file system, or on the dynamic one once the claim is bound (dry run: says so)."""
+    file_system_id = settings.fsx_file_system_id
+    if not file_system_id:
+        if runner.dry_run:
+            runner.step(f"wait for PVC {settings.shared_pvc} to bind; its PV's csi.volumeHandle is the file system id", lambda: None)
+            file_system_id = f"<volumeHandle of the PV bound to {settings.shared_pvc}>"
+        else:
+            file_system_id = claim_file_system(settings, core)
+    return fsx_associate(settings, runner, file_system_id, fsx)
 
 
 def fsx_delete(settings, runner, force: bool = False, in_use: list[str] | None = None, timeout: float | None = None) -> None:
@@ -369,6 +378,8 @@ def fsx_delete(settings, runner, force: bool = False, in_use: list[str] | None =
         raise DoeksError(f"PVC {settings.shared_pvc} is used by pod(s) {', '.join(in_use[:5])}: delete the job first "
                          f"(invoke elasticjob.delete), or pass --force")
     cluster = eks.describe(settings)
+    if settings.fsx_import_path:  # only then did deploy make one (unset it only after csi.fsx.delete)
+        fsx_dissociate(settings, runner)
     subnet = group = "-"
     kube.delete(runner, list(reversed(fsx_manifests(settings.with_overrides(fsx_file_system_id=""), subnet, group))))
     if runner.dry_run:
@@ -448,3 +459,100 @@ def _wait(predicate, what: str, timeout: float = 600, interval: float = 2) -> No
                 return
             time.sleep(interval)
     raise DoeksError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+# -- FSx data repository association (FSX_IMPORT_PATH) ---------------------------------------------------------------
+# An association links FSX_IMPORT_PATH to /data on the file system (where `csi.data.stage` would copy to): listings
+# come in at once, file contents on first read (lazy load). Made once per file system, tagged with the cluster,
+# removed on delete. Every deployment type doeks offers takes one on Lustre 2.15, the version fsx-sc asks for (FSx
+# service model in botocore 1.43, CreateDataRepositoryAssociation: "supported on all FSx for Lustre 2.12 and 2.15 file
+# systems, excluding scratch_1 deployment type"; at most 8 per file system).
+DRA_FILE_SYSTEM_PATH = "/data"
+DRA_EVENTS = ["NEW", "CHANGED", "DELETED"]
+
+
+def claim_file_system(settings, core=None, timeout: float = 1800, interval: float = 10) -> str:
+    """The FSx file system id behind the shared PVC, once the claim is bound: the PV's csi.volumeHandle (the FSx
+    CSI driver's controller returns the file system id as the volume id: aws-fsx-csi-driver
+    pkg/driver/controller.go CreateVolume, VolumeId: fs.FileSystemId, chart 1.11.0). Dynamic provisioning creates
+    the file system first, which takes minutes."""
+    if core is None:
+        from .kube import client
+
+        core = client()
+    deadline = time.monotonic() + timeout
+    with ui.progress(transient=True) as bar:
+        bar.add_task(f"waiting for PVC {settings.shared_pvc} to bind (FSx provisioning takes minutes)", total=None)
+        while True:
+            claim = core.read_namespaced_persistent_volume_claim(settings.shared_pvc, settings.namespace, _request_timeout=10)
+            if claim.status and claim.status.phase == "Bound" and claim.spec.volume_name:
+                volume = core.read_persistent_volume(claim.spec.volume_name, _request_timeout=10)
+                csi = volume.spec.csi
+                if csi is None or csi.driver != "fsx.csi.aws.com":
+                    raise DoeksError(f"PVC {settings.shared_pvc} is bound to {claim.spec.volume_name}, which is not an FSx volume")
+                return csi.volume_handle
+            if time.monotonic() > deadline:
+                raise DoeksError(f"PVC {settings.shared_pvc} did not bind in {timeout:.0f} s: look at "
+                                 f"`kubectl describe pvc {settings.shared_pvc} -n {settings.namespace}`")
+            time.sleep(interval)
+
+
+def _associations(fsx, file_system_id: str | None = None) -> list[dict[str, Any]]:
+    kwargs: dict[str, Any] = {"Filters": [{"Name": "file-system-id", "Values": [file_system_id]}]} if file_system_id else {}
+    found = []
+    while True:
+        page = fsx.describe_data_repository_associations(**kwargs)
+        found += page.get("Associations", [])
+        if not page.get("NextToken"):
+            return found
+        kwargs["NextToken"] = page["NextToken"]
+
+
+def fsx_associate(settings, runner, file_system_id: str, fsx=None) -> str | None:
+    """Link FSX_IMPORT_PATH to /data on `file_system_id`, once: an association already there is kept."""
+    fsx = fsx or _client(settings, "fsx")
+    path = settings.fsx_import_path.rstrip("/") + "/"
+    if not file_system_id.startswith("<"):  # a dry run of a dynamic file system knows no id yet
+        for association in _associations(fsx, file_system_id):
+            if association.get("FileSystemPath", "").rstrip("/") != DRA_FILE_SYSTEM_PATH:
+                continue
+            if association["DataRepositoryPath"].rstrip("/") + "/" != path:
+                raise DoeksError(f"{DRA_FILE_SYSTEM_PATH} on {file_system_id} is linked to {association['DataRepositoryPath']} "
+                                 f"already, not FSX_IMPORT_PATH={settings.fsx_import_path}: delete that association first")
+            if association["Lifecycle"] in ("DELETING", "FAILED"):
+                raise DoeksError(f"data repository association {association['AssociationId']} is {association['Lifecycle']}: "
+                                 "wait until it is gone (or delete it), then deploy again")
+            ui.say(f"data repository association {association['AssociationId']} ({path} -> {DRA_FILE_SYSTEM_PATH}) "
+                   f"exists: {association['Lifecycle']}")
+            return association["AssociationId"]
+    created = runner.call(fsx, "create_data_repository_association", FileSystemId=file_system_id,
+                          FileSystemPath=DRA_FILE_SYSTEM_PATH, DataRepositoryPath=path, BatchImportMetaDataOnCreate=True,
+                          S3={"AutoImportPolicy": {"Events": DRA_EVENTS}},
+                          ClientRequestToken=f"doeks-{settings.cluster_name}-{file_system_id}"[:63],
+                          Tags=[{"Key": TAG, "Value": settings.cluster_name}])
+    if created:
+        association = created["Association"]
+        ui.say(f"data repository association {association['AssociationId']}: {path} -> {DRA_FILE_SYSTEM_PATH} on "
+               f"{file_system_id} ({association['Lifecycle']}; files appear as their metadata is imported)")
+        return association["AssociationId"]
+    return None
+
+
+def fsx_dissociate(settings, runner, fsx=None) -> int:
+    """Delete every association tagged with this cluster (the data in S3 and on the file system stay); safe twice."""
+    fsx = fsx or _client(settings, "fsx")
+    ours = [a for a in _associations(fsx) if {"Key": TAG, "Value": settings.cluster_name} in a.get("Tags", [])]
+    if not ours:
+        ui.say(f"no data repository association of cluster {settings.cluster_name}")
+    deleted = 0
+    for association in ours:
+        if association["Lifecycle"] == "DELETING":
+            ui.say(f"data repository association {association['AssociationId']} is being deleted already")
+            continue
+        try:
+            runner.call(fsx, "delete_data_repository_association", AssociationId=association["AssociationId"],
+                        DeleteDataInFileSystem=False)
+            deleted += 1
+        except fsx.exceptions.DataRepositoryAssociationNotFound:
+            ui.say(f"data repository association {association['AssociationId']} is gone already")
+    return deleted
