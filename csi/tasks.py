@@ -1,6 +1,6 @@
 """csi: shared ReadWriteMany storage for training pods (EFS, FSx for Lustre) and data staging from S3.
 
-On TARGET=local the shared volume is a folder (STATE_DIR/volumes/SHARED_PVC) and every AWS call goes to the local
+On TARGET=local/docker the shared volume is a folder (STATE_DIR/volumes/SHARED_PVC) and every AWS call goes to the local
 AWS-API endpoint; the EFS/FSx tasks need a cluster (TARGET=eks) and say so.
 """
 from invoke import Collection
@@ -12,7 +12,7 @@ def _cluster_settings():
     from doeks.errors import DoeksError
 
     s = settings()
-    if s.target == "local":
+    if s.on_this_machine:
         raise DoeksError("EFS and FSx attach to a cluster: set TARGET=eks (on local the shared volume is the folder "
                          "STATE_DIR/volumes/SHARED_PVC, made by `invoke csi.deploy`)")
     return s
@@ -84,7 +84,7 @@ def data_stage(c, source=None, relayout_val=False, dry_run=False):
     s = settings()
     source = source or f"s3://{s.s3_bucket}/{s.data_s3_prefix}"
     datastage.split_s3(source)
-    if s.target != "local":
+    if not s.on_this_machine:
         from doeks import identity, kube
 
         r = runner(dry_run)
@@ -185,11 +185,11 @@ def _checkpoints_here(s):
 
 @task(help={"dry_run": "print; change nothing"})
 def deploy(c, dry_run=False):
-    """Make the shared volume ready (TARGET=local: its folder; eks: FSx, the default for training data)."""
+    """Make the shared volume ready (TARGET=local/docker: its folder; eks: FSx, the default for training data)."""
     from doeks.local import runtime
 
     s = settings()
-    if s.target == "local":
+    if s.on_this_machine:
         folder = runtime.shared_volume(s)
         runner(dry_run).step(f"create shared volume folder {folder}", folder.mkdir, parents=True, exist_ok=True)
         return
@@ -198,13 +198,13 @@ def deploy(c, dry_run=False):
 
 @task(help={"force": "delete even while the PVC is bound", "dry_run": "print; change nothing"})
 def delete(c, force=False, dry_run=False):
-    """Reverse csi.deploy (TARGET=local: the folder and its data are kept)."""
+    """Reverse csi.deploy (TARGET=local/docker: the folder and its data are kept)."""
     from doeks import ui
     from doeks.local import runtime
 
     s = settings()
-    if s.target == "local":
-        ui.say(f"TARGET=local: keeping {runtime.shared_volume(s)} (data and checkpoints); remove it by hand if unwanted")
+    if s.on_this_machine:
+        ui.say(f"TARGET=local/docker: keeping {runtime.shared_volume(s)} (data and checkpoints); remove it by hand if unwanted")
         return
     from doeks import storage
 
