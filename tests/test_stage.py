@@ -168,7 +168,8 @@ def test_the_cluster_jobs_command_stages(endpoint, tmp_path, state_dir):
     url, _ = endpoint
     result = invoke("csi.data.stage", "--source", "s3://bench/imagenet", "--dry-run", env={"TARGET": "eks", "STAGE_THREADS": "16"})
     assert result.returncode == 0, result.stderr
-    container = yaml.safe_load(result.stdout)["spec"]["template"]["spec"]["containers"][0]
+    job = next(d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "Job")  # with its ServiceAccount
+    container = job["spec"]["template"]["spec"]["containers"][0]
     command = container["command"]
     assert command[:3] == ["python", "-m", "doeks.datastage"] and command[3] == "s3://bench/imagenet"
     assert command[4] == "/fsx-shared/data" and command[5:7] == ["--threads", "16"]
