@@ -58,8 +58,11 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
 
 def train_args(settings, mount: str | None = None) -> list[str]:
     mount = mount or settings.shared_mount
+    # CROP_SIZE 0: ImageNet's 224 where GPUs train (eks, sagemaker), 32 elsewhere (the local demo in about a minute)
+    crop = settings.crop_size or (224 if settings.target in ("eks", "sagemaker") else 32)
     return ["--data", f"{mount}/data", "--arch", settings.arch, "--epochs", str(settings.epochs),
             "--batch-size", str(settings.batch_size), "--lr", str(settings.learning_rate),
+            "--crop-size", str(crop),
             "--workers", str(settings.data_workers), "--checkpoint-every", str(settings.checkpoint_every),
             "--checkpoint-dir", f"{mount}/checkpoints/{settings.job_name}",
             "--metrics-dir", f"{mount}/metrics/{settings.job_name}"]

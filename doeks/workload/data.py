@@ -22,7 +22,7 @@ import json
 import shutil
 from pathlib import Path
 
-LAYOUT = "imagenet-download-v2"
+LAYOUT = "imagenet-download-v3"
 # horizontal flip maps each of these to itself (the diagonal class takes either direction), so flips keep labels
 PATTERNS = ("horizontal", "vertical", "diagonal", "checker", "rings", "dots", "grid", "plain")
 CMYK_FILES = 2  # train classes with a CMYK JPEG (as index 1)
@@ -51,7 +51,7 @@ def _pattern(kind: int, height: int, width: int, rng):
 
     side = min(height, width)
     y, x = np.mgrid[0:height, 0:width].astype(np.float32) / side
-    freq = rng.uniform(3.0, 6.0)  # periods per short side
+    freq = rng.uniform(5.0, 8.0)  # periods per short side: a small random crop still holds one or two
     phase = rng.uniform(0, 2 * np.pi)
     name = PATTERNS[kind % len(PATTERNS)]
     if name == "horizontal":
@@ -83,7 +83,8 @@ def _image(kind: int, size: int, rng):
 
     height, width = _shape(size, rng)
     field = _pattern(kind, height, width, rng)
-    fg, bg = rng.uniform(0, 255, size=3), rng.uniform(0, 255, size=3)
+    dark, light = rng.uniform(0, 100, size=3), rng.uniform(155, 255, size=3)  # random colours, always contrasting
+    fg, bg = (dark, light) if rng.random() < 0.5 else (light, dark)
     mix = (field[..., None] + 1) / 2
     image = mix * fg + (1 - mix) * bg + rng.normal(0, 12, size=(height, width, 3))
     return np.clip(image, 0, 255).astype(np.uint8)
