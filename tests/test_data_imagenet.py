@@ -121,3 +121,24 @@ def test_the_default_recipe_batches_images_of_any_size(dataset, tmp_path):
         assert images.shape == (len(folder), 3, 24, 24) and images.dtype == torch.uint8
     normalised = train.to_model_input(images, torch.device("cpu"), channels_last=False)
     assert normalised.dtype == torch.float32 and -3 < normalised.mean().item() < 3
+
+
+def test_the_script_with_its_defaults_trains_on_imagenet_shaped_data(dataset, tmp_path, capsys):
+    """The issue's crash: fed ImageNet-shaped data with no flag for the size, the script died on the first batch.
+    With its defaults (224 crop) it trains a step, evaluates, and writes final.json."""
+    import json
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(dataset, root)
+    relayout_val(root)
+    code = train.main(["--data", str(root), "--checkpoint-dir", str(tmp_path / "ck"), "--metrics-dir", str(tmp_path / "m"),
+                       "--arch", "mobilenet_v3_small", "--batch-size", "4", "--workers", "0", "--max-steps", "1"])
+    assert code == 0, capsys.readouterr().out[-2000:]
+    assert json.loads((tmp_path / "m" / "final.json").read_text())["step"] == 1
+
+
+def test_val_still_in_the_download_layout_is_one_error_line(dataset, tmp_path, capsys):
+    code = train.main(["--data", str(dataset), "--checkpoint-dir", str(tmp_path / "ck"), "--metrics-dir", str(tmp_path / "m")])
+    out = capsys.readouterr().out
+    assert code == 2 and out.count("error:") == 1 and "--relayout-val" in out and "Traceback" not in out
