@@ -503,6 +503,10 @@ def main(argv=None) -> int:
             f"checkpoint_stall_max={stalls[-1] * 1000 if stalls else 0:.1f}ms")
     if writer:
         writer.close()
+    for each in (loader, val_loader):  # persistent loader workers: stopped now, not left to notice the exit
+        iterator = getattr(each, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
     return _leave(distributed, 0)
 
 
