@@ -156,3 +156,24 @@ def test_checkpoint_of_another_world_size_resumes_the_rest_of_the_epoch(job, dat
     assert "resumed from checkpoint step=1 epoch=0 consumed=4 (written by world size 1, now 2)" in out
     assert "step=2 epoch=0" in out and "step=3 epoch=1" in out and "world=2" in out
     assert json.loads((tmp_path / "m" / "final.json").read_text())["step"] == 4
+
+
+@pytest.mark.slow
+def test_local_job_deployed_again_after_it_finished_succeeds_at_once(state_dir):
+    """The same through the local target: `elasticjob.deploy` of a finished job (no --fresh) succeeds with the
+    recorded result, every worker leaving before any training."""
+    from .conftest import invoke
+    from .test_elasticjob_local import leftover_processes
+
+    env = {"DATA_TRAIN_PER_CLASS": "24", "DATA_VAL_PER_CLASS": "6", "EPOCHS": "1", "REPLICAS": "1", "NPROC_PER_NODE": "1",
+           "MIN_REPLICAS": "1", "BATCH_SIZE": "8", "ARCH": "mobilenet_v3_small", "COLUMNS": "200"}
+    assert invoke("elasticjob.data", env=env).returncode == 0
+    first = invoke("elasticjob.deploy", "--follow", env=env, timeout=400)
+    assert first.returncode == 0 and "succeeded" in first.stderr, first.stderr[-2000:]
+    start = time.monotonic()
+    again = invoke("elasticjob.deploy", "--follow", env=env, timeout=400)
+    assert again.returncode == 0 and "succeeded" in again.stderr, again.stderr[-2000:]
+    assert "training already finished at step=12 epoch=1" in again.stderr  # (its log also shows the first run)
+    assert time.monotonic() - start < 60
+    assert invoke("elasticjob.delete", env=env).returncode == 0 and invoke("eks.delete", "--yes", env=env).returncode == 0
+    assert leftover_processes(state_dir) == []
