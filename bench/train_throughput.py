@@ -28,12 +28,12 @@ sys.path.insert(0, str(ROOT))
 from doeks.workload import data, train  # noqa: E402
 
 
-def make_images(root: Path, count: int, classes: int = 4) -> None:
+def make_images(root: Path, count: int, classes: int = 4, start: int = 0) -> None:
     import numpy as np
     from PIL import Image
 
-    rng = np.random.default_rng(0)
-    for index in range(count):
+    rng = np.random.default_rng(start)
+    for index in range(start, start + count):
         folder = root / data.class_names(classes)[index % classes]
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray(data._image(index % classes, 360, rng)).save(folder / f"{folder.name}_{index}.JPEG", quality=90)
@@ -153,7 +153,7 @@ def main() -> int:
             import os
 
             workers = max(1, min(16, (len(os.sched_getaffinity(0)) - 1)))
-            make_images(root, max(0, 4 * args.gpu_batch - args.images))
+            make_images(root, max(0, 4 * args.gpu_batch - args.images), start=args.images)
             torch.set_num_threads(4)
             base = gpu_rate(root, False, args.gpu_steps, args.gpu_batch, workers)
             fast = gpu_rate(root, True, args.gpu_steps, args.gpu_batch, workers)
