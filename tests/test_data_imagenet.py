@@ -10,7 +10,6 @@ grayscale JPEGs are in both splits. Val layout: the Kaggle ILSVRC download's fla
 from __future__ import annotations
 
 import csv
-import io
 from pathlib import Path
 
 import pytest
