@@ -29,19 +29,23 @@ def checkpoint_dir(settings) -> Path:
 
 
 def make_data(settings, runner) -> dict | None:
+    """Generate the ImageNet-shaped set in the download's layout, then re-lay out val/ as `csi.data.stage
+    --relayout-val` does for the real download (flat val/ + LOC_val_solution.csv -> val/<wnid>/)."""
+    from .datastage import relayout_val
     from .workload import data
 
     root = data_root(settings)
     kwargs = dict(classes=settings.data_classes, train_per_class=settings.data_train_per_class,
                   val_per_class=settings.data_val_per_class, size=settings.data_image_size)
     if runner.dry_run:
-        runner.step(f"generate synthetic data {kwargs} into {root}", lambda: None)
+        runner.step(f"generate synthetic data {kwargs} into {root} (ImageNet download layout), re-lay out val/", lambda: None)
         return None
     total = settings.data_classes * (settings.data_train_per_class + settings.data_val_per_class)
     with ui.progress(transient=True) as bar:
         task_id = bar.add_task("generating JPEGs", total=total)
         result = data.generate(root, progress=lambda done, _: bar.update(task_id, completed=done), **kwargs)
-    runner.note(f"data set at {root}: {result['created']} images written ({total} in all)")
+    moved = relayout_val(root)
+    runner.note(f"data set at {root}: {result['created']} images written ({total} in all), {moved} val images re-laid out")
     return result
 
 

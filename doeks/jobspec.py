@@ -58,8 +58,10 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
 
 def train_args(settings, mount: str | None = None) -> list[str]:
     mount = mount or settings.shared_mount
+    crop = settings.crop  # CROP_SIZE, or by where the job trains (see Settings.crop)
     return ["--data", f"{mount}/data", "--arch", settings.arch, "--epochs", str(settings.epochs),
             "--batch-size", str(settings.batch_size), "--lr", str(settings.learning_rate),
+            "--crop-size", str(crop),
             "--workers", str(settings.data_workers), "--checkpoint-every", str(settings.checkpoint_every),
             "--checkpoint-dir", f"{mount}/checkpoints/{settings.job_name}",
             "--metrics-dir", f"{mount}/metrics/{settings.job_name}"]

@@ -153,7 +153,8 @@ def training_request(settings, role_arn: str, name: str, max_steps: int = 0) -> 
              "sagemaker_torch_distributed_enabled": "true", "sagemaker_region": settings.aws_region,
              "arch": settings.arch, "epochs": str(settings.epochs), "batch-size": str(settings.batch_size),
              "lr": str(settings.learning_rate), "checkpoint-every": str(settings.checkpoint_every),
-             "checkpoint-dir": "/opt/ml/checkpoints", "workers": str(settings.data_workers)}
+             "checkpoint-dir": "/opt/ml/checkpoints", "workers": str(settings.data_workers),
+             "crop-size": str(settings.crop)}  # train.py's defaults are the ImageNet recipe
     if max_steps:
         hyper["max-steps"] = str(max_steps)
     if settings.efs_file_system_id:

