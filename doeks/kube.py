@@ -70,5 +70,8 @@ def client():
     from kubernetes import client as k8s
     from kubernetes import config
 
-    config.load_kube_config()
+    import os
+
+    # KUBECONFIG as it is now: the client reads its default location once, when it is first imported
+    config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
     return k8s.CoreV1Api()

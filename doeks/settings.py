@@ -246,7 +246,7 @@ KEYS: tuple[Key, ...] = (
     _key("EPOCHS", "elasticjob", "4", "Training epochs", _int(1, 10000)),
     _key("BATCH_SIZE", "elasticjob", "16", "Batch size per process", _int(1, 4096)),
     _key("LEARNING_RATE", "elasticjob", "0.1", "Peak learning rate for a global batch of 256, scaled linearly with the global batch (also after an elastic resize); linear warmup then cosine decay (SGD, nesterov)", _float(1e-6, 10.0)),
-    _key("CROP_SIZE", "elasticjob", "0", "Training crop / val center-crop side in pixels (0 = 224 on eks and sagemaker, 32 elsewhere so the local demo takes about a minute)", _int(0, 1024)),
+    _key("CROP_SIZE", "elasticjob", "0", "Training crop / val center-crop side in pixels (0 = 224 where GPUs train: eks, SageMaker; 32 where this machine trains: local, docker, SageMaker local mode, so the demo takes about a minute)", _int(0, 1024)),
     _key("CHECKPOINT_EVERY", "elasticjob", "10", "Write a checkpoint every N optimizer steps", _int(1, 1000000)),
     _key("DATA_WORKERS", "elasticjob", "auto", "DataLoader worker processes per training process (auto = the node's CPUs / processes per node - 1, at most 16)", _pattern(re.compile(r"auto|[0-9]|[1-5][0-9]|6[0-4]"), "auto or an integer from 0 to 64")),
     _key("DATA_CLASSES", "elasticjob", "4", "Classes (WordNet-id folders) in the generated ImageNet-shaped data set", _int(2, 1000)),

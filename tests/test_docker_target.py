@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker]
 REGISTRY = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
 JOB = {"DATA_TRAIN_PER_CLASS": "40", "DATA_VAL_PER_CLASS": "8", "REPLICAS": "2", "NPROC_PER_NODE": "1", "EPOCHS": "1",
        "BATCH_SIZE": "8", "MIN_REPLICAS": "1", "MAX_REPLICAS": "2", "CHECKPOINT_EVERY": "2", "TARGET": "docker",
-       "REGISTRY": REGISTRY, "TRAIN_BASE_IMAGE": trainimage.CPU_BASE, "JOB_NAME": "dockerjob"}
+       "REGISTRY": REGISTRY, "TRAIN_BASE_IMAGE": trainimage.CPU_BASE, "JOB_NAME": "dockerjob",
+       "CROP_SIZE": "32"}
 
 
 @pytest.fixture(scope="module")

@@ -107,11 +107,11 @@ def test_every_target_plans_a_value_that_changes_nothing(world, name):
 
 
 def test_same_pytorchjob_on_docker_and_eks_apart_from_the_run(world):
-    """With the same settings (here the base image too: by default each target has its own) the docker target runs
-    the very manifests eks applies."""
+    """With the same settings (the base image and crop too: by default each follows where the job trains) the docker
+    target runs the very manifests eks applies."""
     from doeks import trainimage
 
-    same = {"train_base_image": trainimage.CPU_BASE}
+    same = {"train_base_image": trainimage.CPU_BASE, "crop_size": "32"}
     job = targets.Job(settings_for("docker").with_overrides(**same), ["--max-steps", "3"], run="RUN")
     docker_plan = targets.get(job.settings).plan(job)
     eks_job = targets.Job(settings_for("eks").with_overrides(**same), ["--max-steps", "3"], run="RUN")
