@@ -24,9 +24,11 @@ def run(base, keep: bool = False, dry_run: bool = False) -> dict:
            f"rendezvous {s.rdzv_backend}, state in {s.state_dir}", style="bold")
     elastic.make_data(s, runner)
     etcd_was_running = services.etcd(s.state_dir).info() is not None
+    submitted = False
     try:
         quiet = Runner(echo=False, secrets=s.secrets())
         target.submit(target.plan(targets.Job(s, fresh=True)), quiet)
+        submitted = True
         status = target.wait()
         if status.state != "Succeeded":
             raise DoeksError(f"the job ended {status.state}: see {elastic.home(s)}/replicas/*/agent.log")
@@ -41,7 +43,8 @@ def run(base, keep: bool = False, dry_run: bool = False) -> dict:
         return result
     finally:
         if not keep:
-            target.cancel(Runner(echo=False))
+            if submitted:  # never a job of the same name that was running before the demo
+                target.cancel(Runner(echo=False))
             if not etcd_was_running:
                 services.etcd(s.state_dir).stop()
             ui.say("torn down: job processes and etcd stopped (data, checkpoints and metrics kept)")

@@ -12,6 +12,7 @@ Networking: the host's (one machine, so every agent advertises 127.0.0.1). Conta
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,7 +27,7 @@ from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job
 from .follow import wait_with_progress
 
 PART_OF = "app.kubernetes.io/part-of"
-JOB, RUN, REPLICA, TARGET = "doeks/job", "doeks/run", "doeks/replica", "doeks/target"
+JOB, RUN, REPLICA, TARGET, STATE = "doeks/job", "doeks/run", "doeks/replica", "doeks/target", "doeks/state"
 SHM_SIZE = "2g"
 
 
@@ -34,6 +35,13 @@ def client():
     from ..container import _client
 
     return _client()
+
+
+def state_label(settings) -> str:
+    """Which checkout's STATE_DIR a container belongs to (two checkouts may share one docker daemon)."""
+    import hashlib
+
+    return hashlib.sha256(str(settings.state_dir.resolve()).encode()).hexdigest()[:12]
 
 
 def container_name(job_name: str, replica: int) -> str:
@@ -51,7 +59,8 @@ def _restart_policy(pytorchjob: dict[str, Any]) -> dict[str, Any]:
     return {"Name": "no"}
 
 
-def container_spec(pytorchjob: dict[str, Any], replica: int, rdzv_endpoint: str, volumes_dir, run: str) -> dict[str, Any]:
+def container_spec(pytorchjob: dict[str, Any], replica: int, rdzv_endpoint: str, volumes_dir, run: str,
+                   state: str = "") -> dict[str, Any]:
     """docker SDK `containers.run` arguments for one Worker replica, interpreted from the PyTorchJob's pod template."""
     name = pytorchjob["metadata"]["name"]
     pod = pytorchjob["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
@@ -73,12 +82,15 @@ def container_spec(pytorchjob: dict[str, Any], replica: int, rdzv_endpoint: str,
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     env.update(jobspec.pet_env(pytorchjob, rdzv_endpoint))
     env["PET_LOCAL_ADDR"] = "127.0.0.1"  # every "pod" shares the host's network here
-    labels = {PART_OF: "doeks", JOB: name, RUN: run, REPLICA: str(replica), TARGET: "docker"}
+    labels = {PART_OF: "doeks", JOB: name, RUN: run, REPLICA: str(replica), TARGET: "docker", STATE: state}
     spec: dict[str, Any] = {
         "image": container["image"], "name": container_name(name, replica), "detach": True, "labels": labels,
         "environment": env, "volumes": volumes, "network_mode": "host", "restart_policy": _restart_policy(pytorchjob),
         "stdin_open": False, "tty": False,
+        # as the user running doeks, so what the job writes in the volume folders stays theirs (HOME for caches)
+        "user": f"{os.getuid()}:{os.getgid()}",
     }
+    spec["environment"].setdefault("HOME", "/tmp")
     if "command" in container:
         spec["entrypoint"] = container["command"]
     if "args" in container:
@@ -124,7 +136,8 @@ class DockerTarget(Target):
         return jobspec.manifests(job.settings, job.train_args, job.run, image=trainimage.reference(job.settings, True))
 
     def containers(self, all_runs: bool = True) -> list:
-        found = client().containers.list(all=True, filters={"label": [f"{JOB}={self.settings.job_name}", f"{TARGET}=docker"]})
+        found = client().containers.list(all=True, filters={"label": [f"{JOB}={self.settings.job_name}", f"{TARGET}=docker",
+                                                                      f"{STATE}={state_label(self.settings)}"]})
         return sorted(found, key=lambda c: int(c.labels.get(REPLICA, 0)))
 
     # -- submission ---------------------------------------------------------------------------------------------------
@@ -153,7 +166,7 @@ class DockerTarget(Target):
                                lambda: self._record(manifests, job.run)))
         volumes = runtime.volumes_dir(s)
         for replica in range(s.replicas):
-            spec = container_spec(pytorchjob, replica, shown, volumes, job.run)
+            spec = container_spec(pytorchjob, replica, shown, volumes, job.run, state_label(s))
             plan.steps.append(Step(docker_run_line(spec),
                                    lambda replica=replica: self._start(pytorchjob, replica, ctx["endpoint"], job.run)))
         return plan
@@ -191,7 +204,8 @@ class DockerTarget(Target):
         if record.get("endpoint") != endpoint:
             record["endpoint"] = endpoint
             (self.home / "run.json").write_text(json.dumps(record))
-        spec = container_spec(pytorchjob, replica, endpoint, runtime.volumes_dir(self.settings), run)
+        spec = container_spec(pytorchjob, replica, endpoint, runtime.volumes_dir(self.settings), run,
+                              state_label(self.settings))
         for folder in spec["volumes"]:
             Path(folder).mkdir(parents=True, exist_ok=True)
         return client().containers.run(**spec)
@@ -200,8 +214,9 @@ class DockerTarget(Target):
         try:
             super().submit(plan, runner)
         except BaseException:
-            for container in self.containers():
-                container.remove(force=True)
+            for container in self.containers():  # what this submission started, never a job already running
+                if container.labels.get(RUN) == plan.job.run:
+                    container.remove(force=True)
             if plan.context.get("started_etcd"):
                 etcd(plan.job.settings.state_dir).stop()
             raise
@@ -220,8 +235,14 @@ class DockerTarget(Target):
         if not containers:
             return JobStatus(self.name, s.job_name, STOPPED, run=run, reason="no containers (not deployed, or deleted)")
         replicas, states = [], []
-        for c in containers:
-            c.reload()
+        import docker as sdk
+
+        for c in list(containers):
+            try:
+                c.reload()
+            except sdk.errors.NotFound:  # removed meanwhile (scale down, delete from another shell)
+                containers.remove(c)
+                continue
             state = c.attrs["State"]
             restarts = int(c.attrs.get("RestartCount", 0))
             if state.get("Restarting"):
@@ -239,6 +260,8 @@ class DockerTarget(Target):
                                           progress.get("step"), progress.get("samples_per_s"), progress.get("world"),
                                           c.short_id))
             states.append(replica_state)
+        if not states:
+            return JobStatus(self.name, s.job_name, STOPPED, run=run, reason="its containers were removed")
         if any(x in (RUNNING, RESTARTING, PENDING) for x in states):
             job_state = RUNNING
         elif all(x == SUCCEEDED for x in states):
@@ -262,7 +285,10 @@ class DockerTarget(Target):
                 node = c.labels.get(REPLICA)
                 if replica is not None and node != str(replica):
                     continue
-                data = c.logs(stdout=True, stderr=True)
+                try:
+                    data = c.logs(stdout=True, stderr=True)
+                except Exception:  # noqa: BLE001 - removed meanwhile
+                    continue
                 start = offsets.get(c.id, 0)
                 complete = data.rfind(b"\n") + 1
                 if complete > start:
@@ -315,9 +341,10 @@ class DockerTarget(Target):
         if not containers:
             runner.note(f"job {s.job_name}: no containers (checkpoints kept in {elastic.checkpoint_dir(s)})")
             return False
+        running = [c for c in containers if c.status in ("running", "restarting", "created")]
         for c in containers:
             runner.step(f"docker rm -f {c.name}", c.remove, force=True)
-        return True
+        return bool(running)
 
     def artifacts(self) -> dict[str, str]:
         s = self.settings
@@ -347,7 +374,8 @@ def _clear_outputs(settings) -> None:
 def remove_all(settings, runner) -> int:
     """Every container doeks labelled for any job (used by `down`)."""
     try:
-        found = [c for c in client().containers.list(all=True, filters={"label": f"{PART_OF}=doeks"})
+        found = [c for c in client().containers.list(all=True, filters={"label": [f"{PART_OF}=doeks",
+                                                                                    f"{STATE}={state_label(settings)}"]})
                  if c.labels.get(TARGET) in ("docker", "sagemaker-local")]
     except DoeksError:
         return 0

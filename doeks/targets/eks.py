@@ -89,21 +89,40 @@ class EksTarget(Target):
             error = (process.stderr.read().strip().splitlines() or ["kubectl logs failed"])[-1] if process.stderr else ""
             raise DoeksError(f"cannot read logs from the cluster ({error}): `invoke eks.connect` writes the kubeconfig")
 
-    def wait(self, timeout: float | None = None, quiet: bool = False) -> JobStatus:
+    def wait(self, timeout: float | None = None, quiet: bool = False, poll: float = 10) -> JobStatus:
+        """Until the PyTorchJob is final: its logs as they come (best effort: there may be no pod yet, or a pod still
+        creating), then its status."""
+        import time
+
         from .. import ui
 
-        for line in self.logs(follow=True):
+        deadline = time.monotonic() + timeout if timeout else None
+        seen: set[str] = set()
+        while True:
+            status = self.describe()
             if not quiet:
-                ui.console().print(line, markup=False, highlight=False)
-        return self.describe()
+                try:
+                    for line in self.logs():
+                        if line not in seen:
+                            seen.add(line)
+                            ui.console().print(line, markup=False, highlight=False)
+                except DoeksError:
+                    pass  # no pod to read yet
+            if status.finished:
+                return status
+            if deadline and time.monotonic() > deadline:
+                raise DoeksError(f"job {self.settings.job_name} still running after {timeout:.0f}s")
+            time.sleep(poll)
 
     def scale(self, replicas: int, runner) -> None:
         self.validate_scale(replicas)
         kube.patch_replicas(runner, self.settings, replicas)
 
     def cancel(self, runner) -> bool:
-        kube.delete(runner, list(reversed(jobspec.manifests(self.settings, image="-"))))
-        return True
+        s = self.settings
+        existed = False if runner.dry_run else self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is not None
+        kube.delete(runner, list(reversed(jobspec.manifests(s, image="-"))))
+        return existed
 
     def artifacts(self) -> dict[str, str]:
         s = self.settings

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
 import tarfile
 import time
@@ -151,7 +152,10 @@ class SageMakerTarget(Target):
     def _containers(self) -> list:
         from .docker import client
 
-        found = client().containers.list(all=True, filters={"label": [f"{LABEL}={LOCAL_LABEL}", f"doeks/job={self.settings.job_name}"]})
+        from .docker import state_label
+
+        found = client().containers.list(all=True, filters={"label": [f"{LABEL}={LOCAL_LABEL}", f"doeks/job={self.settings.job_name}",
+                                                                      f"doeks/state={state_label(self.settings)}"]})
         return sorted(found, key=lambda c: c.labels.get("doeks/host", ""))
 
     def _host_command(self, request: dict[str, Any], index: int, port: Any) -> list[str]:
@@ -161,8 +165,6 @@ class SageMakerTarget(Target):
                 f"/opt/ml/code/{request['HyperParameters']['sagemaker_program']}"] + script_args(request["HyperParameters"])
 
     def _run_local(self, s, request: dict[str, Any], image: str, run: str) -> None:
-        from .docker import client
-
         name = request["TrainingJobName"]
         root = self.home / name
         count = request["ResourceConfig"]["InstanceCount"]
@@ -175,6 +177,20 @@ class SageMakerTarget(Target):
         checkpoints.mkdir(exist_ok=True)
         data = elastic.data_root(s)
         port = free_port()
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "job.json").write_text(json.dumps({"name": name, "run": run, "local": True, "root": str(root)}))
+        try:
+            self._start_hosts(s, request, image, run, root, hosts, code, checkpoints, data, port)
+        except BaseException:
+            for c in self._containers():  # a half-started job waits for its missing hosts forever
+                if c.labels.get("doeks/run") == run:
+                    c.remove(force=True)
+            raise
+
+    def _start_hosts(self, s, request, image, run, root, hosts, code, checkpoints, data, port) -> None:
+        from .docker import client, state_label
+
+        name = request["TrainingJobName"]
         hyper = request["HyperParameters"]
         for index, host in enumerate(hosts):
             ml = root / host
@@ -194,7 +210,8 @@ class SageMakerTarget(Target):
                    "SM_INPUT_CONFIG_DIR": "/opt/ml/input/config", "SM_MODULE_DIR": hyper["sagemaker_submit_directory"],
                    "SM_USER_ENTRY_POINT": hyper["sagemaker_program"], "SM_HPS": json.dumps(script_hps(hyper)),
                    "SM_CURRENT_INSTANCE_TYPE": request["ResourceConfig"]["InstanceType"], "SM_TRAINING_ENV": "{}",
-                   "TRAINING_JOB_NAME": name, "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+                   "TRAINING_JOB_NAME": name, "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                   "HOME": "/tmp"}
             env.update({f"SM_HP_{k.upper().replace('-', '_')}": str(v) for k, v in script_hps(hyper).items()})
             volumes = {str(code): {"bind": "/opt/ml/code", "mode": "ro"},
                        str(data): {"bind": "/opt/ml/input/data/training", "mode": "ro"},
@@ -204,11 +221,10 @@ class SageMakerTarget(Target):
                        str(checkpoints): {"bind": "/opt/ml/checkpoints", "mode": "rw"}}
             client().containers.run(image, self._host_command(request, index, port), name=f"{name}-{host}", detach=True,
                                     environment=env, volumes=volumes, network_mode="host", working_dir="/opt/ml/code",
-                                    shm_size="1g", labels={"app.kubernetes.io/part-of": "doeks", LABEL: LOCAL_LABEL,
-                                                           "doeks/job": s.job_name, "doeks/run": run, "doeks/host": host,
-                                                           "doeks/training-job": name})
-        self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "job.json").write_text(json.dumps({"name": name, "run": run, "local": True, "root": str(root)}))
+                                    shm_size="1g", user=f"{os.getuid()}:{os.getgid()}",
+                                    labels={"app.kubernetes.io/part-of": "doeks", LABEL: LOCAL_LABEL,
+                                            "doeks/job": s.job_name, "doeks/run": run, "doeks/host": host,
+                                            "doeks/training-job": name, "doeks/state": state_label(s)})
 
     def _describe_local(self, record: dict[str, Any]) -> JobStatus:
         s = self.settings
@@ -217,17 +233,26 @@ class SageMakerTarget(Target):
             return JobStatus(self.name, s.job_name, STOPPED, run=record.get("run", ""),
                              reason="no local SageMaker containers (not submitted, or deleted)")
         replicas, states = [], []
-        for c in containers:
-            c.reload()
+        import docker as sdk
+
+        for c in list(containers):
+            try:
+                c.reload()
+                tail = c.logs(tail=200).decode(errors="replace")
+            except sdk.errors.NotFound:
+                containers.remove(c)
+                continue
             state = c.attrs["State"]
             replica = RUNNING if state.get("Running") else PENDING if state.get("Status") == "created" else \
                 SUCCEEDED if state.get("ExitCode") == 0 else FAILED
             step = None
-            matches = STEP_LINE.findall(c.logs(tail=200).decode(errors="replace"))
+            matches = STEP_LINE.findall(tail)
             if matches:
                 step = int(matches[-1][0])
             replicas.append(ReplicaStatus(c.labels.get("doeks/host", c.name), replica, 0, step, detail=c.short_id))
             states.append(replica)
+        if not states:
+            return JobStatus(self.name, s.job_name, STOPPED, run=record.get("run", ""), reason="its containers were removed")
         if any(x in (RUNNING, PENDING) for x in states):
             return JobStatus(self.name, s.job_name, RUNNING, run=record.get("run", ""), replicas=replicas, desired=len(replicas))
         if all(x == SUCCEEDED for x in states):
@@ -239,16 +264,24 @@ class SageMakerTarget(Target):
                          reason=f"{failed.labels.get('doeks/host')} exited with {failed.attrs['State'].get('ExitCode')}")
 
     def _package_model(self, record: dict[str, Any]) -> Path:
-        root = Path(record["root"])
+        """algo-1's /opt/ml/model as output/model.tar.gz (what SageMaker uploads), written once, atomically."""
+        root = self._root(record)
         archive = root / "output" / "model.tar.gz"
         if not archive.exists():
             archive.parent.mkdir(parents=True, exist_ok=True)
-            tmp = archive.with_suffix(".tmp")
+            tmp = archive.with_name(f".model.tar.gz.{os.getpid()}.tmp")
+            model = root / "algo-1" / "model"
             with tarfile.open(tmp, "w:gz") as tar:
-                for path in sorted((root / "algo-1" / "model").rglob("*")):
-                    tar.add(path, arcname=str(path.relative_to(root / "algo-1" / "model")))
+                for path in sorted(model.rglob("*")):
+                    tar.add(path, arcname=str(path.relative_to(model)), recursive=False)
             tmp.replace(archive)
         return archive
+
+    def _root(self, record: dict[str, Any]) -> Path:
+        if not record.get("root"):
+            raise DoeksError(f"no local SageMaker job of {self.settings.job_name} recorded: submit one with "
+                             "`TARGET=sagemaker SAGEMAKER_LOCAL=true invoke elasticjob.deploy`")
+        return Path(record["root"])
 
     # -- after submission ---------------------------------------------------------------------------------------------
     def _name(self) -> str:
@@ -341,9 +374,11 @@ class SageMakerTarget(Target):
     def artifacts(self) -> dict[str, str]:
         record = self._recorded()
         if self.local:
-            if not record:
+            if not record.get("root"):
                 return {}
             root = Path(record["root"])
+            if (root / "algo-1" / "model" / "model.pt").exists() and self.describe().state == SUCCEEDED:
+                self._package_model(record)
             return {"model": str(root / "output" / "model.tar.gz"), "metrics": str(root / "algo-1" / "output" / "data"),
                     "final": str(root / "algo-1" / "output" / "data" / "final.json"), "checkpoints": str(root / "checkpoints")}
         job = sagemaker.describe(self.settings, self._name())
