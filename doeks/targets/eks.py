@@ -47,7 +47,12 @@ class EksTarget(Target):
                 return None
             first = (result.stderr.strip().splitlines() or ["kubectl failed"])[-1]
             raise DoeksError(f"cannot read the cluster ({first}): run `invoke eks.connect` to write the kubeconfig")
-        return json.loads(result.stdout)
+        if not result.stdout.strip():
+            return None
+        try:
+            return json.loads(result.stdout)
+        except ValueError:
+            raise DoeksError(f"kubectl get {' '.join(args)} answered something that is not JSON") from None
 
     def describe(self) -> JobStatus:
         s = self.settings
