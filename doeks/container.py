@@ -72,21 +72,27 @@ def build(settings, runner, no_cache: bool = False) -> None:
     runner.note(f"docker build --network host {shown} -t {tag} {PROJECT_ROOT}")
     extras = _build_extras()
     try:
-        with ui.progress() as bar:
-            task_id = bar.add_task(f"building {tag}", total=None)
-            stream = client.api.build(path=str(PROJECT_ROOT), tag=tag, buildargs=args, network_mode="host",
-                                      nocache=no_cache, rm=True, decode=True)
-            for chunk in stream:
-                if "error" in chunk:
-                    raise DoeksError(f"docker build failed: {chunk['error'].strip().splitlines()[-1]}")
-                line = chunk.get("stream", "").rstrip()
-                if line:
-                    bar.console.print(line, markup=False, highlight=False)
-                    if line.startswith("Step "):
-                        bar.update(task_id, description=f"building {tag}: {line.split(':')[0]}")
+        stream_build(client, PROJECT_ROOT, tag, args, nocache=no_cache)
     finally:
         (extras / "ca.crt").unlink(missing_ok=True)
     ui.say(f"built {tag}")
+
+
+def stream_build(client, context: Path, tag: str, buildargs: dict[str, str], dockerfile: str = "Dockerfile",
+                 nocache: bool = False) -> None:
+    """`docker build --network host` through the SDK, its output on stderr under a progress line; one error line."""
+    with ui.progress() as bar:
+        task_id = bar.add_task(f"building {tag}", total=None)
+        stream = client.api.build(path=str(context), dockerfile=dockerfile, tag=tag, buildargs=buildargs,
+                                  network_mode="host", nocache=nocache, rm=True, forcerm=True, decode=True)
+        for chunk in stream:
+            if "error" in chunk:
+                raise DoeksError(f"docker build of {tag} failed: {chunk['error'].strip().splitlines()[-1]}")
+            line = chunk.get("stream", "").rstrip()
+            if line:
+                bar.console.print(line, markup=False, highlight=False)
+                if line.startswith("Step "):
+                    bar.update(task_id, description=f"building {tag}: {line.split(':')[0]}")
 
 
 def run_kwargs(settings) -> dict:

@@ -119,19 +119,10 @@ def reference(settings, on_this_machine: bool) -> str:
 
 
 # -- building -------------------------------------------------------------------------------------------------------
-def _stream_build(client, context: Path, tag: str, buildargs: dict[str, str], dockerfile: str = "Dockerfile") -> None:
-    with ui.progress() as bar:
-        task_id = bar.add_task(f"building {tag}", total=None)
-        stream = client.api.build(path=str(context), dockerfile=dockerfile, tag=tag, buildargs=buildargs,
-                                  network_mode="host", rm=True, forcerm=True, decode=True)
-        for chunk in stream:
-            if "error" in chunk:
-                raise DoeksError(f"docker build of {tag} failed: {chunk['error'].strip().splitlines()[-1]}")
-            line = chunk.get("stream", "").rstrip()
-            if line:
-                bar.console.print(line, markup=False, highlight=False)
-                if line.startswith("Step "):
-                    bar.update(task_id, description=f"building {tag}: {line.split(':')[0]}")
+def _stream_build(client, context: Path, tag: str, buildargs: dict[str, str]) -> None:
+    from .container import stream_build
+
+    stream_build(client, context, tag, buildargs)
 
 
 def _has_image(client, ref: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,17 @@ def invoke(*args: str, env: dict | None = None, timeout: float = 600, check: boo
     if check and result.returncode != 0:
         raise AssertionError(f"invoke {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
+    """The predicate's first truthy value, or an AssertionError naming what did not happen in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture

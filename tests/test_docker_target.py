@@ -8,13 +8,12 @@ import os
 import re
 import signal
 import tarfile
-import time
 
 import pytest
 
 from doeks import preflight, trainimage
 
-from .conftest import invoke
+from .conftest import invoke, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
@@ -48,16 +47,6 @@ def job_env(client, state_dir, monkeypatch):
 
 def labelled(client, job: str) -> list:
     return client.containers.list(all=True, filters={"label": f"doeks/job={job}"})
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_build_then_train_in_containers_of_the_clusters_manifest(client, job_env, state_dir):

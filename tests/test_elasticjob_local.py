@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -12,7 +11,7 @@ from doeks import settings as S
 from doeks.local import jobs, services
 from doeks.runner import Runner
 
-from .conftest import invoke
+from .conftest import invoke, wait_for
 
 SMALL = {"DATA_TRAIN_PER_CLASS": "200", "DATA_VAL_PER_CLASS": "25", "REPLICAS": "2", "NPROC_PER_NODE": "1",
          "EPOCHS": "4", "CHECKPOINT_EVERY": "5", "BATCH_SIZE": "16", "MIN_REPLICAS": "1", "MAX_REPLICAS": "3"}
@@ -36,16 +35,6 @@ def deploy(s, extra_args=None):
 
 def follow(s, timeout=400):
     return targets.get(s).wait(timeout=timeout, quiet=True)
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def max_step(s) -> int:
