@@ -172,15 +172,10 @@ def data_save_model(c, destination=None, dry_run=False):
 
 def _checkpoints_here(s):
     """The job's checkpoint folder when its target keeps it on this machine; one line saying where it is otherwise."""
-    from pathlib import Path
-
     from doeks import targets
 
-    where = targets.get(s).artifacts().get("checkpoints", "")
-    if not where or "://" in where:
-        raise targets.NotSupported(s.target, "csi.data.save-model", f"the checkpoints are in {where or 'the job'}, "
-                                   "not on this machine (SageMaker keeps the model in S3 already)")
-    return Path(where)
+    return targets.get(s).local_artifact("checkpoints", "csi.data.save-model", "the checkpoints are in {where}, not on "
+                                         "this machine (SageMaker keeps the model in S3 already)")
 
 
 @task(help={"dry_run": "print; change nothing"})

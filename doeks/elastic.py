@@ -28,6 +28,14 @@ def checkpoint_dir(settings) -> Path:
     return runtime.shared_volume(settings) / "checkpoints" / settings.job_name
 
 
+def clear_outputs(settings) -> None:
+    """Remove the job's checkpoints and metrics (`deploy --fresh`): the next run starts from scratch."""
+    import shutil
+
+    for folder in (checkpoint_dir(settings), metrics_dir(settings)):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def make_data(settings, runner) -> dict | None:
     """Generate the ImageNet-shaped set in the download's layout, then re-lay out val/ as `csi.data.stage
     --relayout-val` does for the real download (flat val/ + LOC_val_solution.csv -> val/<wnid>/)."""

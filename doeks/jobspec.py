@@ -173,6 +173,11 @@ def manifests(settings, extra_args: list[str] | None = None, run: str | None = N
     return head + [pytorchjob(settings, extra_args, run, image)]
 
 
+def worker_pod(job: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of a PyTorchJob's Worker replicas (its first container runs the script)."""
+    return job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+
+
 def pet_env(job: dict[str, Any], rdzv_endpoint: str) -> dict[str, str]:
     """The PET_* variables the training operator gives each worker (torchrun reads them as its defaults)."""
     spec = job["spec"]

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from . import ui
+from .container import _client, stream_build
 from .errors import DoeksError
 from .settings import PROJECT_ROOT
 
@@ -119,12 +120,6 @@ def reference(settings, on_this_machine: bool) -> str:
 
 
 # -- building -------------------------------------------------------------------------------------------------------
-def _stream_build(client, context: Path, tag: str, buildargs: dict[str, str]) -> None:
-    from .container import stream_build
-
-    stream_build(client, context, tag, buildargs)
-
-
 def _has_image(client, ref: str) -> bool:
     import docker
 
@@ -168,16 +163,15 @@ def build_cpu_base(settings, runner, client) -> str:
         shutil.copyfile(ca, context / "ca.crt")
     shutil.copyfile(BASE_DOCKERFILE, context / "Dockerfile")
     try:
-        _stream_build(client, context, CPU_BASE, {"BASE_IMAGE": os_base})
+        stream_build(client, context, CPU_BASE, {"BASE_IMAGE": os_base})
     finally:
         shutil.rmtree(context, ignore_errors=True)
     return CPU_BASE
 
 
-def build(settings, runner, on_this_machine: bool, remote: bool = False) -> str:
+def build(settings, runner, on_this_machine: bool) -> str:
     """Build the training image (and the CPU base first when it is the base and missing); returns the reference the
     manifests name. Idempotent: an image with the same content tag is not built again."""
-    from .container import _client
     from .jobspec import CONTAINER_SCRIPT
 
     base = base_image(settings, on_this_machine)
@@ -210,7 +204,7 @@ def build(settings, runner, on_this_machine: bool, remote: bool = False) -> str:
             shutil.copyfile(path, context / "stage" / "doeks" / path.name)
         shutil.copyfile(DOCKERFILE, context / "Dockerfile")
         try:
-            _stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir})
+            stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir})
         finally:
             shutil.rmtree(context, ignore_errors=True)
         ui.say(f"built training image {ref}")
@@ -219,11 +213,8 @@ def build(settings, runner, on_this_machine: bool, remote: bool = False) -> str:
     return named
 
 
-def require_local(settings, on_this_machine: bool = True) -> str:
-    """The image a local container target runs; one line when it is missing."""
-    from .container import _client
-
-    ref = reference(settings, on_this_machine)
+def require_image(ref: str) -> str:
+    """A training image a container target runs must be in the local daemon; one line naming the fix otherwise."""
     if not _has_image(_client(), ref):
         raise DoeksError(f"training image {ref} is not built: run `invoke elasticjob.build`")
     return ref
@@ -251,7 +242,7 @@ def push(settings, runner, on_this_machine: bool = False) -> str:
     if runner.dry_run:
         runner.step(f"docker tag {ref} {remote} && docker push {remote}", lambda: None)
         return remote
-    from .container import _client, ecr_credentials
+    from .container import ecr_credentials
 
     docker_client = _client()
     if not _has_image(docker_client, ref):

@@ -168,14 +168,7 @@ def artifacts(c):
 
 def _local_metrics(s):
     """The job's metrics folder when it is on this machine; one line naming where it is otherwise."""
-    from pathlib import Path
-
-    from doeks.targets import NotSupported
-
-    where = _target(s).artifacts().get("metrics", "")
-    if not where or "://" in where:
-        raise NotSupported(s.target, "reading metrics here", f"they are in {where or 'the job'}; copy them here first")
-    return Path(where)
+    return _target(s).local_artifact("metrics", "reading metrics here", "they are in {where}; copy them here first")
 
 
 @task(help={"out": "PNG path (default: the job's metrics folder)"})

@@ -33,6 +33,28 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+@pytest.fixture(scope="session")
+def docker_client():
+    """The local docker daemon with the base image `invoke setup --docker` makes (what every image here builds on).
+    CI always has both: there a missing one fails the test; elsewhere it is skipped."""
+    from doeks import preflight
+
+    if not preflight.docker_reachable():
+        if os.environ.get("CI"):
+            pytest.fail("CI must have a docker daemon: `invoke setup --docker` should have started one")
+        pytest.skip("no docker daemon reachable (invoke setup --docker)")
+    import docker
+
+    client = docker.from_env(timeout=600)  # removing an image on vfs storage takes a while
+    try:
+        client.images.get(preflight.BASE_IMAGE)
+    except docker.errors.ImageNotFound:
+        if os.environ.get("CI"):
+            pytest.fail(f"base image {preflight.BASE_IMAGE} missing: `invoke setup --docker` makes it")
+        pytest.skip(f"base image {preflight.BASE_IMAGE} missing (invoke setup --docker)")
+    return client
+
+
 @pytest.fixture
 def state_dir(tmp_path, monkeypatch):
     """A fresh STATE_DIR for the test, also exported for `invoke` subprocesses; stops what it started."""

@@ -6,7 +6,6 @@ the test is skipped when none is reachable.
 """
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
@@ -19,20 +18,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 
 @pytest.fixture(scope="module")
-def docker_env():
-    if not preflight.docker_reachable():
-        if os.environ.get("CI"):
-            pytest.fail("CI must have a docker daemon: `invoke setup --docker` should have started one")
-        pytest.skip("no docker daemon reachable (invoke setup --docker)")
+def docker_env(docker_client):
     import docker
 
-    client = docker.from_env(timeout=600)  # removing a vfs image takes a while
-    try:
-        client.images.get(preflight.BASE_IMAGE)
-    except docker.errors.ImageNotFound:
-        if os.environ.get("CI"):
-            pytest.fail(f"base image {preflight.BASE_IMAGE} missing: `invoke setup --docker` makes it")
-        pytest.skip(f"base image {preflight.BASE_IMAGE} missing (invoke setup --docker)")
+    client = docker_client
     name = f"doeks-test-{uuid.uuid4().hex[:6]}"
     env = {"BASE_IMAGE": preflight.BASE_IMAGE, "CONTAINER_DOWNLOADS": "false", "IMAGE_NAME": "doeks-test",
            "IMAGE_TAG": name, "DOEKS_CONTAINER_NAME": name}

@@ -11,7 +11,7 @@ import tarfile
 
 import pytest
 
-from doeks import preflight, trainimage
+from doeks import trainimage
 
 from .conftest import invoke, wait_for
 
@@ -25,14 +25,8 @@ JOB = {"DATA_TRAIN_PER_CLASS": "40", "DATA_VAL_PER_CLASS": "8", "REPLICAS": "2",
 
 
 @pytest.fixture(scope="module")
-def client():
-    if not preflight.docker_reachable():
-        if os.environ.get("CI"):
-            pytest.fail("CI must have a docker daemon: `invoke setup --docker` should have started one")
-        pytest.skip("no docker daemon reachable (invoke setup --docker)")
-    import docker
-
-    return docker.from_env(timeout=600)
+def client(docker_client):
+    return docker_client
 
 
 @pytest.fixture

@@ -34,7 +34,9 @@ def job_home(state_dir: Path, name: str) -> Path:
 
 def volume_map(job: dict[str, Any], volumes_dir: Path) -> dict[str, Path]:
     """Container mount path -> local folder, from the pod's volumes and mounts; code lives in the repo."""
-    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    from ..jobspec import worker_pod
+
+    pod = worker_pod(job)
     claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v}
     mapping = {"/workspace": WORKLOAD}
     for mount in pod["containers"][0].get("volumeMounts", []):
@@ -55,9 +57,9 @@ def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str,
     """The argv and extra environment of one replica's torchrun agent, interpreted from the PyTorchJob.
 
     `preload`: workers are forks of a process that has imported torch and torchvision (doeks.local.zygote)."""
-    from ..jobspec import pet_env
+    from ..jobspec import pet_env, worker_pod
 
-    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    container = worker_pod(job)["containers"][0]
     mapping = volume_map(job, volumes_dir)
     command = [_rewrite(a, mapping) for a in container["command"] + container.get("args", [])]
     if command[0] == "torchrun":
@@ -139,8 +141,17 @@ def stop(home: Path, timeout: float = 30.0) -> bool:
     return True
 
 
+def parse_progress(text: str) -> dict[str, Any] | None:
+    """The last `step=...` line of a log text, parsed (the training script's own format)."""
+    matches = STEP_LINE.findall(text)
+    if not matches:
+        return None
+    step, epoch, loss, acc, rate, world = matches[-1]
+    return {"step": int(step), "epoch": int(epoch), "loss": float(loss), "samples_per_s": float(rate), "world": int(world)}
+
+
 def last_progress(log: Path) -> dict[str, Any] | None:
-    """The last `step=...` line of a replica's log, parsed."""
+    """The last `step=...` line of a replica's log file, parsed."""
     try:
         with open(log, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -148,11 +159,7 @@ def last_progress(log: Path) -> dict[str, Any] | None:
             tail = f.read().decode(errors="replace")
     except OSError:
         return None
-    matches = STEP_LINE.findall(tail)
-    if not matches:
-        return None
-    step, epoch, loss, acc, rate, world = matches[-1]
-    return {"step": int(step), "epoch": int(epoch), "loss": float(loss), "samples_per_s": float(rate), "world": int(world)}
+    return parse_progress(tail)
 
 
 # -- process helpers ----------------------------------------------------------------------------------------------

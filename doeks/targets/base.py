@@ -166,3 +166,13 @@ class Target:
     def wait(self, timeout: float | None = None, quiet: bool = False) -> JobStatus:
         """Stream logs with a progress bar until the job ends; returns the final status."""
         raise NotSupported(self.name, "wait")
+
+    def local_artifact(self, key: str, verb: str, hint: str):
+        """An artifact folder when the target keeps it on this machine; else NotSupported for `verb`, with `hint`
+        (formatted with `where`, the artifact's location) saying where it is."""
+        from pathlib import Path
+
+        where = self.artifacts().get(key, "")
+        if not where or "://" in where:
+            raise NotSupported(self.name, verb, hint.format(where=where or "the job"))
+        return Path(where)

@@ -19,12 +19,13 @@ from typing import Any, Iterator
 from .. import elastic, jobspec, trainimage
 from ..errors import DoeksError
 from ..local import runtime
-from ..local.jobs import STEP_LINE
+from ..local.jobs import parse_progress
 from ..local.services import etcd, free_port
 from ..runner import to_yaml_stream
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
                    Step, Target)
-from .follow import wait_with_progress
+from .follow import ContainerCursor, wait_with_progress
+from .local import start_rendezvous
 
 PART_OF = "app.kubernetes.io/part-of"
 JOB, RUN, REPLICA, TARGET, STATE = "doeks/job", "doeks/run", "doeks/replica", "doeks/target", "doeks/state"
@@ -63,7 +64,7 @@ def container_spec(pytorchjob: dict[str, Any], replica: int, rdzv_endpoint: str,
                    state: str = "") -> dict[str, Any]:
     """docker SDK `containers.run` arguments for one Worker replica, interpreted from the PyTorchJob's pod template."""
     name = pytorchjob["metadata"]["name"]
-    pod = pytorchjob["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    pod = jobspec.worker_pod(pytorchjob)
     container = pod["containers"][0]
     claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v}
     memory_dirs = {v["name"] for v in pod.get("volumes", []) if v.get("emptyDir", {}).get("medium") == "Memory"}
@@ -129,13 +130,10 @@ class DockerTarget(Target):
     def home(self):
         return self.settings.state_dir / "docker" / self.settings.job_name
 
-    def image(self) -> str:
-        return trainimage.reference(self.settings, on_this_machine=True)
-
     def manifests(self, job: Job) -> list[dict]:
         return jobspec.manifests(job.settings, job.train_args, job.run, image=trainimage.reference(job.settings, True))
 
-    def containers(self, all_runs: bool = True) -> list:
+    def containers(self) -> list:
         found = client().containers.list(all=True, filters={"label": [f"{JOB}={self.settings.job_name}", f"{TARGET}=docker",
                                                                       f"{STATE}={state_label(self.settings)}"]})
         return sorted(found, key=lambda c: int(c.labels.get(REPLICA, 0)))
@@ -145,8 +143,7 @@ class DockerTarget(Target):
         s = job.settings
         manifests = self.manifests(job)
         pytorchjob = manifests[-1]
-        plan = Plan(self.name, job, manifests=manifests, image=pytorchjob["spec"]["pytorchReplicaSpecs"]["Worker"]
-                    ["template"]["spec"]["containers"][0]["image"])
+        plan = Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(pytorchjob)["containers"][0]["image"])
         ctx: dict[str, Any] = {"endpoint": None, "started_etcd": False}
         plan.context = ctx
         plan.steps.append(Step(f"check: docker daemon, image {plan.image}, job {s.job_name} not running, data in "
@@ -156,12 +153,12 @@ class DockerTarget(Target):
             what = (f"use etcd at {s.etcd_endpoint}" if s.etcd_endpoint else
                     "use the running local etcd" if server.info() else "start the local etcd (v2 API)")
             plan.steps.append(Step(f"{what} for rendezvous (stands in for Deployment etcd / Service etcd-service)",
-                                   lambda: self._etcd(s, ctx)))
+                                   lambda: start_rendezvous(s, ctx)))
             shown = "127.0.0.1:ETCD_PORT"
         else:
             ctx["endpoint"] = shown = f"127.0.0.1:{free_port()}"
         if job.fresh:
-            plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: _clear_outputs(s)))
+            plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: elastic.clear_outputs(s)))
         plan.steps.append(Step(f"record the manifests in {self.home / 'manifests.yaml'}",
                                lambda: self._record(manifests, job.run)))
         volumes = runtime.volumes_dir(s)
@@ -172,13 +169,7 @@ class DockerTarget(Target):
         return plan
 
     def _check(self, s, image: str) -> None:
-        docker = client()
-        import docker as sdk
-
-        try:
-            docker.images.get(image)
-        except sdk.errors.ImageNotFound:
-            raise DoeksError(f"training image {image} is not built: run `invoke elasticjob.build`") from None
+        trainimage.require_image(image)
         live = [c for c in self.containers() if c.status in ("running", "restarting", "created")]
         if live:
             raise DoeksError(f"job {s.job_name} is already running ({len(live)} containers): `invoke elasticjob.status`, "
@@ -186,12 +177,6 @@ class DockerTarget(Target):
         for stale in self.containers():
             stale.remove(force=True)
         elastic.check_data(s)
-
-    def _etcd(self, s, ctx) -> None:
-        from ..runner import Runner
-
-        ctx["started_etcd"] = not s.etcd_endpoint and etcd(s.state_dir).info() is None
-        ctx["endpoint"] = runtime.etcd_endpoint(s, Runner(echo=False))
 
     def _record(self, manifests, run) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -230,73 +215,13 @@ class DockerTarget(Target):
 
     def describe(self) -> JobStatus:
         s = self.settings
-        containers = self.containers()
         run = self._record_read().get("run", "")
-        if not containers:
-            return JobStatus(self.name, s.job_name, STOPPED, run=run, reason="no containers (not deployed, or deleted)")
-        replicas, states = [], []
-        import docker as sdk
+        return container_job_status(self.name, s.job_name, run, self.containers(),
+                                    lambda c: f"node-{c.labels.get(REPLICA)}")
 
-        for c in list(containers):
-            try:
-                c.reload()
-            except sdk.errors.NotFound:  # removed meanwhile (scale down, delete from another shell)
-                containers.remove(c)
-                continue
-            state = c.attrs["State"]
-            restarts = int(c.attrs.get("RestartCount", 0))
-            if state.get("Restarting"):
-                replica_state = RESTARTING
-            elif state.get("Running"):
-                replica_state = RUNNING
-            elif state.get("Status") == "created":
-                replica_state = PENDING
-            elif state.get("ExitCode") == 0:
-                replica_state = SUCCEEDED
-            else:  # exited non-zero and docker is not restarting it: its restart policy is spent
-                replica_state = FAILED
-            progress = _last_progress(c)
-            replicas.append(ReplicaStatus(f"node-{c.labels.get(REPLICA)}", replica_state, restarts,
-                                          progress.get("step"), progress.get("samples_per_s"), progress.get("world"),
-                                          c.short_id))
-            states.append(replica_state)
-        if not states:
-            return JobStatus(self.name, s.job_name, STOPPED, run=run, reason="its containers were removed")
-        if any(x in (RUNNING, RESTARTING, PENDING) for x in states):
-            job_state = RUNNING
-        elif all(x == SUCCEEDED for x in states):
-            job_state = SUCCEEDED
-        else:
-            job_state = FAILED
-        reason = ""
-        if job_state == FAILED:
-            failed = [c for c, x in zip(containers, states) if x == FAILED]
-            code = failed[0].attrs["State"].get("ExitCode")
-            reason = f"{failed[0].name} exited with {code} after {failed[0].attrs.get('RestartCount', 0)} restarts"
-        return JobStatus(self.name, s.job_name, job_state, run=run, replicas=replicas, desired=len(containers),
-                         restarts=sum(r.restarts for r in replicas), reason=reason)
-
-    def _cursor(self, replica: int | None = None):
-        offsets: dict[str, int] = {}
-
-        def new_lines() -> list[str]:
-            lines = []
-            for c in self.containers():
-                node = c.labels.get(REPLICA)
-                if replica is not None and node != str(replica):
-                    continue
-                try:
-                    data = c.logs(stdout=True, stderr=True)
-                except Exception:  # noqa: BLE001 - removed meanwhile
-                    continue
-                start = offsets.get(c.id, 0)
-                complete = data.rfind(b"\n") + 1
-                if complete > start:
-                    offsets[c.id] = complete
-                    lines += [f"[node-{node}] {line}" for line in data[start:complete].decode(errors="replace").splitlines()]
-            return lines
-
-        return new_lines
+    def _cursor(self, replica: int | None = None) -> ContainerCursor:
+        return ContainerCursor(self.containers, lambda c: f"node-{c.labels.get(REPLICA)}",
+                               None if replica is None else f"node-{replica}")
 
     def logs(self, follow: bool = False, replica: int | None = None) -> Iterator[str]:
         from .follow import check_replica, follow_until_done
@@ -352,23 +277,55 @@ class DockerTarget(Target):
                 "final": str(elastic.metrics_dir(s) / "final.json"), "manifests": str(self.home / "manifests.yaml")}
 
 
-def _last_progress(container) -> dict[str, Any]:
+def read_replica(container, name: str) -> ReplicaStatus | None:
+    """One container as a replica: its state in the targets' vocabulary, docker's restart count, its last step;
+    None when it was removed meanwhile (a scale down, a delete from another shell)."""
+    import docker as sdk
+
     try:
+        container.reload()
         tail = container.logs(tail=200).decode(errors="replace")
-    except Exception:  # noqa: BLE001 - a container removed meanwhile
-        return {}
-    matches = STEP_LINE.findall(tail)
-    if not matches:
-        return {}
-    step, epoch, loss, acc, rate, world = matches[-1]
-    return {"step": int(step), "samples_per_s": float(rate), "world": int(world)}
+    except sdk.errors.NotFound:
+        return None
+    state = container.attrs["State"]
+    if state.get("Restarting"):
+        replica_state = RESTARTING
+    elif state.get("Running"):
+        replica_state = RUNNING
+    elif state.get("Status") == "created":
+        replica_state = PENDING
+    elif state.get("ExitCode") == 0:
+        replica_state = SUCCEEDED
+    else:  # exited non-zero and docker is not restarting it: its restart policy is spent
+        replica_state = FAILED
+    progress = parse_progress(tail) or {}
+    return ReplicaStatus(name, replica_state, int(container.attrs.get("RestartCount", 0)), progress.get("step"),
+                         progress.get("samples_per_s"), progress.get("world"), container.short_id)
 
 
-def _clear_outputs(settings) -> None:
-    import shutil
-
-    for folder in (elastic.checkpoint_dir(settings), elastic.metrics_dir(settings)):
-        shutil.rmtree(folder, ignore_errors=True)
+def container_job_status(target: str, job_name: str, run: str, containers: list, name_of) -> JobStatus:
+    """A job whose replicas are containers: Running while any runs (or restarts), Succeeded when all exited 0,
+    Failed otherwise, with the first failed container as the reason; Stopped when there are none."""
+    if not containers:
+        return JobStatus(target, job_name, STOPPED, run=run, reason="no containers (not deployed, or deleted)")
+    read = [(c, read_replica(c, name_of(c))) for c in containers]
+    read = [(c, r) for c, r in read if r is not None]
+    replicas = [r for _, r in read]
+    if not replicas:
+        return JobStatus(target, job_name, STOPPED, run=run, reason="its containers were removed")
+    states = [r.state for r in replicas]
+    reason = ""
+    if any(x in (RUNNING, RESTARTING, PENDING) for x in states):
+        job_state = RUNNING
+    elif all(x == SUCCEEDED for x in states):
+        job_state = SUCCEEDED
+    else:
+        job_state = FAILED
+        failed = next(c for c, r in read if r.state == FAILED)
+        reason = (f"{failed.name} exited with {failed.attrs['State'].get('ExitCode')} after "
+                  f"{failed.attrs.get('RestartCount', 0)} restarts")
+    return JobStatus(target, job_name, job_state, run=run, replicas=replicas, desired=len(replicas),
+                     restarts=sum(r.restarts for r in replicas), reason=reason)
 
 
 def remove_all(settings, runner) -> int:

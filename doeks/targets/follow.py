@@ -32,6 +32,31 @@ class FileCursor:
         return lines
 
 
+class ContainerCursor:
+    """New complete lines of docker containers' logs (all restarts of a container, in order), each prefixed with
+    `[<prefix>]`; `containers` lists them at every call (one may be gone by the time its logs are read)."""
+
+    def __init__(self, containers: Callable[[], list], prefix: Callable[[object], str], only: str | None = None):
+        self.containers, self.prefix, self.only = containers, prefix, only
+        self.offsets: dict[str, int] = {}
+
+    def __call__(self) -> list[str]:
+        lines = []
+        for c in self.containers():
+            prefix = self.prefix(c)
+            if self.only is not None and prefix != self.only:
+                continue
+            try:
+                data = c.logs(stdout=True, stderr=True)
+            except Exception:  # noqa: BLE001 - removed meanwhile
+                continue
+            start, complete = self.offsets.get(c.id, 0), data.rfind(b"\n") + 1
+            if complete > start:
+                self.offsets[c.id] = complete
+                lines += [f"[{prefix}] {line}" for line in data[start:complete].decode(errors="replace").splitlines()]
+        return lines
+
+
 def check_replica(target, replica: int | None) -> None:
     """`--replica N` must name a replica the job has (or had)."""
     if replica is None:

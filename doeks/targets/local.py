@@ -2,7 +2,7 @@
 replica, a local etcd for rendezvous, a folder as the shared volume, a supervisor that restarts replicas like pods."""
 from __future__ import annotations
 
-import shutil
+import time
 from typing import Iterator
 
 from .. import elastic, jobspec, trainimage
@@ -31,8 +31,7 @@ class LocalTarget(Target):
         s = job.settings
         manifests = self.manifests(job)
         pytorchjob = manifests[-1]
-        plan = Plan(self.name, job, manifests=manifests,
-                    image=pytorchjob["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"])
+        plan = Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(pytorchjob)["containers"][0]["image"])
         ctx: dict = {"endpoint": None, "started_etcd": False}
         plan.context = ctx
         plan.steps.append(Step(f"check that job {s.job_name} is not running and its data is in {elastic.data_root(s)}",
@@ -41,14 +40,14 @@ class LocalTarget(Target):
         if s.rdzv_backend.startswith("etcd"):
             if s.etcd_endpoint:
                 shown = s.etcd_endpoint.split("://", 1)[-1]
-                plan.steps.append(Step(f"use etcd at {s.etcd_endpoint} (ETCD_ENDPOINT)", lambda: self._etcd(s, ctx)))
+                plan.steps.append(Step(f"use etcd at {s.etcd_endpoint} (ETCD_ENDPOINT)", lambda: start_rendezvous(s, ctx)))
             elif etcd_server.info() is not None:
                 shown = etcd_server.endpoint().split("://", 1)[-1]
-                plan.steps.append(Step(f"use the running etcd at {shown}", lambda: self._etcd(s, ctx)))
+                plan.steps.append(Step(f"use the running etcd at {shown}", lambda: start_rendezvous(s, ctx)))
             else:
                 shown = f"127.0.0.1:{s.etcd_port or 'PORT'}"
                 plan.steps.append(Step(f"start etcd (v2 API) on 127.0.0.1:{s.etcd_port or 'a free port'}, data in {etcd_server.home}",
-                                       lambda: self._etcd(s, ctx)))
+                                       lambda: start_rendezvous(s, ctx)))
         else:
             shown = ctx["endpoint"] = f"127.0.0.1:{free_port()}"
         argv, env = local_jobs.replica_command(pytorchjob, runtime.volumes_dir(s), shown, s.local_preload)
@@ -56,7 +55,7 @@ class LocalTarget(Target):
             line = " ".join(f"{k}={v}" for k, v in sorted(env.items())) + f" DOEKS_REPLICA={replica}"
             plan.steps.append(Step(f"start node {replica}: {line} {' '.join(argv)}"))
         if job.fresh:
-            plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: _clear_outputs(s)))
+            plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: elastic.clear_outputs(s)))
         plan.steps.append(Step(f"launch job supervisor for {s.job_name} ({s.replicas} nodes x {s.nproc_per_node} processes)",
                                lambda: self._launch(s, pytorchjob, ctx, job.run)))
         return plan
@@ -65,12 +64,6 @@ class LocalTarget(Target):
         if local_jobs.is_active(self.home):
             raise DoeksError(f"job {s.job_name} is already running: `invoke elasticjob.status`, or `invoke elasticjob.delete` first")
         elastic.check_data(s)
-
-    def _etcd(self, s, ctx) -> None:
-        from ..runner import Runner
-
-        ctx["started_etcd"] = not s.etcd_endpoint and etcd(s.state_dir).info() is None
-        ctx["endpoint"] = runtime.etcd_endpoint(s, Runner(echo=False))
 
     def _launch(self, s, pytorchjob, ctx, run) -> None:
         local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload)
@@ -117,8 +110,6 @@ class LocalTarget(Target):
         from .follow import wait_with_progress
 
         status = wait_with_progress(self, self._cursor(), timeout, quiet)
-        import time
-
         deadline = time.monotonic() + 15  # the supervisor writes its last status, then exits
         while local_jobs.is_active(self.home) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -144,9 +135,13 @@ class LocalTarget(Target):
                 "final": str(elastic.metrics_dir(s) / "final.json"), "logs": str(self.home / "replicas")}
 
 
-def _clear_outputs(settings) -> None:
-    for folder in (elastic.checkpoint_dir(settings), elastic.metrics_dir(settings)):
-        shutil.rmtree(folder, ignore_errors=True)
+def start_rendezvous(settings, ctx: dict) -> None:
+    """A plan step of the targets that rendezvous through this machine's etcd (local, docker): ETCD_ENDPOINT or the
+    toolkit's own server, started if need be; `ctx` records the endpoint and whether this submission started it."""
+    from ..runner import Runner
+
+    ctx["started_etcd"] = not settings.etcd_endpoint and etcd(settings.state_dir).info() is None
+    ctx["endpoint"] = runtime.etcd_endpoint(settings, Runner(echo=False))
 
 
 def _read(path) -> str:

@@ -22,11 +22,10 @@ from typing import Any, Iterator
 
 from .. import elastic, sagemaker, trainimage
 from ..errors import DoeksError
-from ..local.jobs import STEP_LINE
 from ..local.services import free_port
 from .base import (FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, NotSupported, Plan, ReplicaStatus,
                    Step, Target)
-from .follow import follow_until_done, wait_with_progress
+from .follow import ContainerCursor, follow_until_done, wait_with_progress
 
 _STATES = {"InProgress": RUNNING, "Completed": SUCCEEDED, "Failed": FAILED, "Stopping": RUNNING, "Stopped": STOPPED}
 LABEL = "doeks/target"
@@ -135,14 +134,7 @@ class SageMakerTarget(Target):
 
     # -- local mode -------------------------------------------------------------------------------------------------
     def _check_local(self, s, image: str) -> None:
-        import docker as sdk
-
-        from .docker import client
-
-        try:
-            client().images.get(image)
-        except sdk.errors.ImageNotFound:
-            raise DoeksError(f"training image {image} is not built: run `invoke elasticjob.build`") from None
+        trainimage.require_image(image)
         if any(c.status in ("running", "created", "restarting") for c in self._containers()):
             raise DoeksError(f"a local SageMaker job of {s.job_name} is running: `invoke elasticjob.delete` first")
         for stale in self._containers():
@@ -227,41 +219,13 @@ class SageMakerTarget(Target):
                                             "doeks/training-job": name, "doeks/state": state_label(s)})
 
     def _describe_local(self, record: dict[str, Any]) -> JobStatus:
-        s = self.settings
-        containers = self._containers()
-        if not containers:
-            return JobStatus(self.name, s.job_name, STOPPED, run=record.get("run", ""),
-                             reason="no local SageMaker containers (not submitted, or deleted)")
-        replicas, states = [], []
-        import docker as sdk
+        from .docker import container_job_status
 
-        for c in list(containers):
-            try:
-                c.reload()
-                tail = c.logs(tail=200).decode(errors="replace")
-            except sdk.errors.NotFound:
-                containers.remove(c)
-                continue
-            state = c.attrs["State"]
-            replica = RUNNING if state.get("Running") else PENDING if state.get("Status") == "created" else \
-                SUCCEEDED if state.get("ExitCode") == 0 else FAILED
-            step = None
-            matches = STEP_LINE.findall(tail)
-            if matches:
-                step = int(matches[-1][0])
-            replicas.append(ReplicaStatus(c.labels.get("doeks/host", c.name), replica, 0, step, detail=c.short_id))
-            states.append(replica)
-        if not states:
-            return JobStatus(self.name, s.job_name, STOPPED, run=record.get("run", ""), reason="its containers were removed")
-        if any(x in (RUNNING, PENDING) for x in states):
-            return JobStatus(self.name, s.job_name, RUNNING, run=record.get("run", ""), replicas=replicas, desired=len(replicas))
-        if all(x == SUCCEEDED for x in states):
+        status = container_job_status(self.name, self.settings.job_name, record.get("run", ""), self._containers(),
+                                      lambda c: c.labels.get("doeks/host", c.name))
+        if status.state == SUCCEEDED:
             self._package_model(record)
-            return JobStatus(self.name, s.job_name, SUCCEEDED, run=record.get("run", ""), replicas=replicas,
-                             desired=len(replicas))
-        failed = next(c for c, x in zip(containers, states) if x == FAILED)
-        return JobStatus(self.name, s.job_name, FAILED, run=record.get("run", ""), replicas=replicas, desired=len(replicas),
-                         reason=f"{failed.labels.get('doeks/host')} exited with {failed.attrs['State'].get('ExitCode')}")
+        return status
 
     def _package_model(self, record: dict[str, Any]) -> Path:
         """algo-1's /opt/ml/model as output/model.tar.gz (what SageMaker uploads), written once, atomically."""
@@ -322,21 +286,8 @@ class SageMakerTarget(Target):
 
         return follow_until_done(self, cursor, follow, poll=10)
 
-    def _local_cursor(self):
-        offsets: dict[str, int] = {}
-
-        def new_lines() -> list[str]:
-            lines = []
-            for c in self._containers():
-                data = c.logs()
-                start, complete = offsets.get(c.id, 0), data.rfind(b"\n") + 1
-                if complete > start:
-                    offsets[c.id] = complete
-                    host = c.labels.get("doeks/host")
-                    lines += [f"[{host}] {line}" for line in data[start:complete].decode(errors="replace").splitlines()]
-            return lines
-
-        return new_lines
+    def _local_cursor(self) -> ContainerCursor:
+        return ContainerCursor(self._containers, lambda c: c.labels.get("doeks/host", c.name))
 
     def wait(self, timeout: float | None = None, quiet: bool = False) -> JobStatus:
         if self.local:
