@@ -6,28 +6,31 @@ from invoke import Collection
 from doeks.taskkit import Unit, runner, settings, task
 
 
-@task(name="deploy", help={"dry_run": "print the kustomization and the command; change nothing"})
-def operator_deploy(c, dry_run=False):
-    """Deploy the standalone training operator v1 (pinned) without MPIJob (the MPI operator owns it), server-side apply."""
-    from doeks import kubeflow, ui
+def _on_the_cluster(step, here: str, dry_run: bool) -> None:
+    """Run a cluster step (step(settings, runner)); on a target on this machine say why there is nothing to do."""
+    from doeks import ui
 
     s = settings()
     if s.on_this_machine:
-        ui.say("TARGET=local/docker: PyTorchJobs are interpreted by doeks' local runtime; no operator to deploy")
+        ui.say(f"TARGET=local/docker: {here}")
         return
-    kubeflow.operator_deploy(s, runner(dry_run))
+    step(s, runner(dry_run))
+
+
+@task(name="deploy", help={"dry_run": "print the kustomization and the command; change nothing"})
+def operator_deploy(c, dry_run=False):
+    """Deploy the standalone training operator v1 (pinned) without MPIJob (the MPI operator owns it), server-side apply."""
+    from doeks import kubeflow
+
+    _on_the_cluster(kubeflow.operator_deploy, "PyTorchJobs are interpreted by doeks' local runtime; no operator to deploy", dry_run)
 
 
 @task(name="delete", help={"dry_run": "print the command; change nothing"})
 def operator_delete(c, dry_run=False):
     """Delete the training operator; safe to run twice."""
-    from doeks import kubeflow, ui
+    from doeks import kubeflow
 
-    s = settings()
-    if s.on_this_machine:
-        ui.say("TARGET=local/docker: no operator to delete")
-        return
-    kubeflow.operator_delete(s, runner(dry_run))
+    _on_the_cluster(kubeflow.operator_delete, "no operator to delete", dry_run)
 
 
 @task(help={"elastic": "add elasticPolicy (min:max replicas, rendezvous) as elasticjob does",
@@ -70,25 +73,17 @@ def job_delete(c, dry_run=False):
 @task(name="deploy", help={"dry_run": "print the commands; change nothing"})
 def trainer_deploy(c, dry_run=False):
     """Deploy Kubeflow Trainer v2.3.0 alone (controller, JobSet, the torch-distributed runtime); kubeflow.deploy includes it."""
-    from doeks import kubeflow, ui
+    from doeks import kubeflow
 
-    s = settings()
-    if s.on_this_machine:
-        ui.say("TARGET=local/docker: no cluster for the Trainer; `invoke elasticjob.deploy` runs the job here")
-        return
-    kubeflow.trainer_deploy(s, runner(dry_run))
+    _on_the_cluster(kubeflow.trainer_deploy, "no cluster for the Trainer; `invoke elasticjob.deploy` runs the job here", dry_run)
 
 
 @task(name="delete", help={"dry_run": "print the commands; change nothing"})
 def trainer_delete(c, dry_run=False):
     """Delete what kubeflow.trainer.deploy applied (runtimes first); safe to run twice."""
-    from doeks import kubeflow, ui
+    from doeks import kubeflow
 
-    s = settings()
-    if s.on_this_machine:
-        ui.say("TARGET=local/docker: no Trainer to delete")
-        return
-    kubeflow.trainer_delete(s, runner(dry_run))
+    _on_the_cluster(kubeflow.trainer_delete, "no Trainer to delete", dry_run)
 
 
 @task(name="submit", help={"replicas": "nodes (trainer.numNodes; default REPLICAS)",
@@ -189,13 +184,9 @@ def pipeline_run(c, runtime="local", local=False, steps=5, dry_run=False):
 @task(name="deploy", help={"dry_run": "print the commands; change nothing"})
 def platform_deploy(c, dry_run=False):
     """Deploy Kubeflow from the pinned manifests: prerequisites, own password, server-side apply until settled, wait."""
-    from doeks import kubeflow, ui
+    from doeks import kubeflow
 
-    s = settings()
-    if s.on_this_machine:
-        ui.say("TARGET=local/docker: no cluster for Kubeflow; `invoke kubeflow.pipeline.run --local` runs the pipeline here")
-        return
-    kubeflow.deploy(s, runner(dry_run))
+    _on_the_cluster(kubeflow.deploy, "no cluster for Kubeflow; `invoke kubeflow.pipeline.run --local` runs the pipeline here", dry_run)
 
 
 @task(help={"dry_run": "print the command; change nothing"})
