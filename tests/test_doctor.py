@@ -133,3 +133,16 @@ def test_sagemaker_role_bucket_data_and_image_region(state_dir):
     elsewhere = rows(S.load(environ={**env, "AWS_REGION": "eu-west-1"}, path=ROOT / ".env"))["image for the region"]
     assert elsewhere[0] is False
     assert "SAGEMAKER_IMAGE=763104351884.dkr.ecr.eu-west-1.amazonaws.com/pytorch-training:" in elsewhere[1]
+
+
+def test_local_as_before_and_docker_needs_the_daemon(state_dir, tmp_path):
+    local = doctor({"TARGET": "local"}, tmp_path)
+    assert "doeks doctor (TARGET=local)" in local.stderr and "torchvision imports" in local.stderr
+    needed = {line.split("│")[1].strip() for line in local.stderr.splitlines()
+              if line.count("│") == 5 and line.split("│")[4].strip() == "yes"}
+    assert needed == {"python: invoke", "python: boto3", "python: torch", "torchvision imports", "etcd (v2 API)"}
+    assert local.returncode == (0 if "│ NO " not in local.stderr else 1)
+    # TARGET=docker also needs the daemon: pointed at a socket nobody listens on, doctor fails and names it
+    docker = doctor({"TARGET": "docker", "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}, tmp_path)
+    assert docker.returncode == 1
+    assert error_line(docker).startswith("error: TARGET=docker cannot work here: ") and "docker daemon" in error_line(docker)
