@@ -24,8 +24,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 @pytest.fixture(scope="module")
 def docker_env(docker_client):
-    import docker
-
     client = docker_client
     tag = container.context_digest()
     name = f"doeks-test-{uuid.uuid4().hex[:6]}"
@@ -37,7 +35,6 @@ def docker_env(docker_client):
     yield env
     for running in client.containers.list(all=True, filters={"name": name}):
         running.remove(force=True)
-    del docker
 
 
 def _exec(env, command: str):
