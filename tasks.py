@@ -92,13 +92,29 @@ def audit(c):
                "run `invoke down` (TARGET=eks)", code=1)
 
 
-@task
-def config(c):
-    """Print the effective settings (.env, environment, defaults) as a table; secrets masked."""
+@task(help={"json": "print a JSON list (key, unit, value, source) instead of the table; secrets masked",
+            "key": "only keys containing this text (case-insensitive); give it more than once for several"},
+      iterable=["key"])
+def config(c, json=False, key=None):
+    """Print the effective settings (.env, environment, defaults) to stdout as a table or JSON; secrets masked."""
+    import json as json_module
+
     from doeks import ui
+    from doeks.errors import DoeksError
 
     s = settings()
-    ui.table(f"doeks settings (TARGET={s.target})", ["unit", "key", "value", "from"], s.rows())
+    rows = s.rows()
+    wanted = [k.strip().upper() for k in key or [] if k.strip()]
+    if key and not wanted:
+        raise DoeksError("--key: give part of a key name, e.g. --key REPLICAS")
+    if wanted:
+        rows = [row for row in rows if any(w in row[1] for w in wanted)]
+        if not rows:
+            raise DoeksError(f"--key {' '.join(key)}: no setting matches; `invoke config` lists them all")
+    if json:
+        print(json_module.dumps([{"key": k, "unit": u, "value": v, "source": f} for u, k, v, f in rows], indent=2))
+        return
+    ui.table(f"doeks settings (TARGET={s.target})", ["unit", "key", "value", "from"], rows, stdout=True)
 
 
 @task(help={"docker": "also install and start a local docker daemon (Debian docker.io) and make a base image",

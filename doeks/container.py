@@ -45,6 +45,24 @@ def image_ref(settings, with_registry: bool = False) -> str:
     return name
 
 
+def context_digest(root: Path = PROJECT_ROOT) -> str:
+    """12 hex digits over every file the build sees (the .dockerignore allow-list: `!path` lines), so an image tagged
+    with it is rebuilt exactly when its context changed (the container test reuses a built image this way)."""
+    import hashlib
+
+    lines = (root / ".dockerignore").read_text().splitlines()
+    allowed = [line[1:].strip().rstrip("/") for line in lines if line.startswith("!") and line[1:].strip() != ".build/"]
+    digest = hashlib.sha256()
+    for name in sorted(allowed):
+        path = root / name
+        files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else []
+        for file in files:
+            if "__pycache__" in file.parts or file.suffix == ".pyc":
+                continue
+            digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def build_args(settings) -> dict[str, str]:
     return {"BASE_IMAGE": settings.base_image, "DOWNLOADS": "true" if settings.container_downloads else "false"}
 
@@ -145,7 +163,8 @@ def exec_(settings, command: str) -> int:
         raise DoeksError(f"container {settings.doeks_container_name} is not running: `invoke run` first")
     if not command:
         os.execvp("docker", ["docker", "exec", "-it", settings.doeks_container_name, "bash"])
-    # not a login shell: /etc/profile would reset PATH and hide the image's tools (/opt/doeks/bin: invoke, doeks)
+    # not a login shell: /etc/profile would reset PATH and hide the image's tools (/opt/doeks/bin: invoke, doeks);
+    # in /doeks, the mounted project, whose code (PYTHONPATH=/doeks in the image) and .env are what run
     result = container.exec_run(["bash", "-c", command], demux=False, workdir="/doeks")
     sys.stdout.write(result.output.decode(errors="replace"))
     if result.exit_code:

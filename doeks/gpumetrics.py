@@ -188,20 +188,53 @@ def series(cloudwatch, since: timedelta, period: int = 60) -> dict[str, dict[str
     return result
 
 
-def plot_series(data, out_dir: Path) -> list[Path]:
-    from .plots import _pyplot, _save
+# Units of the series doeks plots (first match wins): Container Insights' node_gpu_memory_used/total are bytes (AWS
+# docs "Amazon EKS and Kubernetes Container Insights metrics", NVIDIA GPU table); the local sampler's and the
+# CloudWatch agent's nvidia_smi_* come from `nvidia-smi --format=csv,nounits`, whose header units are %, C, W, MiB.
+UNITS = (("node_gpu_memory_used", "bytes"), ("node_gpu_memory_total", "bytes"), ("utilization", "%"),
+         ("percent", "%"), ("usage_active", "%"), ("temperature", "°C"), ("power", "W"), ("memory_total", "MiB"),
+         ("memory_used", "MiB"))
+
+
+def unit_of(metric: str) -> str:
+    return next((unit for key, unit in UNITS if key in metric), "")
+
+
+def metric_figure(metric: str, node: str, points: list[tuple[datetime, float]]):
+    """One metric on one node against UTC time. The x range is the data's own, padded (at least a minute): a single
+    point would otherwise get matplotlib's default date range of years."""
+    import matplotlib.dates as mdates
+
+    from .plots import _pyplot
 
     plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3))
+    times, values = zip(*points)
+    ax.plot(times, values, "o-", markersize=3, label=node)
+    unit = unit_of(metric)
+    ax.set(title=f"{metric} on {node}", xlabel="time (UTC)", ylabel=f"{metric} ({unit})" if unit else metric)
+    first, last = min(times), max(times)
+    pad = max(timedelta(seconds=30), (last - first) * 0.05)
+    ax.set_xlim(first - pad, last + pad)
+    locator = mdates.AutoDateLocator(tz=timezone.utc)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=timezone.utc))
+    if unit == "%":
+        ax.set_ylim(0, max(100.0, max(values) * 1.05))
+    ax.legend(fontsize="small")
+    ax.grid(True, alpha=0.3)
+    return fig
+
+
+def plot_series(data, out_dir: Path) -> list[Path]:
+    from .plots import save
+
     paths = []
     out_dir.mkdir(parents=True, exist_ok=True)
     for metric, nodes in sorted(data.items()):
         for node, points in sorted(nodes.items()):
             if not points:
                 continue
-            fig, ax = plt.subplots(figsize=(8, 3))
-            times, values = zip(*points)
-            ax.plot(times, values, "o-", markersize=3)
-            ax.set(title=f"{metric} on {node}", xlabel="time (UTC)", ylabel=metric)
-            fig.autofmt_xdate()
-            paths.append(_save(plt, fig, out_dir / f"{metric}--{node.replace('/', '_')}.png", dpi=90))
+            fig = metric_figure(metric, node, points)
+            paths.append(save(fig, out_dir / f"{metric}--{node.replace('/', '_')}.png", dpi=90))
     return paths

@@ -155,23 +155,210 @@ def checks() -> list[tuple[str, bool, str]]:
     return rows
 
 
+def tool_version(tool: str) -> str | None:
+    """The first line a tool prints about its version, or None when it is not on PATH (or does not answer)."""
+    argv = {"kubectl": ["version", "--client"], "helm": ["version", "--short"], "eksctl": ["version"],
+            "aws": ["--version"]}[tool]
+    path = shutil.which(tool)
+    if path is None:
+        return None
+    try:
+        out = subprocess.run([path, *argv], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (out.stdout or out.stderr).strip()
+    return text.splitlines()[0] if out.returncode == 0 and text else None
+
+
+# botocore's credential providers (botocore/credentials.py, `METHOD` of each provider) and where each reads from
+CREDENTIAL_METHODS = {
+    "explicit": "given to the session", "env": "environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)",
+    "shared-credentials-file": "~/.aws/credentials (AWS_SHARED_CREDENTIALS_FILE)", "config-file": "~/.aws/config",
+    "assume-role": "~/.aws/config role_arn (assume role)", "assume-role-with-web-identity": "web identity token (AWS_WEB_IDENTITY_TOKEN_FILE)",
+    "sso": "~/.aws/config SSO (aws sso login)", "custom-process": "~/.aws/config credential_process",
+    "container-role": "container credentials (ECS / EKS Pod Identity endpoint)", "iam-role": "EC2 instance profile (IMDS)",
+    "login": "~/.aws/config login session",
+}
+CREDENTIALS_FIX = ("no AWS credentials: botocore reads AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (environment or "
+                   ".env.local), then AWS_PROFILE's entry in ~/.aws/credentials or ~/.aws/config (SSO, assume-role), "
+                   "then a container or instance role: set one (e.g. `aws configure` or `aws sso login`)")
+
+
+def credentials(settings) -> tuple[bool, str]:
+    """(found, where from), without calling AWS: botocore's provider chain as doeks' sessions use it."""
+    from .aws import session
+
+    if settings.aws_access_key_id and settings.aws_secret_access_key:
+        return True, f"AWS_ACCESS_KEY_ID from {settings.source('AWS_ACCESS_KEY_ID')}"
+    try:
+        found = session(settings).get_credentials()
+    except DoeksError as error:
+        return False, str(error)
+    except Exception as error:  # noqa: BLE001 - a broken ~/.aws/config, an expired SSO token, ...
+        return False, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    if found is None:
+        return False, CREDENTIALS_FIX
+    where = CREDENTIAL_METHODS.get(found.method, found.method)
+    return True, where + (f", profile {settings.aws_profile}" if settings.aws_profile else "")
+
+
+def kubeconfig_path() -> Path:
+    import os
+
+    first = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0]
+    return Path(first).expanduser() if first else Path.home() / ".kube" / "config"
+
+
+def kube_context(settings, endpoint: str | None) -> tuple[bool, str]:
+    """Whether kubectl's current context is this cluster (by name, and by API endpoint when it is known)."""
+    import yaml
+
+    path = kubeconfig_path()
+    if not path.is_file():
+        return False, f"no kubeconfig at {path}: `invoke eks.connect`"
+    try:
+        config = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        return False, f"{path} is not valid YAML ({type(error).__name__}): fix it or move it away, then `invoke eks.connect`"
+    current = config.get("current-context")
+    if not current:
+        return False, f"{path} has no current context: `invoke eks.connect`"
+    context = next((c.get("context", {}) for c in config.get("contexts") or [] if c.get("name") == current), {})
+    cluster = next((c.get("cluster", {}) for c in config.get("clusters") or [] if c.get("name") == context.get("cluster")), {})
+    server = cluster.get("server", "")
+    ours = settings.cluster_name in str(context.get("cluster", "")).replace("/", ".").split(".") or \
+        str(context.get("cluster", "")).endswith(f"cluster/{settings.cluster_name}")
+    if endpoint and server and server.rstrip("/") != endpoint.rstrip("/"):
+        return False, f"context {current} points at {server}, not {settings.cluster_name} ({endpoint}): `invoke eks.connect`"
+    if not ours and not (endpoint and server):
+        return False, f"context {current} is not cluster {settings.cluster_name}: `invoke eks.connect`"
+    return True, f"{path}: context {current} -> {server or '?'}"
+
+
+Check = tuple  # (what, ok, detail or fix, required)
+
+
+def _aws_checks(settings, client, found: bool) -> list[Check]:
+    if not found:
+        return []
+    rows: list[Check] = []
+    try:
+        who = client("sts").get_caller_identity()
+        rows.append(("AWS account", True, f"{who['Account']} as {who['Arn']}", True))
+    except Exception as error:  # noqa: BLE001 - expired or revoked keys, no network
+        rows.append(("AWS account", False, f"sts:GetCallerIdentity failed ({type(error).__name__}: "
+                     f"{str(error).splitlines()[0] if str(error) else ''}): renew the credentials", True))
+    return rows
+
+
+def eks_checks(settings, client=None) -> list[Check]:
+    """TARGET=eks: credentials and their source, account, cluster, kubeconfig context, the CLI tools."""
+    from .aws import client as aws_client
+
+    client = client or (lambda service: aws_client(settings, service))
+    found, source = credentials(settings)
+    rows: list[Check] = [("AWS credentials", found, source, True)]
+    rows += _aws_checks(settings, client, found)
+    endpoint = None
+    exists = None
+    if found and all(ok for _, ok, _, _ in rows):
+        eks = client("eks")
+        try:
+            cluster = eks.describe_cluster(name=settings.cluster_name)["cluster"]
+            endpoint, exists = cluster.get("endpoint"), True
+            active = cluster.get("status") == "ACTIVE"
+            rows.append((f"cluster {settings.cluster_name}", active,
+                         f"{cluster.get('status')}, Kubernetes {cluster.get('version')}, {endpoint}" if active else
+                         f"{cluster.get('status')}: wait for ACTIVE (`invoke eks.status`)", True))
+        except eks.exceptions.ResourceNotFoundException:
+            exists = False
+            rows.append((f"cluster {settings.cluster_name}", True, f"not created yet in {settings.aws_region}: `invoke up`", False))
+    else:
+        rows.append((f"cluster {settings.cluster_name}", False, "unknown: no working AWS credentials", False))
+    ok, detail = kube_context(settings, endpoint)
+    if exists is False:
+        rows.append(("kubeconfig context", ok, detail if ok else "none needed until the cluster exists", False))
+    else:
+        rows.append(("kubeconfig context", ok, detail, bool(exists)))
+    for tool, fix in (("kubectl", "the management container (`invoke build run`), or install kubectl"),
+                      ("helm", "the management container, or install helm 3"),
+                      ("eksctl", "the management container built with CONTAINER_DOWNLOADS=true, or install eksctl"),
+                      ("aws", "the management container, or `pip install awscli` (optional: doeks itself uses boto3)")):
+        version = tool_version(tool)
+        rows.append((tool, version is not None, version or f"missing: {fix}", tool != "aws"))
+    return rows
+
+
+def sagemaker_checks(settings, client=None) -> list[Check]:
+    """TARGET=sagemaker: credentials, the execution role, the bucket and its data, the image for the region (local
+    mode: a docker daemon instead of the cloud's image)."""
+    import re
+
+    from .aws import client as aws_client
+
+    client = client or (lambda service: aws_client(settings, service))
+    found, source = credentials(settings)
+    rows: list[Check] = [("AWS credentials", found, source, True)]
+    rows += _aws_checks(settings, client, found)
+    usable = found and all(ok for _, ok, _, _ in rows)
+    if usable:
+        iam = client("iam")
+        try:
+            arn = iam.get_role(RoleName=settings.sagemaker_role_name)["Role"]["Arn"]
+            rows.append((f"execution role {settings.sagemaker_role_name}", True, arn, True))
+        except iam.exceptions.NoSuchEntityException:
+            rows.append((f"execution role {settings.sagemaker_role_name}", False, "not found: `invoke sagemaker.role`", True))
+        s3 = client("s3")
+        try:
+            s3.head_bucket(Bucket=settings.s3_bucket)
+            prefix = settings.data_s3_prefix.strip("/") + "/"
+            listed = s3.list_objects_v2(Bucket=settings.s3_bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0)
+            rows.append((f"bucket {settings.s3_bucket}", True, "exists", True))
+            rows.append((f"data s3://{settings.s3_bucket}/{prefix}", bool(listed), "present" if listed else
+                         "empty: upload train/ and val/ there (DATA_S3_PREFIX)", True))
+        except Exception as error:  # noqa: BLE001 - 404 / 403 from head_bucket
+            code = getattr(error, "response", {}).get("Error", {}).get("Code", type(error).__name__)
+            rows.append((f"bucket {settings.s3_bucket}", False, f"{code}: create it in {settings.aws_region} "
+                         "(`aws s3 mb`) or set S3_BUCKET to one you own", True))
+    else:
+        rows.append(("execution role, bucket", False, "unknown: no working AWS credentials", False))
+    if settings.sagemaker_local:
+        reachable = docker_reachable()
+        rows.append(("docker daemon (SAGEMAKER_LOCAL)", reachable, "reachable" if reachable else "invoke setup --docker", True))
+    else:
+        match = re.match(r"(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com/", settings.sagemaker_image)
+        if match and match.group(2) != settings.aws_region:
+            fixed = settings.sagemaker_image.replace(f".{match.group(2)}.", f".{settings.aws_region}.", 1)
+            rows.append(("image for the region", False, f"SAGEMAKER_IMAGE is in {match.group(2)}, training runs in "
+                         f"{settings.aws_region} (SageMaker pulls from its own region): set SAGEMAKER_IMAGE={fixed}", True))
+        else:
+            rows.append(("image for the region", True, settings.sagemaker_image if match else
+                         f"{settings.sagemaker_image} (not ECR: SageMaker needs it in an ECR registry of {settings.aws_region})",
+                         bool(match)))
+    return rows
+
+
 def doctor() -> None:
+    """One table per target; exit 1 (one line) when something the target needs is missing."""
     from .settings import current
 
-    rows = checks()
     settings = current()
     if settings.target == "eks":
-        cluster = cluster_checks(settings)
-        ui.table(f"TARGET=eks: account and region {settings.aws_region}", ["check", "ok", "detail / fix"],
-                 [[w, "yes" if ok else "NO", d] for w, ok, d in cluster])
-        failed = [w for w, ok, _ in cluster if not ok]
-        if failed:
-            raise DoeksError(f"the cluster cannot come up as configured: {', '.join(failed)} (see the fixes above)")
-    ui.table("doeks doctor", ["check", "ok", "detail / fix"], [[w, "yes" if ok else "NO", d] for w, ok, d in rows])
-    needed = {"python: invoke", "python: boto3", "python: torch", "torchvision imports", "etcd (v2 API)"}
-    missing = [w for w, ok, _ in rows if not ok and w in needed]
+        rows = eks_checks(settings)
+        cluster = cluster_checks(settings) if rows[0][1] and all(ok for w, ok, _, r in rows[:2] if r) else []
+        rows += [(w, ok, d, True) for w, ok, d in cluster if w not in {row[0] for row in rows}]
+    elif settings.target == "sagemaker":
+        rows = sagemaker_checks(settings)
+    else:
+        needed = {"python: invoke", "python: boto3", "python: torch", "torchvision imports", "etcd (v2 API)"}
+        if settings.target == "docker":
+            needed |= {"docker daemon", "python: docker"}
+        rows = [(w, ok, d, w in needed) for w, ok, d in checks()]
+    ui.table(f"doeks doctor (TARGET={settings.target})", ["check", "ok", "detail / fix", "needed"],
+             [[w, "yes" if ok else ("NO" if required else "no"), d, "yes" if required else ""] for w, ok, d, required in rows])
+    missing = [w for w, ok, _, required in rows if required and not ok]
     if missing:
-        raise DoeksError(f"the local target cannot run: {', '.join(missing)} missing (see the fixes above)")
+        raise DoeksError(f"TARGET={settings.target} cannot work here: {', '.join(missing)} (see the fixes above)")
 
 
 # -- TARGET=eks: what a real account needs before `invoke up` ---------------------------------------------------------

@@ -1,7 +1,9 @@
-"""Terminal output: everything human-facing goes to stderr, so stdout stays a clean YAML stream."""
+"""Terminal output: everything human-facing goes to stderr, so stdout stays a clean YAML stream. A task whose
+answer *is* the output (`invoke config`) prints its table to stdout instead (`table(..., stdout=True)`)."""
 from __future__ import annotations
 
 import functools
+import sys
 
 
 @functools.lru_cache(maxsize=None)
@@ -19,15 +21,24 @@ def warn(message: str) -> None:
     console().print(f"warning: {message}", style="yellow", markup=False)
 
 
-def table(title: str, columns: list[str], rows: list[list[object]]) -> None:
+def stdout_console():
+    """A console on stdout. Piped (not a terminal), rich would wrap and cut cells at 80 columns: there it is as
+    wide as the content needs (a table is never wider than its cells), so `... | grep` sees whole values."""
+    from rich.console import Console
+
+    wide = None if sys.stdout.isatty() else 100_000
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=wide)
+
+
+def table(title: str, columns: list[str], rows: list[list[object]], stdout: bool = False) -> None:
     from rich.table import Table
 
     t = Table(title=title, title_justify="left")
     for column in columns:
-        t.add_column(column)
+        t.add_column(column, overflow="fold" if stdout else "ellipsis")
     for row in rows:
         t.add_row(*["" if cell is None else str(cell) for cell in row])
-    console().print(t)
+    (stdout_console() if stdout else console()).print(t)
 
 
 def progress(transient: bool = False):

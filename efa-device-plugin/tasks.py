@@ -10,7 +10,7 @@ from invoke import Collection
 from doeks.taskkit import Unit, runner, settings, task
 
 
-def _report(text: str, out_dir: Path, title: str, require_efa: bool):
+def _report(text: str, png: Path, title: str, require_efa: bool):
     from doeks import nccl, ui
     from doeks.errors import DoeksError
 
@@ -19,7 +19,7 @@ def _report(text: str, out_dir: Path, title: str, require_efa: bool):
         raise DoeksError("no nccl-tests result rows found in the output: is it all_reduce_perf output?")
     ui.table(title, ["size", "type", "time us", "algbw GB/s", "busbw GB/s", "in-place algbw", "in-place busbw"],
              nccl.table_rows(report))
-    png = nccl.chart(report, out_dir / "nccl-busbw.png", title)
+    png = nccl.chart(report, png, title)
     ui.say(f"transport: {report.transport}; avg bus bandwidth {report.avg_busbw or 0:.3f} GB/s; max {report.max_busbw:.2f} GB/s")
     ui.say(f"chart: {png}")
     if require_efa and not report.efa:
@@ -76,7 +76,7 @@ def test(c, nodes=None, end=None, dry_run=False):
     import subprocess
     import sys
 
-    from doeks import efa, kube, ui
+    from doeks import efa, kube, plots, ui
     from doeks.errors import DoeksError
 
     s = settings()
@@ -95,7 +95,9 @@ def test(c, nodes=None, end=None, dry_run=False):
             raise DoeksError(f"the all-reduce sweep failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "allreduce-local.txt").write_text(result.stdout)
-        _report(result.stdout, out_dir, f"all_reduce, {s.nproc_per_node} local processes", require_efa=False)
+        ui.say(f"log: {out_dir / 'allreduce-local.txt'}")
+        _report(result.stdout, plots.plot_path(s, "allreduce-local-busbw.png"),
+                f"all_reduce, {s.nproc_per_node} local processes", require_efa=False)
         return
     job = efa.nccl_mpijob(s, int(nodes) if nodes else None, end=end or "1G")
     r = runner(dry_run)
@@ -108,18 +110,22 @@ def test(c, nodes=None, end=None, dry_run=False):
     logs = r.run([kube.kubectl(), "logs", "-n", namespace, "-l", selector, "--tail=-1"], mutating=False, capture=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.txt").write_text(logs.stdout)
-    _report(logs.stdout, out_dir, f"{name}: all_reduce_perf", require_efa=True)
+    ui.say(f"log: {out_dir / f'{name}.txt'}")
+    _report(logs.stdout, plots.plot_path(s, f"{name}-busbw.png"), f"{name}: all_reduce_perf", require_efa=True)
 
 
-@task(help={"require_efa": "exit 1 unless the log shows NCCL used the EFA provider", "out": "folder for the chart"})
+@task(help={"require_efa": "exit 1 unless the log shows NCCL used the EFA provider",
+            "out": "the chart: a .png path, or a folder (default: STATE_DIR/plots); named <FILE's stem>-busbw.png"})
 def report(c, file, require_efa=False, out=None):
-    """Parse a saved nccl-tests log into a table and a bus-bandwidth chart."""
+    """Parse a saved nccl-tests log into a table and a bus-bandwidth chart (STATE_DIR/plots/<stem>-busbw.png)."""
+    from doeks import plots
     from doeks.errors import DoeksError
 
     path = Path(file)
     if not path.is_file():
         raise DoeksError(f"{file}: no such file")
-    _report(path.read_text(errors="replace"), Path(out) if out else path.parent, path.name, require_efa)
+    _report(path.read_text(errors="replace"), plots.plot_path(settings(), f"{path.stem}-busbw.png", out), path.name,
+            require_efa)
 
 
 ns = Collection("efa", deploy, delete, status, test, report)

@@ -171,25 +171,22 @@ def _local_metrics(s):
     return _target(s).local_artifact("metrics", "reading metrics here", "they are in {where}; copy them here first")
 
 
-@task(help={"out": "PNG path (default: the job's metrics folder)"})
+@task(help={"out": "PNG path or folder (default: STATE_DIR/plots/JOB_NAME-training.png, which `deploy --fresh` keeps)"})
 def plot(c, out=None):
     """Draw loss, accuracy and throughput of the job as a PNG."""
-    from pathlib import Path
-
     from doeks import plots, ui
 
     s = settings()
     folder = _local_metrics(s)
-    target = Path(out) if out else folder / "training.png"
+    target = plots.plot_path(s, f"{s.job_name}-training.png", out)
     plots.training(folder / "metrics.csv", target, title=f"{s.job_name} ({s.arch})")
     ui.say(f"plot: {target}")
 
 
-@task(help={"replicas": "comma-separated node counts to try, e.g. 1,2", "out": "PNG path", "dry_run": "print the runs"})
+@task(help={"replicas": "comma-separated node counts to try, e.g. 1,2",
+            "out": "PNG path or folder (default: STATE_DIR/plots/JOB_NAME-scaling.png)", "dry_run": "print the runs"})
 def scaling(c, replicas="1,2", out=None, dry_run=False):
     """Run one epoch at each size on TARGET and plot epoch time against ideal linear scaling."""
-    from pathlib import Path
-
     from doeks import elastic, plots, targets, ui
     from doeks.errors import DoeksError
 
@@ -214,7 +211,7 @@ def scaling(c, replicas="1,2", out=None, dry_run=False):
         points.append((size * s.nproc_per_node, seconds))
         ui.say(f"{size} nodes x {s.nproc_per_node} processes: epoch {seconds:.1f}s")
     if points:
-        target_png = Path(out) if out else base.state_dir / "plots" / f"{base.job_name}-scaling.png"
+        target_png = plots.plot_path(base, f"{base.job_name}-scaling.png", out)
         plots.scaling(points, target_png)
         ui.table("scaling", ["processes", "epoch s", "ideal s"],
                  [[n, f"{t:.1f}", f"{points[0][1] * points[0][0] / n:.1f}"] for n, t in points])
@@ -233,6 +230,9 @@ def tensorboard(c, port=6006):
     folder = _local_metrics(s)
     if shutil.which("tensorboard") is None:
         raise MissingTool("tensorboard is not installed: pip install -e '.[train]'")
+    from doeks import ui
+
+    ui.say(f"tensorboard: {folder / 'tensorboard'} on http://127.0.0.1:{port}")
     subprocess.run(["tensorboard", "--logdir", str(folder / "tensorboard"), "--port", str(port),
                     "--host", "127.0.0.1"], check=False)
 

@@ -85,7 +85,7 @@ def status(c):
     ui.table("gpu-metrics (local)", ["sampler", "pid"], [["running" if info else "stopped", info["pid"] if info else ""]])
 
 
-@task(help={"since": "how far back, e.g. 30m, 3h, 1d", "out": "folder for the PNGs"})
+@task(help={"since": "how far back, e.g. 30m, 3h, 1d", "out": "folder for the PNGs (default: STATE_DIR/plots/gpu-metrics)"})
 def show(c, since="1h", out=None):
     """Pull the metric series with GetMetricData and draw a PNG per metric per node."""
     import re
@@ -106,7 +106,7 @@ def show(c, since="1h", out=None):
     rows = [[metric, node, len(points), f"{points[-1][1]:.1f}" if points else ""]
             for metric, nodes in sorted(data.items()) for node, points in sorted(nodes.items())]
     ui.table(f"{gpumetrics.NAMESPACE} metrics, last {since}", ["metric", "node", "points", "latest"], rows)
-    paths = gpumetrics.plot_series(data, Path(out) if out else s.state_dir / "gpu-metrics")
+    paths = gpumetrics.plot_series(data, Path(out) if out else s.state_dir / "plots" / "gpu-metrics")
     for path in paths:
         ui.say(f"plot: {path}")
 

@@ -44,7 +44,7 @@ def test_parses_new_efa_provider_line_and_na_cells():
 def test_report_require_efa_exit_codes(tmp_path, state_dir):
     ok = invoke("efa.report", str(SEED_LOG), "--require-efa", "--out", str(tmp_path))
     assert ok.returncode == 0, ok.stderr
-    assert (tmp_path / "nccl-busbw.png").stat().st_size > 5000
+    assert (tmp_path / "nccl-tests-p4d-efa4-busbw.png").stat().st_size > 5000  # --out: a folder, named after the input
     assert "max 42.04 GB/s" in ok.stderr
     tcp = invoke("efa.report", str(FIXTURES / "nccl-tests-2.13-socket-fallback.txt"), "--require-efa", "--out", str(tmp_path))
     assert tcp.returncode == 1 and "did not use EFA (transport: socket" in tcp.stderr and "Traceback" not in tcp.stderr
@@ -93,4 +93,4 @@ def test_local_allreduce_sweep_runs_with_two_processes(state_dir):
     assert report.transport == "gloo"
     assert [r.size for r in report.rows][:3] == [8, 16, 32] and report.rows[-1].size == 1048576
     assert all(r.oop_busbw is not None and r.oop_time_us > 0 for r in report.rows)
-    assert (state_dir / "efa" / "nccl-busbw.png").exists()
+    assert (state_dir / "plots" / "allreduce-local-busbw.png").exists()

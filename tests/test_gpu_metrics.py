@@ -59,6 +59,10 @@ def test_local_sampler_puts_metrics_that_show_reads_back_and_plots(state_dir, tm
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
     assert pngs and all(p.stat().st_size > 3000 for p in tmp_path.glob("*.png"))
     assert any(name.startswith(("cpu_usage_active", "nvidia_smi_utilization_gpu")) for name in pngs)
+    default = invoke("gpu-metrics.show", "--since", "10m", env={"COLUMNS": "200"})  # no --out: STATE_DIR/plots
+    assert default.returncode == 0, default.stderr
+    written = sorted((state_dir / "plots" / "gpu-metrics").glob("*.png"))
+    assert [p.name for p in written] == pngs and all(f"plot: {p}" in default.stderr for p in written)
     assert invoke("gpu-metrics.delete").returncode == 0
     assert sampler.info() is None
     again = invoke("gpu-metrics.delete")

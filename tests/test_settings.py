@@ -128,4 +128,4 @@ def test_cli_config_table_masks_secrets(state_dir):
     result = invoke("config", env={"AWS_SECRET_ACCESS_KEY": "abcdEFGH1234secret", "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     assert "abcdEFGH1234secret" not in result.stdout + result.stderr
-    assert "AWS_SECRET_ACCESS_KEY" in result.stderr and "****" in result.stderr
+    assert "AWS_SECRET_ACCESS_KEY" in result.stdout and "****" in result.stdout  # config prints to stdout (issue 15)
