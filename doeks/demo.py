@@ -33,7 +33,7 @@ def run(base, keep: bool = False, dry_run: bool = False) -> dict:
         if status.state != "Succeeded":
             raise DoeksError(f"the job ended {status.state}: see {elastic.home(s)}/replicas/*/agent.log")
         result = elastic.final_result(s) or {}
-        png = plots.training(elastic.metrics_dir(s) / "metrics.csv", elastic.metrics_dir(s) / "training.png",
+        png = plots.training(elastic.metrics_dir(s) / "metrics.csv", plots.plot_path(s, f"{s.job_name}-training.png"),
                              title=f"{s.job_name}: {s.arch}, {s.replicas}x{s.nproc_per_node} processes")
         chance = 1 / s.data_classes
         ui.say(f"final validation accuracy: {result.get('val_accuracy', 0):.3f} (chance {chance:.3f}) "

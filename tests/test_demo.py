@@ -21,6 +21,7 @@ def test_demo_trains_to_the_end_plots_and_leaves_nothing_running(state_dir):
     from pathlib import Path
 
     assert Path(plot).stat().st_size > 10_000
+    assert Path(plot).resolve().parent == (state_dir / "plots").resolve()  # not in the metrics folder `--fresh` deletes
     assert "[node-0]" in result.stderr and "[node-1]" in result.stderr
     assert "world=4" in result.stderr  # 2 nodes x 2 processes
     assert "Traceback" not in result.stderr  # no worker, agent or lease thread failed on the way (or hung at exit)
