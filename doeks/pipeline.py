@@ -233,6 +233,10 @@ def role_arn(settings, required: bool) -> str:
         if required:
             raise DoeksError(f"execution role {settings.sagemaker_role_name} does not exist: run `invoke sagemaker.role`") from None
         return ""
+    except Exception as error:  # noqa: BLE001 - credentials that do not work: one line, or an empty ARN if optional
+        if required:
+            raise DoeksError(f"cannot read the execution role {settings.sagemaker_role_name}: {type(error).__name__}") from None
+        return ""
 
 
 def arguments(settings, runtime: str, steps: int = 5, endpoint_url: str = "", role: str = "",
@@ -305,6 +309,8 @@ def client(settings):
     (KFP_TOKEN: the KFP API server checks it with a TokenReview; through the Istio gateway only with an m2m oauth2-proxy
     overlay, doeks' `example/` uses m2m-dex-only, so then port-forward svc/ml-pipeline), or the dashboard login's
     session cookie through the gateway (KFP_SESSION_TOKEN). Both are secrets: masked in every output."""
+    import warnings
+
     import kfp
 
     from .errors import DoeksError
@@ -318,8 +324,29 @@ def client(settings):
                          f"create token {settings.kfp_service_account} --audience=pipelines.kubeflow.org`) or "
                          f"KFP_SESSION_TOKEN (the {SESSION_COOKIE} cookie after logging in) in .env.local")
     cookies = f"{SESSION_COOKIE}={settings.kfp_session_token}" if settings.kfp_session_token else None
+    warnings.filterwarnings("ignore", category=FutureWarning, module="kfp")  # "only works with KFP v2.0.0-beta.2 and later"
     return kfp.Client(host=settings.kfp_endpoint, existing_token=settings.kfp_token or None, cookies=cookies,
                       namespace=settings.kfp_namespace)
+
+
+def create_run(settings, args: dict[str, Any]) -> str:
+    """Create a run of the pipeline on KFP_ENDPOINT in KFP_NAMESPACE as KFP_SERVICE_ACCOUNT; returns the run id.
+    A refusal (401/403/404...) or an unreachable endpoint is one line; the login never appears in it."""
+    import kfp_server_api
+    import urllib3
+
+    from .errors import DoeksError
+
+    kfp_client = client(settings)
+    try:
+        run = kfp_client.create_run_from_pipeline_func(for_settings(settings), arguments=args, namespace=settings.kfp_namespace,
+                                                       experiment_name="doeks", service_account=settings.kfp_service_account)
+    except kfp_server_api.ApiException as error:
+        raise DoeksError(f"Kubeflow Pipelines at {settings.kfp_endpoint} answered {error.status} {error.reason}"
+                         + (": check KFP_TOKEN / KFP_SESSION_TOKEN and KFP_NAMESPACE" if error.status in (401, 403) else "")) from None
+    except (OSError, urllib3.exceptions.HTTPError) as error:
+        raise DoeksError(f"cannot reach Kubeflow Pipelines at {settings.kfp_endpoint}: {type(error).__name__}") from None
+    return run.run_id
 
 
 def run_local(settings, args: dict[str, Any]):

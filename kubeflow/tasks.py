@@ -154,7 +154,6 @@ def pipeline_run(c, runtime="local", local=False, steps=5, dry_run=False):
     import sys
 
     from doeks import aws, pipeline, ui
-    from doeks.errors import DoeksError
 
     s = settings()
     endpoint = (aws.endpoint_url(s) or "") if (local and runtime == "sagemaker") else ""
@@ -172,10 +171,8 @@ def pipeline_run(c, runtime="local", local=False, steps=5, dry_run=False):
         pipeline.run_local(s, args)
         ui.say(f"pipeline finished locally (training_runtime={runtime}); artifacts under {s.state_dir / 'kfp'}")
         return
-    client = pipeline.client(s)
-    run = client.create_run_from_pipeline_func(pipeline.for_settings(s), arguments=args, namespace=s.kfp_namespace,
-                                               experiment_name="doeks", service_account=s.kfp_service_account)
-    ui.say(f"run {run.run_id} created on {s.kfp_endpoint} in namespace {s.kfp_namespace}")
+    run_id = pipeline.create_run(s, args)
+    ui.say(f"run {run_id} created on {s.kfp_endpoint} in namespace {s.kfp_namespace}")
 
 
 @task(name="deploy", help={"dry_run": "print the Role, RoleBinding and AWS calls; change nothing"})

@@ -281,6 +281,11 @@ def kfp_api():
             self._reply({})
 
         def do_POST(self):  # noqa: N802
+            if self.headers.get("Authorization") == "Bearer expired":
+                self.send_response(401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             seen.append({"method": "POST", "path": self.path, "auth": self.headers.get("Authorization"),
                          "cookie": self.headers.get("Cookie"), "body": body})
@@ -322,3 +327,8 @@ def test_pipeline_run_logs_in_to_a_multi_user_kfp(kfp_api, state_dir):
     cookie = invoke("kubeflow.pipeline.run", "--runtime", "kubernetes", env={**env, "KFP_SESSION_TOKEN": "abc123cookie"})
     assert cookie.returncode == 0, cookie.stderr
     assert kfp_api.seen[-1]["cookie"] == "oauth2_proxy_kubeflow=abc123cookie"
+    expired = invoke("kubeflow.pipeline.run", "--runtime", "kubernetes", env={**env, "KFP_TOKEN": "expired"})
+    assert expired.returncode == 1 and "Traceback" not in expired.stderr
+    assert expired.stderr.strip().splitlines()[-1].startswith("error: Kubeflow Pipelines at") and "401" in expired.stderr
+    gone = invoke("kubeflow.pipeline.run", "--runtime", "kubernetes", env={**env, "KFP_TOKEN": token, "KFP_ENDPOINT": "http://127.0.0.1:9"})
+    assert gone.returncode == 1 and "cannot reach Kubeflow Pipelines" in gone.stderr and "Traceback" not in gone.stderr
