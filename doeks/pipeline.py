@@ -173,9 +173,17 @@ def _runs_as(task, service_account: str):
     return task
 
 
-def build(image: str, service_account: str):
-    """The pipeline with the local branch in `image` (the training image: torch, the script at /workspace) and every
-    task running as `service_account`."""
+def _mounts(task, claim: str, path: str):
+    """The shared volume in the task's pod; the form kfp-kubernetes' mount_pvc writes (kubeflow/pipelines
+    kubernetes_platform/python/test/unit/test_volume.py: constant + pvcNameParameter + mountPath)."""
+    task.platform_config.setdefault("kubernetes", {}).setdefault("pvcMount", []).append(
+        {"constant": claim, "pvcNameParameter": {"runtimeValue": {"constant": claim}}, "mountPath": path})
+    return task
+
+
+def build(image: str, service_account: str, claim: str = "fsx-pvc", mount: str = "/fsx-shared"):
+    """The pipeline with the local branch in `image` (the training image: torch, the script at /workspace) with the
+    shared volume `claim` at `mount` (its data), and every task running as `service_account`."""
     local_op = dsl.component(func=train_local, base_image=image)
     kubernetes_op = dsl.component(func=train_kubernetes, base_image=SUBMIT_IMAGE, packages_to_install=KUBERNETES_PACKAGES)
     sagemaker_op = dsl.component(func=train_sagemaker, base_image=SUBMIT_IMAGE, packages_to_install=SAGEMAKER_PACKAGES)
@@ -193,7 +201,7 @@ def build(image: str, service_account: str):
                                   run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, source_tar_b64=source_tar_b64,
                                   region=aws_region, endpoint_url=aws_endpoint_url), service_account)
         with dsl.Else():
-            _runs_as(local_op(script=script, data_dir=data_dir, arch=arch, steps=steps), service_account)
+            _mounts(_runs_as(local_op(script=script, data_dir=data_dir, arch=arch, steps=steps), service_account), claim, mount)
 
     return hybrid
 
@@ -207,7 +215,7 @@ def training_image(settings, here: bool = False) -> str:
 
 
 def for_settings(settings, here: bool = False):
-    return build(training_image(settings, here), settings.kfp_service_account)
+    return build(training_image(settings, here), settings.kfp_service_account, settings.shared_pvc, settings.shared_mount)
 
 
 def cluster_job(settings) -> dict[str, Any]:

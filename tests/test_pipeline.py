@@ -62,6 +62,10 @@ def test_compiled_pipeline_carries_namespace_image_and_identity_from_settings(ru
     # every task's pod runs as the profile's service account (the one with RBAC and the Pod Identity association)
     accounts = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert set(accounts) == set(executors) and {a["serviceAccount"] for a in accounts.values()} == {"team-runner"}
+    # the local branch's pod reads the data from the shared volume (the kubernetes branch's job mounts it itself)
+    assert [(m["pvcNameParameter"]["runtimeValue"]["constant"], m["mountPath"]) for m in accounts["exec-train-local"]["pvcMount"]] \
+        == [("fsx-pvc", "/fsx-shared")]
+    assert params["data_dir"] == "/fsx-shared/data"
     request = json.loads(params["sagemaker_request"])
     assert "RoleArn" not in request and params["sagemaker_role_arn"] == ""  # no credentials here: left empty
     assert request["AlgorithmSpecification"]["TrainingImage"] == S.load().sagemaker_image
