@@ -336,3 +336,28 @@ def test_pipeline_run_logs_in_to_a_multi_user_kfp(kfp_api, state_dir):
     assert expired.stderr.strip().splitlines()[-1].startswith("error: Kubeflow Pipelines at") and "401" in expired.stderr
     gone = invoke("kubeflow.pipeline.run", "--runtime", "kubernetes", env={**env, "KFP_TOKEN": token, "KFP_ENDPOINT": "http://127.0.0.1:9"})
     assert gone.returncode == 1 and "cannot reach Kubeflow Pipelines" in gone.stderr and "Traceback" not in gone.stderr
+
+
+def test_pipeline_deploy_then_delete_twice_leaves_no_role_or_association(cloud, state_dir):  # noqa: F811
+    from .test_csi import recorded
+
+    env = {**cloud["env"], **IMAGE_ENV}
+    assert invoke("kubeflow.pipeline.deploy", env=env).returncode == 0
+    eks, iam = boto3.client("eks", **cloud["kw"]), boto3.client("iam", **cloud["kw"])
+    found = eks.list_pod_identity_associations(clusterName="doeks", namespace="team-a", serviceAccount="team-runner")["associations"]
+    assert len(found) == 1
+    role = iam.get_role(RoleName="doeks-doeks-pipeline-runner")["Role"]
+    assert eks.describe_pod_identity_association(clusterName="doeks", associationId=found[0]["associationId"])["association"]["roleArn"] == role["Arn"]
+    policy = iam.get_role_policy(RoleName="doeks-doeks-pipeline-runner", PolicyName="doeks-pipeline-runner")["PolicyDocument"]
+    assert identity.allows([policy], "sagemaker:CreateTrainingJob", "arn:aws:sagemaker:us-west-2:123456789012:training-job/imagenet-0")
+    applied = [d["kind"] for c in recorded(cloud) if c["tool"] == "kubectl" and "apply" in c["argv"]
+               for d in yaml.safe_load_all(c["stdin"]) if d]
+    assert applied == ["Role", "RoleBinding"]
+    for _ in range(2):
+        result = invoke("kubeflow.pipeline.delete", env=env)
+        assert result.returncode == 0, result.stderr
+    assert not eks.list_pod_identity_associations(clusterName="doeks")["associations"]
+    assert "doeks-doeks-pipeline-runner" not in [r["RoleName"] for r in iam.list_roles()["Roles"]]
+    deleted = [d["kind"] for c in recorded(cloud) if c["tool"] == "kubectl" and "delete" in c["argv"]
+               for d in yaml.safe_load_all(c["stdin"]) if d]
+    assert deleted == ["Role", "RoleBinding"] * 2
