@@ -58,9 +58,13 @@ class Workload:
     inline: Callable[[Any], dict] | None = None
     addon: str | None = None  # the association comes with this EKS add-on
     namespace_of: Callable[[Any], str] | None = field(default=None, compare=False)
+    service_account_of: Callable[[Any], str] | None = field(default=None, compare=False)
 
     def ns(self, settings) -> str:
         return self.namespace_of(settings) if self.namespace_of else self.namespace
+
+    def sa(self, settings) -> str:
+        return self.service_account_of(settings) if self.service_account_of else self.service_account
 
 
 def role_name(settings, workload: Workload) -> str:
@@ -99,6 +103,22 @@ def cloudwatch_agent_policy(settings) -> dict[str, Any]:
         {"Effect": "Allow", "Action": "cloudwatch:PutMetricData", "Resource": "*",
          "Condition": {"StringEquals": {"cloudwatch:namespace": NAMESPACE}}},
         {"Effect": "Allow", "Action": ["ec2:DescribeTags", "ec2:DescribeInstances", "ec2:DescribeVolumes"], "Resource": "*"}]}
+
+
+def pipeline_runner_policy(settings) -> dict[str, Any]:
+    """The KFP pipeline's sagemaker branch (doeks.pipeline.train_sagemaker): upload the source archive under the
+    bucket's doeks/ prefix, create/describe/stop training jobs named after JOB_NAME (and tag them: CreateTrainingJob
+    with Tags needs sagemaker:AddTags), and pass the execution role to SageMaker only."""
+    from .sagemaker import name_prefix
+
+    region, bucket = settings.aws_region, settings.s3_bucket
+    return {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": ["sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob",
+                                       "sagemaker:StopTrainingJob", "sagemaker:AddTags"],
+         "Resource": f"arn:aws:sagemaker:{region}:*:training-job/{name_prefix(settings)}-*"},
+        {"Effect": "Allow", "Action": "iam:PassRole", "Resource": f"arn:aws:iam::*:role/{settings.sagemaker_role_name}",
+         "Condition": {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}},
+        {"Effect": "Allow", "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{bucket}/doeks/*"}]}
 
 
 # -- the table ----------------------------------------------------------------------------------------------------
@@ -142,6 +162,18 @@ WORKLOADS: tuple[Workload, ...] = (
              calls=("s3:ListBucket", "s3:GetObject"),
              source="doeks/datastage.py: list_objects_v2 (s3:ListBucket), get_object (s3:GetObject)",
              inline=stage_policy, namespace_of=lambda s: s.namespace),
+    Workload("pipeline-runner", "kubeflow", "KFP pipeline pods in the profile namespace (the sagemaker branch)", "",
+             "default-editor",
+             calls=("s3:PutObject", "sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob",
+                    "sagemaker:StopTrainingJob", "sagemaker:AddTags", "iam:PassRole"),
+             # doeks/pipeline.py train_sagemaker: put_object, create_training_job (with Tags -> sagemaker:AddTags, and
+             # the execution role -> iam:PassRole), describe_training_job; StopTrainingJob to stop what it started.
+             # Multi-user KFP runs a profile's pipeline pods as default-editor (kubeflow/manifests 26.03 README,
+             # "kubectl -n $KF_PROFILE_NAMESPACE create token default-editor"); KFP_SERVICE_ACCOUNT names it.
+             source="doeks/pipeline.py train_sagemaker; AWS docs sagemaker/latest/dg/sagemaker-roles.html (iam:PassRole, "
+                    "sagemaker:AddTags with Tags)",
+             inline=pipeline_runner_policy, namespace_of=lambda s: s.kfp_namespace,
+             service_account_of=lambda s: s.kfp_service_account),
 )
 BY_KEY = {w.key: w for w in WORKLOADS}
 
@@ -179,7 +211,7 @@ def allows(documents: list[dict[str, Any]], action: str, resource: str | None = 
 def describe(settings, workload: Workload) -> str:
     what = ", ".join([arn.rsplit("/", 1)[-1] for arn in workload.managed] + ([policy_name(workload) + " (inline)"] if workload.inline else []))
     via = f"add-on {workload.addon}" if workload.addon else "pod identity association"
-    return f"identity: {workload.ns(settings)}/{workload.service_account} -> role {role_name(settings, workload)} [{what}] via {via}"
+    return f"identity: {workload.ns(settings)}/{workload.sa(settings)} -> role {role_name(settings, workload)} [{what}] via {via}"
 
 
 # -- make and remove ----------------------------------------------------------------------------------------------
@@ -214,7 +246,7 @@ def associations(settings, workload: Workload) -> list[dict[str, Any]]:
     eks = _client(settings, "eks")
     try:
         return eks.list_pod_identity_associations(clusterName=settings.cluster_name, namespace=workload.ns(settings),
-                                                  serviceAccount=workload.service_account)["associations"]
+                                                  serviceAccount=workload.sa(settings))["associations"]
     except eks.exceptions.ResourceNotFoundException:
         return []
 
@@ -235,13 +267,13 @@ def ensure(settings, runner, workload: Workload) -> str:
         current = eks.describe_pod_identity_association(clusterName=settings.cluster_name,
                                                         associationId=association["associationId"])["association"]
         if current["roleArn"] == arn:
-            ui.say(f"pod identity association {workload.ns(settings)}/{workload.service_account} exists")
+            ui.say(f"pod identity association {workload.ns(settings)}/{workload.sa(settings)} exists")
             return arn
         runner.call(eks, "update_pod_identity_association", clusterName=settings.cluster_name,
                     associationId=association["associationId"], roleArn=arn)
         return arn
     runner.call(eks, "create_pod_identity_association", clusterName=settings.cluster_name, namespace=workload.ns(settings),
-                serviceAccount=workload.service_account, roleArn=arn, tags={TAG: settings.cluster_name})
+                serviceAccount=workload.sa(settings), roleArn=arn, tags={TAG: settings.cluster_name})
     return arn
 
 
@@ -251,7 +283,7 @@ def remove(settings, runner, workload: Workload) -> None:
 
     if runner.dry_run:
         runner.call(_client(settings, "eks"), "delete_pod_identity_association", clusterName=settings.cluster_name,
-                    associationId=f"<{workload.ns(settings)}/{workload.service_account}>")
+                    associationId=f"<{workload.ns(settings)}/{workload.sa(settings)}>")
     elif cluster.describe(settings) is not None:
         eks = _client(settings, "eks")
         for association in associations(settings, workload):
@@ -282,10 +314,10 @@ def remove(settings, runner, workload: Workload) -> None:
 
 def addon_associations(settings, runner, workload: Workload) -> list[dict[str, str]]:
     """The `podIdentityAssociations` argument of CreateAddon for an add-on row (the role made first)."""
-    return [{"serviceAccount": workload.service_account, "roleArn": ensure_role(settings, runner, workload)}]
+    return [{"serviceAccount": workload.sa(settings), "roleArn": ensure_role(settings, runner, workload)}]
 
 
 def rows(settings) -> list[list[str]]:
-    return [[w.unit, w.what, f"{w.ns(settings)}/{w.service_account}", role_name(settings, w),
+    return [[w.unit, w.what, f"{w.ns(settings)}/{w.sa(settings)}", role_name(settings, w),
              ", ".join([a.rsplit("/", 1)[-1] for a in w.managed] + (["inline " + policy_name(w)] if w.inline else []))]
             for w in WORKLOADS]

@@ -1,8 +1,17 @@
 """The hybrid KFP v2 pipeline (no `from __future__ import annotations`: kfp reads real annotations): one runtime parameter, `training_runtime`, picks where the same training script runs.
 
-kubernetes -> a PyTorchJob on the cluster (training operator), sagemaker -> a SageMaker training job,
-local -> torchrun on the machine running the pipeline. `dsl.If/Elif/Else` (not the deprecated dsl.Condition);
+kubernetes -> a TrainJob (Trainer v2) or a fixed-size PyTorchJob (training operator v1), by PIPELINE_JOB_KIND, in the
+profile namespace KFP_NAMESPACE; sagemaker -> a SageMaker training job; local -> torchrun in the pipeline's own pod
+(the training image) or, with kfp.local, on this machine. `dsl.If/Elif/Else` (not the deprecated dsl.Condition);
 kfp >= 2.17, whose local runner really executes the taken branch.
+
+Every task runs as KFP_SERVICE_ACCOUNT (multi-user KFP: `default-editor` of the profile), which
+`kubeflow.pipeline.deploy` gives RBAC on the jobs (a Role in the profile namespace) and a Pod Identity role for the
+SageMaker calls (doeks.identity row `pipeline-runner`). Each run names its job after the KFP run id, so a second run
+never meets the first one's name (409) nor its checkpoints; `steps` reaches the script as `--max-steps`.
+Nothing account-specific is made up at compile time: the training image must resolve (TRAIN_IMAGE, REGISTRY or AWS
+credentials), and the SageMaker execution role's ARN is read from IAM, or left empty, and then the sagemaker branch
+fails with one clear line.
 """
 
 import base64
@@ -13,12 +22,16 @@ from typing import Any
 from kfp import compiler, dsl
 
 RUNTIMES = ("kubernetes", "sagemaker", "local")
-COMPONENT_IMAGE = "python:3.11-slim"
+# The kubernetes and sagemaker branches only submit and wait: a small image and one client library. boto3 >= 1.34.41
+# reads EKS Pod Identity credentials (the container provider's AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE).
+SUBMIT_IMAGE = "python:3.11-slim"
+KUBERNETES_PACKAGES = ["kubernetes>=27,<31"]
+SAGEMAKER_PACKAGES = ["boto3>=1.34.41"]
+NAME = "doeks-hybrid-training"
 
 
-@dsl.component(base_image=COMPONENT_IMAGE)
 def train_local(script: str, data_dir: str, arch: str, steps: int, model: dsl.Output[dsl.Model]):
-    """Train a few steps with torchrun on this machine (1 node, 1 process) and keep the model."""
+    """Train a few steps with torchrun where this task runs (1 node, 1 process) and keep the model."""
     import os
     import subprocess
     import sys
@@ -39,109 +52,309 @@ def train_local(script: str, data_dir: str, arch: str, steps: int, model: dsl.Ou
     model.metadata["final"] = open(os.path.join(work, "metrics", "final.json")).read()
 
 
-@dsl.component(base_image=COMPONENT_IMAGE, packages_to_install=["boto3"])
-def train_sagemaker(request: str, source_tar_b64: str, region: str, endpoint_url: str, model: dsl.Output[dsl.Model]):
-    """Upload the script, create the SageMaker training job, wait for it, record the model artifact."""
+def train_sagemaker(request: str, role_arn: str, steps: int, run_id: str, source_tar_b64: str, region: str,
+                    endpoint_url: str, model: dsl.Output[dsl.Model], poll_seconds: int = 30):
+    """Upload the script, create this run's SageMaker training job, wait for it, record the model artifact."""
     import base64
+    import hashlib
     import json
     import time
+    import uuid
 
     import boto3
 
-    kwargs = {"region_name": region}
-    if endpoint_url:
-        kwargs.update(endpoint_url=endpoint_url, aws_access_key_id="testing", aws_secret_access_key="testing")
+    if not role_arn:
+        raise RuntimeError("sagemaker_role_arn is empty: create the execution role (`invoke sagemaker.role`), then compile "
+                           "or run the pipeline again with AWS credentials (doeks reads the role's ARN), or pass sagemaker_role_arn")
     job = json.loads(request)
+    if not job.get("TrainingJobName"):
+        raise RuntimeError("sagemaker_request is empty: compile the pipeline with `invoke kubeflow.pipeline.compile`")
+    base = job["TrainingJobName"]
+    # one job per run: named after the KFP run id (a retried task finds its own job), or random without one
+    resolved = bool(run_id) and "{{" not in run_id
+    name = f"{base}-{hashlib.sha256(run_id.encode()).hexdigest()[:8] if resolved else uuid.uuid4().hex[:8]}"
+    job = json.loads(json.dumps(job).replace(f"/doeks/{base}/", f"/doeks/{name}/"))  # source and output under the run
+    job["TrainingJobName"] = name
+    job["RoleArn"] = role_arn
+    if steps:
+        job["HyperParameters"]["max-steps"] = str(steps)
+    kwargs = {"region_name": region}
+    if endpoint_url:  # an AWS-API stand-in (moto) answers any credentials
+        kwargs.update(endpoint_url=endpoint_url, aws_access_key_id="testing", aws_secret_access_key="testing")
     source = job["HyperParameters"]["sagemaker_submit_directory"]
     bucket, key = source[len("s3://"):].split("/", 1)
     boto3.client("s3", **kwargs).put_object(Bucket=bucket, Key=key, Body=base64.b64decode(source_tar_b64))
     sm = boto3.client("sagemaker", **kwargs)
-    sm.create_training_job(**job)
+    try:
+        sm.create_training_job(**job)
+        print(f"created training job {name}")
+    except sm.exceptions.ResourceInUse:
+        print(f"training job {name} exists (this run's task was retried): following it")
     while True:
-        described = sm.describe_training_job(TrainingJobName=job["TrainingJobName"])
+        described = sm.describe_training_job(TrainingJobName=name)
         status = described["TrainingJobStatus"]
         if status in ("Completed", "Failed", "Stopped"):
             break
-        time.sleep(30)
+        time.sleep(poll_seconds)
     if status != "Completed":
-        raise RuntimeError(f"training job {job['TrainingJobName']} ended {status}: {described.get('FailureReason', '')}")
+        raise RuntimeError(f"training job {name} ended {status}: {described.get('FailureReason', '')}")
     model.uri = described["ModelArtifacts"]["S3ModelArtifacts"]
     model.metadata["runtime"] = "sagemaker"
-    model.metadata["training_job"] = job["TrainingJobName"]
+    model.metadata["training_job"] = name
 
 
-@dsl.component(base_image=COMPONENT_IMAGE, packages_to_install=["kubernetes<31"])
-def train_kubernetes(pytorchjob: str, model: dsl.Output[dsl.Model]):
-    """Create the PyTorchJob in the cluster (in-cluster credentials) and wait until it succeeds."""
+def train_kubernetes(job: str, namespace: str, steps: int, run_id: str, model: dsl.Output[dsl.Model],
+                     poll_seconds: int = 30):
+    """Create this run's TrainJob or PyTorchJob in the profile namespace (the pod's own service account) and wait
+    until it completes; a failed job fails the task."""
+    import hashlib
     import json
     import time
+    import uuid
 
     from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
 
+    manifest = json.loads(job)
+    kind = manifest.get("kind", "")
+    kinds = {"TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "Complete"),
+             "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs", "Succeeded")}
+    if kind not in kinds:
+        raise RuntimeError(f"job is {kind or 'empty'}, not a TrainJob or PyTorchJob: compile the pipeline with "
+                           "`invoke kubeflow.pipeline.compile`")
+    group, version, plural, done = kinds[kind]
+    base = manifest["metadata"]["name"]
+    # one job per run: named after the KFP run id (a retried task finds its own job), or random without one
+    resolved = bool(run_id) and "{{" not in run_id
+    suffix = hashlib.sha256(run_id.encode()).hexdigest()[:8] if resolved else uuid.uuid4().hex[:8]
+    name = f"{base[:40].rstrip('-')}-{suffix}"
+    if not name[0].isalpha():  # TrainJob names are RFC 1035 labels (a letter first)
+        name = f"r{name}"
+    manifest["metadata"].update(name=name, namespace=namespace)
+
+    def run_args(args):
+        """The run's own checkpoint and metrics folders (an earlier run's would make this one 'already finished'),
+        and `steps` as --max-steps."""
+        args = list(args)
+        for i in range(len(args) - 1):
+            if args[i] in ("--checkpoint-dir", "--metrics-dir") and args[i + 1].rsplit("/", 1)[-1] == base:
+                args[i + 1] = f"{args[i + 1].rsplit('/', 1)[0]}/{name}"
+        return args + (["--max-steps", str(steps)] if steps else [])
+
+    if kind == "TrainJob":
+        manifest["spec"]["trainer"]["args"] = run_args(manifest["spec"]["trainer"].get("args", []))
+    else:
+        for replica in manifest["spec"]["pytorchReplicaSpecs"].values():
+            container = replica["template"]["spec"]["containers"][0]
+            container["args"] = run_args(container.get("args", []))
     config.load_incluster_config()
-    job = json.loads(pytorchjob)
     api = client.CustomObjectsApi()
-    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-    api.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", job)
+    try:
+        api.create_namespaced_custom_object(group, version, namespace, plural, manifest)
+        print(f"created {kind} {namespace}/{name}")
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        print(f"{kind} {namespace}/{name} exists (this run's task was retried): following it")
     while True:
-        conditions = api.get_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", name) \
-            .get("status", {}).get("conditions", [])
-        states = {c["type"] for c in conditions if c.get("status") == "True"}
-        if "Succeeded" in states:
+        current = api.get_namespaced_custom_object(group, version, namespace, plural, name)
+        true = {c["type"]: c for c in current.get("status", {}).get("conditions", []) if c.get("status") == "True"}
+        if done in true:
             break
-        if "Failed" in states:
-            raise RuntimeError(f"PyTorchJob {name} failed")
-        time.sleep(30)
-    model.metadata["runtime"] = "kubernetes"
-    model.metadata["pytorchjob"] = name
+        if "Failed" in true:
+            raise RuntimeError(f"{kind} {namespace}/{name} failed: {true['Failed'].get('message', '')}")
+        time.sleep(poll_seconds)
+    model.metadata.update(runtime="kubernetes", kind=kind, name=name, namespace=namespace)
 
 
-@dsl.pipeline(name="doeks-hybrid-training", description="Same script and data on Kubernetes, SageMaker or locally")
-def hybrid(training_runtime: str = "local", script: str = "/workspace/train.py", data_dir: str = "/fsx-shared/data",
-           arch: str = "resnet18", steps: int = 5, sagemaker_request: str = "{}", source_tar_b64: str = "",
-           aws_region: str = "us-west-2", aws_endpoint_url: str = "", pytorchjob: str = "{}"):
-    with dsl.If(training_runtime == "kubernetes"):
-        train_kubernetes(pytorchjob=pytorchjob)
-    with dsl.Elif(training_runtime == "sagemaker"):
-        train_sagemaker(request=sagemaker_request, source_tar_b64=source_tar_b64, region=aws_region,
-                        endpoint_url=aws_endpoint_url)
-    with dsl.Else():
-        train_local(script=script, data_dir=data_dir, arch=arch, steps=steps)
+def _runs_as(task, service_account: str):
+    """The task's pod runs as this service account (kfp-kubernetes' use_service_account writes the same field)."""
+    task.platform_config.setdefault("kubernetes", {})["serviceAccount"] = service_account
+    return task
 
 
-def arguments(settings, runtime: str, steps: int = 5, endpoint_url: str = "", role_arn: str = "") -> dict[str, Any]:
-    """Pipeline arguments for a runtime, from the plan of the target it maps onto (doeks.targets.RUNTIMES: the seed's
-    kubernetes -> eks, sagemaker -> sagemaker, local -> local): the same job spec and request the tasks submit."""
-    from . import targets
+def _mounts(task, claim: str, path: str):
+    """The shared volume in the task's pod; the form kfp-kubernetes' mount_pvc writes (kubeflow/pipelines
+    kubernetes_platform/python/test/unit/test_volume.py: constant + pvcNameParameter + mountPath)."""
+    task.platform_config.setdefault("kubernetes", {}).setdefault("pvcMount", []).append(
+        {"constant": claim, "pvcNameParameter": {"runtimeValue": {"constant": claim}}, "mountPath": path})
+    return task
+
+
+def build(image: str, service_account: str, claim: str = "fsx-pvc", mount: str = "/fsx-shared"):
+    """The pipeline with the local branch in `image` (the training image: torch, the script at /workspace) with the
+    shared volume `claim` at `mount` (its data), and every task running as `service_account`."""
+    local_op = dsl.component(func=train_local, base_image=image)
+    kubernetes_op = dsl.component(func=train_kubernetes, base_image=SUBMIT_IMAGE, packages_to_install=KUBERNETES_PACKAGES)
+    sagemaker_op = dsl.component(func=train_sagemaker, base_image=SUBMIT_IMAGE, packages_to_install=SAGEMAKER_PACKAGES)
+
+    @dsl.pipeline(name=NAME, description="Same script and data on Kubernetes, SageMaker or in the pipeline's own pod")
+    def hybrid(training_runtime: str = "local", script: str = "/workspace/train.py", data_dir: str = "/fsx-shared/data",
+               arch: str = "resnet18", steps: int = 5, namespace: str = "", job: str = "{}", sagemaker_request: str = "{}",
+               sagemaker_role_arn: str = "", source_tar_b64: str = "", aws_region: str = "us-west-2",
+               aws_endpoint_url: str = ""):
+        with dsl.If(training_runtime == "kubernetes"):
+            _runs_as(kubernetes_op(job=job, namespace=namespace, steps=steps, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER),
+                     service_account)
+        with dsl.Elif(training_runtime == "sagemaker"):
+            _runs_as(sagemaker_op(request=sagemaker_request, role_arn=sagemaker_role_arn, steps=steps,
+                                  run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, source_tar_b64=source_tar_b64,
+                                  region=aws_region, endpoint_url=aws_endpoint_url), service_account)
+        with dsl.Else():
+            _mounts(_runs_as(local_op(script=script, data_dir=data_dir, arch=arch, steps=steps), service_account), claim, mount)
+
+    return hybrid
+
+
+def training_image(settings, here: bool = False) -> str:
+    """The training image for the local branch's pod; on a cluster it must name a real registry (no `<account>`)."""
+    from . import trainimage
+
+    ref = trainimage.reference(settings, on_this_machine=here)
+    return ref if here else trainimage.require_resolved(ref)
+
+
+def for_settings(settings, here: bool = False):
+    return build(training_image(settings, here), settings.kfp_service_account, settings.shared_pvc, settings.shared_mount)
+
+
+def cluster_job(settings) -> dict[str, Any]:
+    """The kubernetes branch's job (PIPELINE_JOB_KIND), fixed size, in KFP_NAMESPACE. The elastic PyTorchJob is not
+    used here: it needs the etcd Deployment beside it, which a pipeline task does not manage."""
+    from . import jobspec, trainjob
+
+    target = settings.with_overrides(namespace=settings.kfp_namespace, target="eks")
+    return trainjob.trainjob(target) if settings.pipeline_job_kind == "trainjob" else jobspec.pytorchjob_fixed(target)
+
+
+def role_arn(settings, required: bool) -> str:
+    """The SageMaker execution role's ARN from IAM; "" when no AWS credentials are configured and it is not required."""
+    from . import aws, trainimage
+    from .errors import DoeksError
+
+    if not required and not trainimage._credentials_configured(settings):
+        return ""
+    iam = aws.client(settings, "iam")
+    try:
+        return iam.get_role(RoleName=settings.sagemaker_role_name)["Role"]["Arn"]
+    except iam.exceptions.NoSuchEntityException:
+        if required:
+            raise DoeksError(f"execution role {settings.sagemaker_role_name} does not exist: run `invoke sagemaker.role`") from None
+        return ""
+    except Exception as error:  # noqa: BLE001 - credentials that do not work: one line, or an empty ARN if optional
+        if required:
+            raise DoeksError(f"cannot read the execution role {settings.sagemaker_role_name}: {type(error).__name__}") from None
+        return ""
+
+
+def arguments(settings, runtime: str, steps: int = 5, endpoint_url: str = "", role: str = "",
+              here: bool = False) -> dict[str, Any]:
+    """Every pipeline parameter from the settings, so that any branch can be picked at run time: the cluster job
+    (doeks.trainjob / doeks.jobspec), the CreateTrainingJob request (doeks.sagemaker; the run adds its suffix, role
+    and steps), the script and data; `here`: paths of this machine for kfp.local."""
+    from . import sagemaker
     from .errors import DoeksError
 
     if runtime not in RUNTIMES:
         raise DoeksError(f"--runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
-    target = targets.for_runtime(settings, runtime)
-    plan = target.plan(targets.Job(target.settings, ["--max-steps", str(steps)]))
+    request = sagemaker.training_request(settings, "", sagemaker.name_prefix(settings))
+    del request["RoleArn"]
     args: dict[str, Any] = {"training_runtime": runtime, "arch": settings.arch, "steps": steps,
-                            "aws_region": settings.aws_region, "aws_endpoint_url": endpoint_url}
-    if runtime == "local":
-        from . import sagemaker
+                            "namespace": settings.kfp_namespace, "job": json.dumps(cluster_job(settings)),
+                            "sagemaker_request": json.dumps(request), "sagemaker_role_arn": role,
+                            "source_tar_b64": base64.b64encode(sagemaker.source_archive()).decode(),
+                            "aws_region": settings.aws_region, "aws_endpoint_url": endpoint_url,
+                            "script": "/workspace/train.py", "data_dir": f"{settings.shared_mount}/data"}
+    if here:
         from .local import runtime as local_runtime
 
         args.update(script=str(sagemaker.WORKLOAD / "train.py"), data_dir=str(local_runtime.shared_volume(settings) / "data"))
-    elif runtime == "sagemaker":
-        request = plan.requests[0]["params"]
-        if role_arn:
-            request["RoleArn"] = role_arn
-        from . import sagemaker
-
-        args.update(sagemaker_request=json.dumps(request), source_tar_b64=base64.b64encode(sagemaker.source_archive()).decode())
-    else:
-        args.update(pytorchjob=json.dumps(plan.manifests[-1]), data_dir=f"{settings.shared_mount}/data")
     return args
 
 
-def compile_to(out: Path, defaults: dict[str, Any] | None = None) -> Path:
+# Which jobs the pipeline's service account may create in the profile namespace. The profile controller binds
+# default-editor to the ClusterRole kubeflow-edit, which aggregates ClusterRoles labelled
+# rbac.authorization.kubeflow.org/aggregate-to-kubeflow-edit. Trainer v2.3.0 ships one for trainjobs
+# (kubeflow/trainer v2.3.0 manifests/overlays/kubeflow-platform/kubeflow-trainer-roles.yaml: kubeflow-trainer-edit,
+# create/get/list/watch/delete), but only in its kubeflow-platform overlay, not in overlays/manager
+# (`kubeflow.trainer.deploy`); the v1 operator's kubeflow-training-edit (pytorchjobs) is only in its overlays/kubeflow
+# (kubeflow/trainer v1.9.4 manifests/overlays/kubeflow/kubeflow-training-roles.yaml), not in overlays/standalone,
+# which doeks installs. So default-editor cannot create a PyTorchJob on a doeks cluster: this Role grants exactly
+# what train_kubernetes does (create, then get until done) for both kinds, in KFP_NAMESPACE only.
+RBAC_NAME = "doeks-pipeline-jobs"
+
+
+def rbac(settings) -> list[dict[str, Any]]:
+    ns, verbs = settings.kfp_namespace, ["create", "get", "list", "watch"]
+    meta = {"name": RBAC_NAME, "namespace": ns, "labels": {"app.kubernetes.io/part-of": "doeks"}}
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": [
+            {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": verbs},
+            {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": verbs}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": RBAC_NAME},
+         "subjects": [{"kind": "ServiceAccount", "name": settings.kfp_service_account, "namespace": ns}]},
+    ]
+
+
+def default_path(settings, runtime: str) -> Path:
+    return settings.state_dir / "pipelines" / f"hybrid-{runtime}.yaml"
+
+
+def compile_to(out: Path, pipeline_func, defaults: dict[str, Any] | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(hybrid, str(out), pipeline_parameters=defaults or None)
+    compiler.Compiler().compile(pipeline_func, str(out), pipeline_parameters=defaults or None)
     return out
+
+
+# kubeflow/manifests 26.03 common/oauth2-proxy/base/oauth2_proxy.cfg: cookie_name = "oauth2_proxy_kubeflow"
+SESSION_COOKIE = "oauth2_proxy_kubeflow"
+
+
+def client(settings):
+    """kfp.Client for a multi-user Kubeflow Pipelines, logged in one of the two ways kubeflow/manifests 26.03 offers
+    (README "Connect to your Kubeflow Cluster", oauth2-proxy): a Kubernetes service-account token as a bearer token
+    (KFP_TOKEN: the KFP API server checks it with a TokenReview; through the Istio gateway only with an m2m oauth2-proxy
+    overlay, doeks' `example/` uses m2m-dex-only, so then port-forward svc/ml-pipeline), or the dashboard login's
+    session cookie through the gateway (KFP_SESSION_TOKEN). Both are secrets: masked in every output."""
+    import warnings
+
+    import kfp
+
+    from .errors import DoeksError
+
+    if not settings.kfp_endpoint:
+        raise DoeksError("KFP_ENDPOINT is empty: set it, e.g. http://localhost:8888 after `kubectl -n kubeflow port-forward "
+                         "svc/ml-pipeline 8888:8888`, or http://localhost:8080/pipeline after `invoke kubeflow.expose`; "
+                         "or use --local")
+    if not (settings.kfp_token or settings.kfp_session_token):
+        raise DoeksError(f"a multi-user Kubeflow Pipelines needs a login: set KFP_TOKEN (`kubectl -n {settings.kfp_namespace} "
+                         f"create token {settings.kfp_service_account} --audience=pipelines.kubeflow.org`) or "
+                         f"KFP_SESSION_TOKEN (the {SESSION_COOKIE} cookie after logging in) in .env.local")
+    cookies = f"{SESSION_COOKIE}={settings.kfp_session_token}" if settings.kfp_session_token else None
+    warnings.filterwarnings("ignore", category=FutureWarning, module="kfp")  # "only works with KFP v2.0.0-beta.2 and later"
+    return kfp.Client(host=settings.kfp_endpoint, existing_token=settings.kfp_token or None, cookies=cookies,
+                      namespace=settings.kfp_namespace)
+
+
+def create_run(settings, args: dict[str, Any]) -> str:
+    """Create a run of the pipeline on KFP_ENDPOINT in KFP_NAMESPACE as KFP_SERVICE_ACCOUNT; returns the run id.
+    A refusal (401/403/404...) or an unreachable endpoint is one line; the login never appears in it."""
+    import kfp_server_api
+    import urllib3
+
+    from .errors import DoeksError
+
+    kfp_client = client(settings)
+    try:
+        run = kfp_client.create_run_from_pipeline_func(for_settings(settings), arguments=args, namespace=settings.kfp_namespace,
+                                                       experiment_name="doeks", service_account=settings.kfp_service_account)
+    except kfp_server_api.ApiException as error:
+        raise DoeksError(f"Kubeflow Pipelines at {settings.kfp_endpoint} answered {error.status} {error.reason}"
+                         + (": check KFP_TOKEN / KFP_SESSION_TOKEN and KFP_NAMESPACE" if error.status in (401, 403) else "")) from None
+    except (OSError, urllib3.exceptions.HTTPError) as error:
+        raise DoeksError(f"cannot reach Kubeflow Pipelines at {settings.kfp_endpoint}: {type(error).__name__}") from None
+    return run.run_id
 
 
 def run_local(settings, args: dict[str, Any]):
@@ -151,4 +364,4 @@ def run_local(settings, args: dict[str, Any]):
     root = settings.state_dir / "kfp"
     root.mkdir(parents=True, exist_ok=True)
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
-    return hybrid(**args)
+    return for_settings(settings, here=True)(**args)

@@ -282,11 +282,16 @@ KEYS: tuple[Key, ...] = (
     _key("SAGEMAKER_SUBNETS", "sagemaker", "", "Subnets for VPC training (needed with EFS data), comma-separated", _pattern(re.compile(r"(subnet-[0-9a-f]{8,17})(,subnet-[0-9a-f]{8,17})*"), "subnet ids separated by commas", optional=True)),
     _key("SAGEMAKER_SECURITY_GROUPS", "sagemaker", "", "Security groups for VPC training, comma-separated", _pattern(re.compile(r"(sg-[0-9a-f]{8,17})(,sg-[0-9a-f]{8,17})*"), "security group ids separated by commas", optional=True)),
     _key("EFS_FILE_SYSTEM_ID", "sagemaker", "", "Read training data from this EFS file system instead of S3 (needs SAGEMAKER_SUBNETS)", _pattern(re.compile(r"fs-[0-9a-f]{8,17}"), "an EFS id such as fs-0123456789abcdef0", optional=True)),
-    _key("KFP_ENDPOINT", "kubeflow", "", "Kubeflow Pipelines API endpoint for pipeline upload/run (empty = port-forwarded ml-pipeline)", _url),
+    _key("KFP_ENDPOINT", "kubeflow", "", "Kubeflow Pipelines API for kubeflow.pipeline.run: http://localhost:8080/pipeline through the Istio gateway (`invoke kubeflow.expose`, with KFP_SESSION_TOKEN) or http://localhost:8888 for a port-forwarded svc/ml-pipeline (with KFP_TOKEN)", _pattern(re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?(/[A-Za-z0-9._~/-]*)?"), "an http(s)://host:port URL with an optional path", optional=True)),
+    _key("KFP_NAMESPACE", "kubeflow", "kubeflow-user-example-com", "Kubeflow profile namespace the pipeline runs in; its kubernetes branch creates the job there (the profile of user@example.com in the platform's example)", _dns_label()),
+    _key("KFP_SERVICE_ACCOUNT", "kubeflow", "default-editor", "Service account of the pipeline's pods in KFP_NAMESPACE (multi-user KFP runs them as default-editor); kubeflow.pipeline.deploy gives it RBAC on PyTorchJobs/TrainJobs and a Pod Identity role for SageMaker", _dns_label()),
+    _key("PIPELINE_JOB_KIND", "kubeflow", "trainjob", "What the pipeline's kubernetes branch submits: a Trainer v2 TrainJob or a fixed-size PyTorchJob (training operator v1)", _choice(("trainjob", "pytorchjob"))),
     # secrets (masked in every output)
     _key("AWS_ACCESS_KEY_ID", "secrets", "", "Access key id (empty = default credentials chain)", _text),
     _key("AWS_SECRET_ACCESS_KEY", "secrets", "", "Secret access key (masked in all output)", _text),
     _key("AWS_SESSION_TOKEN", "secrets", "", "Session token (masked in all output)", _text),
+    _key("KFP_TOKEN", "secrets", "", "Bearer token for a multi-user Kubeflow Pipelines API, e.g. `kubectl -n KFP_NAMESPACE create token default-editor --audience=pipelines.kubeflow.org` (masked in all output)", _text),
+    _key("KFP_SESSION_TOKEN", "secrets", "", "Value of the Kubeflow login cookie oauth2_proxy_kubeflow, for KFP through the Istio gateway (masked in all output)", _text),
     _key("KUBEFLOW_PASSWORD", "secrets", "", "Kubeflow dashboard password for user@example.com (empty = generated into STATE_DIR/kubeflow/password)", _text),
 )
 

@@ -126,40 +126,39 @@ def trainjob_delete(c, dry_run=False):
     kube.delete(runner(dry_run), [trainjob.trainjob(settings())])
 
 
-@task(name="compile", help={"out": "IR YAML path", "runtime": "default for training_runtime: kubernetes, sagemaker or local",
-                            "steps": "training steps for the local/sagemaker branches"})
-def pipeline_compile(c, out="hybrid-pipeline.yaml", runtime="kubernetes", steps=5):
-    """Compile the hybrid pipeline to KFP v2 IR YAML, with defaults rendered from .env."""
+@task(name="compile", help={"out": "IR YAML path (default STATE_DIR/pipelines/hybrid-<runtime>.yaml)",
+                            "runtime": "default for training_runtime: kubernetes, sagemaker or local",
+                            "steps": "training steps (every branch)"})
+def pipeline_compile(c, out=None, runtime="kubernetes", steps=5):
+    """Compile the hybrid pipeline to KFP v2 IR YAML with every parameter from .env (namespace, image, identity)."""
     from pathlib import Path
 
     from doeks import pipeline, ui
 
     s = settings()
-    args = pipeline.arguments(s, runtime, int(steps))
-    pipeline.compile_to(Path(out), args)
-    ui.say(f"pipeline compiled to {out} (training_runtime default: {runtime})")
+    args = pipeline.arguments(s, runtime, int(steps), role=pipeline.role_arn(s, required=False))
+    path = pipeline.compile_to(Path(out) if out else pipeline.default_path(s, runtime), pipeline.for_settings(s), args)
+    ui.say(f"pipeline compiled to {path} (training_runtime default: {runtime}; namespace {s.kfp_namespace}, "
+           f"service account {s.kfp_service_account})")
+    if not args["sagemaker_role_arn"]:
+        ui.warn(f"sagemaker_role_arn is empty (no AWS credentials or no role {s.sagemaker_role_name}): the sagemaker "
+                "branch fails until it is given")
+    print(path)
 
 
 @task(name="run", help={"runtime": "kubernetes, sagemaker or local", "local": "execute here with kfp.local",
                         "steps": "training steps", "dry_run": "print the arguments; change nothing"})
 def pipeline_run(c, runtime="local", local=False, steps=5, dry_run=False):
-    """Run the pipeline: on the Kubeflow Pipelines endpoint, or here with --local."""
+    """Run the pipeline: on the (multi-user) Kubeflow Pipelines API at KFP_ENDPOINT, or here with --local."""
     import json
     import sys
 
     from doeks import aws, pipeline, ui
-    from doeks.errors import DoeksError
 
     s = settings()
-    endpoint = (aws.endpoint_url(s) or "") if runtime == "sagemaker" else ""
-    role_arn = ""
-    if runtime == "sagemaker" and not dry_run:
-        iam = aws.client(s, "iam")
-        try:
-            role_arn = iam.get_role(RoleName=s.sagemaker_role_name)["Role"]["Arn"]
-        except iam.exceptions.NoSuchEntityException:
-            raise DoeksError(f"execution role {s.sagemaker_role_name} does not exist: run `invoke sagemaker.role`") from None
-    args = pipeline.arguments(s, runtime, int(steps), endpoint_url=endpoint, role_arn=role_arn)
+    endpoint = (aws.endpoint_url(s) or "") if (local and runtime == "sagemaker") else ""
+    role = pipeline.role_arn(s, required=runtime == "sagemaker" and not dry_run)
+    args = pipeline.arguments(s, runtime, int(steps), endpoint_url=endpoint, role=role, here=local)
     if dry_run:
         shown = {k: (v if k != "source_tar_b64" else f"<{len(v)} base64 chars>") for k, v in args.items()}
         sys.stdout.write(json.dumps(shown, indent=2) + "\n")
@@ -172,13 +171,40 @@ def pipeline_run(c, runtime="local", local=False, steps=5, dry_run=False):
         pipeline.run_local(s, args)
         ui.say(f"pipeline finished locally (training_runtime={runtime}); artifacts under {s.state_dir / 'kfp'}")
         return
-    import kfp
+    run_id = pipeline.create_run(s, args)
+    ui.say(f"run {run_id} created on {s.kfp_endpoint} in namespace {s.kfp_namespace}")
 
-    if not s.kfp_endpoint:
-        raise DoeksError("KFP_ENDPOINT is empty: set it (e.g. http://localhost:8080 after `kubectl port-forward svc/ml-pipeline-ui`), or use --local")
-    client = kfp.Client(host=s.kfp_endpoint)
-    run = client.create_run_from_pipeline_func(pipeline.hybrid, arguments=args)
-    ui.say(f"run {run.run_id} created on {s.kfp_endpoint}")
+
+@task(name="deploy", help={"dry_run": "print the Role, RoleBinding and AWS calls; change nothing"})
+def pipeline_deploy(c, dry_run=False):
+    """What the pipeline's pods need in the profile namespace: RBAC on TrainJobs/PyTorchJobs, Pod Identity for SageMaker."""
+    from doeks import identity, kube, pipeline
+
+    s = settings()
+    if s.on_this_machine:
+        from doeks import ui
+
+        ui.say("TARGET=local/docker: nothing to deploy; `invoke kubeflow.pipeline.run --local` runs the pipeline here")
+        return
+    r = runner(dry_run)
+    kube.apply(r, pipeline.rbac(s))
+    identity.ensure(s, r, identity.get("pipeline-runner"))
+
+
+@task(name="delete", help={"dry_run": "print what would be deleted; change nothing"})
+def pipeline_delete(c, dry_run=False):
+    """Remove what kubeflow.pipeline.deploy made (association and role, Role and RoleBinding); safe to run twice."""
+    from doeks import identity, kube, pipeline
+
+    s = settings()
+    if s.on_this_machine:
+        from doeks import ui
+
+        ui.say("TARGET=local/docker: nothing to delete")
+        return
+    r = runner(dry_run)
+    identity.remove(s, r, identity.get("pipeline-runner"))
+    kube.delete(r, pipeline.rbac(s))
 
 
 @task(name="deploy", help={"dry_run": "print the commands; change nothing"})
@@ -218,7 +244,7 @@ operator = Collection("training-operator", operator_deploy, operator_delete)
 pytorchjob = Collection("pytorchjob", submit, job_status, job_logs, job_delete)
 trainer_ns = Collection("trainer", trainer_deploy, trainer_delete)
 trainjob_ns = Collection("trainjob", trainjob_submit, trainjob_status, trainjob_logs, trainjob_delete)
-pipeline_ns = Collection("pipeline", pipeline_compile, pipeline_run)
+pipeline_ns = Collection("pipeline", pipeline_compile, pipeline_run, pipeline_deploy, pipeline_delete)
 ns = Collection("kubeflow", platform_deploy, remove, platform_status, expose)
 ns.add_collection(operator)
 ns.add_collection(pytorchjob)

@@ -43,7 +43,7 @@ def test_every_workload_policy_allows_what_it_calls_and_nothing_broader(state_di
     monkeypatch.setenv("FSX_IMPORT_PATH", "s3://doeks-training/data")
     s = S.load()
     assert {w.key for w in identity.WORKLOADS} >= {"fsx-csi", "efs-csi", "ebs-csi", "cloudwatch-observability",
-                                                   "cloudwatch-agent-gpu", "data-stage"}
+                                                   "cloudwatch-agent-gpu", "data-stage", "pipeline-runner"}
     for workload in identity.WORKLOADS:
         docs = identity.policies(s, workload)
         assert docs, workload.key

@@ -46,9 +46,9 @@ def test_pytorchjob_submit_dry_run_validates(flags, state_dir):
 @pytest.mark.parametrize("runtime", ["kubernetes", "sagemaker", "local"])
 def test_pipeline_compiles_for_each_runtime(runtime, tmp_path, state_dir):
     out = tmp_path / f"{runtime}.yaml"
-    result = invoke("kubeflow.pipeline.compile", "--out", str(out), "--runtime", runtime)
+    result = invoke("kubeflow.pipeline.compile", "--out", str(out), "--runtime", runtime, env={"REGISTRY": "registry.example.com"})
     assert result.returncode == 0, result.stderr
-    ir = yaml.safe_load(out.read_text())
+    ir = next(yaml.safe_load_all(out.read_text()))  # then the platform spec (service accounts)
     assert ir["pipelineInfo"]["name"] == "doeks-hybrid-training"
     assert ir["root"]["inputDefinitions"]["parameters"]["training_runtime"]["defaultValue"] == runtime
     text = out.read_text()
@@ -156,3 +156,4 @@ def test_pipeline_local_branch_trains_and_sagemaker_branch_submits(moto_env, sta
     assert job["HyperParameters"]["max-steps"] == "4"
     assert job["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == "s3://doeks-training/data/imagenet/"
     assert job["AlgorithmSpecification"]["TrainingImage"].endswith("-sagemaker")
+    assert job["RoleArn"] == boto(moto_env, "iam").get_role(RoleName="doeks-sagemaker-execution")["Role"]["Arn"]
