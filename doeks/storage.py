@@ -448,8 +448,8 @@ def pods_using_claim(settings) -> list[str]:
     except (OSError, ValueError, KeyError, subprocess.TimeoutExpired, DoeksError):
         pods = None
     if pods is None:
-        raise DoeksError(f"cannot tell whether pods use PVC {settings.shared_pvc} (Kubernetes API not reachable): "
-                         f"pass --force to delete anyway")
+        raise DoeksError(f"cannot tell whether pods use PVC {settings.shared_pvc} (Kubernetes API not reachable: "
+                         f"`invoke eks.connect` writes the kubeconfig): pass --force to delete anyway")
     users = []
     for pod in pods:
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):

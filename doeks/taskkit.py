@@ -27,8 +27,11 @@ class _Task(Task):
 
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
+        validator = getattr(self.body, "doeks_flags", {}).get(name)
         if opts.get("kind") in (int, float):
             opts["kind"] = str
+        if validator is not None and hasattr(validator, "describe"):  # the help says what the STRING must be
+            opts["help"] = f"{opts.get('help') or name.replace('_', ' ')} ({validator.describe()})"
         return opts
 
 
@@ -159,6 +162,9 @@ class Int:
             raise FlagError(f"{_flag(name)} {number}: expected an integer{self._range()}")
         return number
 
+    def describe(self) -> str:
+        return "an integer" + self._range()
+
     def _range(self) -> str:
         if self.low is not None and self.high is not None:
             return f" from {self.low} to {self.high}"
@@ -169,6 +175,9 @@ class Int:
 
 class Float(Int):
     """A number flag, optionally within [low, high]."""
+
+    def describe(self) -> str:
+        return "a number" + self._range()
 
     def __call__(self, name: str, value):
         if value is None or isinstance(value, bool):
@@ -188,6 +197,9 @@ class Choice:
     def __init__(self, *choices: str):
         self.choices = choices
 
+    def describe(self) -> str:
+        return "one of " + ", ".join(self.choices)
+
     def __call__(self, name: str, value):
         if value is None or value in self.choices:
             return value
@@ -200,6 +212,9 @@ _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 class Duration:
     """A duration such as 90s, 15m, 1h or 2d (also 1h30m); the value stays text, checked here."""
+
+    def describe(self) -> str:
+        return "a duration such as 90s, 15m, 1h or 2d"
 
     def __call__(self, name: str, value):
         if value is None:
@@ -216,6 +231,9 @@ class Duration:
 
 class Size:
     """A byte size as nccl-tests reads it (its parsesize: digits with an optional K, M or G), e.g. 64M or 1G."""
+
+    def describe(self) -> str:
+        return "a size such as 8, 64M or 1G"
 
     def __call__(self, name: str, value):
         if value is None:

@@ -10,6 +10,7 @@ import inspect
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -241,8 +242,12 @@ def _down_on_a_terminal(env, answer: str) -> str:
                                stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
     output, sent = b"", False
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
+        if not select.select([master], [], [], 1)[0]:
+            if process.poll() is not None:
+                break
+            continue
         try:
             chunk = os.read(master, 65536)
         except OSError:  # the child closed the terminal
@@ -253,6 +258,8 @@ def _down_on_a_terminal(env, answer: str) -> str:
         if not sent and b"to delete it all:" in output:
             os.write(master, answer.encode() + b"\n")
             sent = True
+    if process.poll() is None:  # still waiting (e.g. on a second prompt): a failure, not a hang
+        process.kill()
     process.wait(timeout=60)
     os.close(master)
     return output.decode(errors="replace").replace("\r\n", "\n") + f"\nexit={process.returncode}"
