@@ -306,3 +306,21 @@ def test_down_stops_before_the_cluster_when_a_unit_failed_unless_force(account):
     forced = invoke("down", "--yes", "--force", env=env)
     assert "== down: eks" in forced.stderr, forced.stderr[-3000:]
     assert [argv for argv in _recorded(account) if argv[:2] == ["delete", "cluster"]], forced.stderr[-3000:]
+
+
+def test_library_errors_are_typed_by_what_to_do():
+    """The boundary's table: credentials -> NoCredentials (never retried), no kubeconfig / refused API ->
+    NotConnected (`invoke eks.connect`), an unreachable AWS endpoint -> Retryable; anything else is left alone."""
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+    from kubernetes.config.config_exception import ConfigException
+
+    from doeks.errors import NoCredentials, NotConnected, Retryable, library_error
+
+    assert isinstance(library_error(NoCredentialsError()), NoCredentials)
+    expired = library_error(ClientError({"Error": {"Code": "ExpiredToken", "Message": "x"}}, "DescribeCluster"))
+    assert isinstance(expired, NoCredentials) and "AWS refused the credentials (ExpiredToken)" in str(expired)
+    assert isinstance(library_error(EndpointConnectionError(endpoint_url="https://eks.us-west-2.amazonaws.com")), Retryable)
+    connect = library_error(ConfigException("Invalid kube-config file. No configuration found."))
+    assert isinstance(connect, NotConnected) and "invoke eks.connect" in str(connect)
+    assert library_error(ClientError({"Error": {"Code": "ResourceInUseException", "Message": "x"}}, "CreateCluster")) is None
+    assert library_error(ValueError("x")) is None
