@@ -60,8 +60,8 @@ def _plan_summary(dry_run, failed, verb):
     if not dry_run:
         return
     if steps.UNKNOWN:
-        ui.say(f"plan complete with {len(steps.UNKNOWN)} lookup(s) unknown ({', '.join(steps.UNKNOWN)}): they are "
-               "read when it runs with credentials", style="yellow")
+        ui.say(f"{len(steps.UNKNOWN)} lookup(s) unknown in this plan ({', '.join(steps.UNKNOWN)}): they are read when "
+               "it runs with credentials", style="yellow")
     if failed:
         raise Exit(f"error: the {verb} plan failed for {', '.join(failed)}: see the warnings above", code=1)
 

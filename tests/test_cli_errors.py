@@ -192,6 +192,15 @@ def test_up_and_down_dry_run_without_credentials_plan_every_unit(no_credentials)
         assert step in down.stderr, step
 
 
+def test_a_dry_run_plans_the_units_after_one_that_fails(no_credentials):
+    """A real error in one unit's plan (EKS_YAML names no file) is a warning there, the later units are still
+    planned, and the dry run then exits 1 naming it."""
+    result = run_cli("up", "--dry-run", env={**no_credentials, "EKS_YAML": "/nonexistent/cluster.yaml"})
+    assert [line[len("== up: "):] for line in result.stderr.splitlines() if line.startswith("== up: ")] == list(reversed(UNITS))
+    assert "warning: eks: error: EKS_YAML='/nonexistent/cluster.yaml': no such file" in result.stderr
+    assert one_line_error(result) == "error: the up plan failed for eks: see the warnings above"
+
+
 @pytest.fixture
 def account(state_dir, tmp_path):
     """moto (with tests/moto_eks.py's add-ons) as the account; eksctl/kubectl/helm: tests/cluster_standins.py."""
