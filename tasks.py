@@ -31,14 +31,39 @@ def _ordered_units():
     return sorted((m.UNIT for m in UNITS.values() if getattr(m, "UNIT", None)), key=lambda u: u.order)
 
 
-@task(help={"dry_run": "print every unit's plan; change nothing"})
+@task(help={"dry_run": "print every unit's plan; change nothing (what cannot be looked up is shown as unknown)"})
 def up(c, dry_run=False):
-    """Set everything up: each unit's deploy/create step in setup order."""
+    """Set everything up: each unit's deploy/create step in setup order (a dry run plans every unit)."""
+    from invoke import Exit
+
     from doeks import ui
 
+    failed = []
     for unit in _ordered_units():
         ui.say(f"== up: {unit.name}", style="bold")
-        unit.up(c, dry_run=dry_run)
+        try:
+            unit.up(c, dry_run=dry_run)
+        except Exit as error:
+            if not dry_run:
+                raise
+            ui.warn(f"{unit.name}: {error.message}")  # a dry run goes on: the whole plan, every unit
+            failed.append(unit.name)
+    _plan_summary(dry_run, failed, "up")
+
+
+def _plan_summary(dry_run, failed, verb):
+    from invoke import Exit
+
+    from doeks import runner as steps
+    from doeks import ui
+
+    if not dry_run:
+        return
+    if steps.UNKNOWN:
+        ui.say(f"{len(steps.UNKNOWN)} lookup(s) unknown in this plan ({', '.join(steps.UNKNOWN)}): they are read when "
+               "it runs with credentials", style="yellow")
+    if failed:
+        raise Exit(f"error: the {verb} plan failed for {', '.join(failed)}: see the warnings above", code=1)
 
 
 def _takes(task_obj, flag):
@@ -47,29 +72,65 @@ def _takes(task_obj, flag):
     return flag in inspect.signature(getattr(task_obj, "body", task_obj)).parameters
 
 
-@task(help={"dry_run": "print every unit's plan; change nothing", "yes": "confirm deleting the cluster (TARGET=eks)"})
-def down(c, dry_run=False, yes=False):
+def _teardown_summary(units) -> list[str]:
+    lines = []
+    for unit in units:
+        body = getattr(unit.down, "body", unit.down)
+        doc = (body.__doc__ or "").strip().splitlines()[0] if body.__doc__ else ""
+        lines.append(f"  {unit.name}: {unit.down.name}: {doc}")
+    return lines
+
+
+def _confirm_teardown(s, units) -> None:
+    """One confirmation for the whole teardown, before anything is deleted."""
+    import sys
+
+    from doeks import ui
+    from doeks.errors import DoeksError
+
+    what = f"cluster {s.cluster_name} in {s.aws_region} and everything doeks made for it"
+    if not sys.stdin.isatty():
+        raise DoeksError(f"`invoke down` deletes {what} ({', '.join(u.name for u in units)}): pass --yes to confirm "
+                         "(stdin is not a terminal); --dry-run shows the plan")
+    ui.say(f"`invoke down` will delete {what}, in this order:", style="bold")
+    for line in _teardown_summary(units):
+        ui.say(line)
+    answer = input(f"Type the cluster name ({s.cluster_name}) to delete it all: ")
+    if answer.strip() != s.cluster_name:
+        raise DoeksError("not confirmed: nothing deleted")
+
+
+@task(help={"dry_run": "print every unit's plan; change nothing (what cannot be looked up is shown as unknown)",
+            "yes": "confirm the whole teardown without asking (scripts); TARGET=eks asks once otherwise",
+            "force": "delete the cluster even after an earlier unit failed (what that unit left may be stranded)"})
+def down(c, dry_run=False, yes=False, force=False):
     """Tear everything down: each unit's delete step in exactly the reverse order, going on past what is gone.
 
-    TARGET=eks: each unit waits until what it deletes is really gone; a unit that fails stops the teardown there
-    (what comes next depends on it: the cluster and its VPC are not deleted while a file system, endpoint or role
-    made in them remains). Run `invoke audit` afterwards: it exits non-zero while anything is left."""
+    TARGET=eks: asks once, up front, for the whole teardown (--yes: not at all); each unit waits until what it
+    deletes is really gone; when a unit fails the others still run, but the cluster is not deleted (its VPC
+    would keep what the failed unit left) unless --force. Run `invoke audit` afterwards: it exits non-zero while
+    anything is left."""
     from invoke import Exit
 
     from doeks import ui
 
-    cluster = not settings().on_this_machine
+    s = settings()
+    cluster = not s.on_this_machine
+    units = list(reversed(_ordered_units()))
+    if cluster and not dry_run and not yes:
+        _confirm_teardown(s, units)
     failed = []
-    for unit in reversed(_ordered_units()):
+    for unit in units:
+        if cluster and not dry_run and failed and unit.name == "eks" and not force:
+            raise Exit(f"error: not deleting cluster {s.cluster_name}: {', '.join(failed)} failed (what it left depends "
+                       "on the cluster's VPC): fix the errors above and run `invoke down` again, or pass --force", code=1)
         ui.say(f"== down: {unit.name}", style="bold")
         try:
-            unit.down(c, dry_run=dry_run, **({"yes": yes} if _takes(unit.down, "yes") else {}))
+            unit.down(c, dry_run=dry_run, **({"yes": True} if _takes(unit.down, "yes") else {}))
         except Exit as error:
             ui.warn(f"{unit.name}: {error.message}")
             failed.append(unit.name)
-            if cluster and not dry_run:
-                raise Exit(f"error: teardown stopped at {unit.name} (what is left depends on it): fix the error above "
-                           "and run `invoke down` again", code=1)
+    _plan_summary(dry_run, failed, "teardown")
     if failed:
         raise Exit(f"error: teardown incomplete for {', '.join(failed)}: fix the errors above and run `invoke down` again", code=1)
 

@@ -58,3 +58,17 @@ def client(settings, service: str):
 
 def account_id(settings) -> str:
     return client(settings, "sts").get_caller_identity()["Account"]
+
+
+def lookup(runner, what: str, read, unknown=None):
+    """`read()` (an AWS lookup a plan depends on); in a dry run without usable credentials the plan goes on:
+    the runner says `unknown: WHAT <unknown: no credentials>` once and `unknown` stands in for the answer."""
+    from .errors import is_credentials_error
+
+    try:
+        return read()
+    except Exception as error:  # noqa: BLE001 - only credential errors in a dry run are turned into unknowns
+        if runner is None or not runner.dry_run or not is_credentials_error(error):
+            raise
+        runner.unknown(what)
+        return unknown

@@ -60,7 +60,7 @@ def remove_addons(settings, runner) -> None:
     that failed half-way leaves them otherwise)."""
     from . import identity, sagemaker, storage
 
-    cluster = describe(settings)
+    cluster = describe(settings, runner)
     if cluster is not None and cluster_vpc(settings, cluster):
         sagemaker.delete_s3_endpoint(settings, runner, cluster_vpc(settings, cluster))
     elif runner.dry_run:
@@ -159,13 +159,20 @@ def _client(settings, service: str = "eks"):
     return client(settings, service)
 
 
-def describe(settings) -> dict[str, Any] | None:
-    """The cluster as EKS reports it, or None when there is no such cluster."""
+def describe(settings, runner=None) -> dict[str, Any] | None:
+    """The cluster as EKS reports it, or None when there is no such cluster (or, in a dry run without
+    credentials, when it cannot be known: the runner says so)."""
+    from .aws import lookup
+
     eks = _client(settings)
-    try:
-        return eks.describe_cluster(name=settings.cluster_name)["cluster"]
-    except eks.exceptions.ResourceNotFoundException:
-        return None
+
+    def read():
+        try:
+            return eks.describe_cluster(name=settings.cluster_name)["cluster"]
+        except eks.exceptions.ResourceNotFoundException:
+            return None
+
+    return lookup(runner, f"cluster {settings.cluster_name} in {settings.aws_region}", read)
 
 
 def nodegroups(settings) -> list[dict[str, Any]]:

@@ -10,10 +10,16 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
+from collections import deque
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from . import ui
-from .errors import DoeksError, MissingTool
+from .errors import CONNECT_FIX, KUBE_NOISE, DoeksError, MissingTool, NotConnected, kube_unreachable
+
+
+UNKNOWN: list[str] = []  # every lookup a dry run in this process could not make
 
 
 class Runner:
@@ -22,6 +28,7 @@ class Runner:
         self.secrets = [s for s in secrets if s]
         self.echo = echo
         self.planned: list[str] = []  # what a dry run would have done, in order
+        self.unknowns: list[str] = []  # what a dry run could not look up (no credentials): shown as unknown
 
     # -- output ---------------------------------------------------------------------------------------------------
     def mask(self, text: str) -> str:
@@ -37,6 +44,16 @@ class Runner:
         self.planned.append(self.mask(line))
         ui.say(("would " if self.dry_run else "") + self.mask(line), style="cyan")
 
+    def unknown(self, what: str, reason: str = "no credentials") -> str:
+        """A dry run's lookup that could not be made: said once, recorded, and the plan goes on."""
+        text = f"<unknown: {reason}>"
+        if what not in self.unknowns:
+            self.unknowns.append(what)
+        if what not in UNKNOWN:  # said once per process (`up`/`down` run several units' runners)
+            UNKNOWN.append(what)
+            ui.say(self.mask(f"unknown: {what} {text}"), style="yellow")
+        return text
+
     # -- commands -------------------------------------------------------------------------------------------------
     def run(self, argv: Sequence[str], *, mutating: bool = True, check: bool = True, capture: bool = False,
             env: dict[str, str] | None = None, cwd: str | None = None, input: str | None = None,
@@ -51,14 +68,24 @@ class Runner:
             ui.say(self.mask("$ " + shlex.join(argv)), style="dim")
         if shutil.which(argv[0]) is None and "/" not in argv[0]:
             raise MissingTool(f"'{argv[0]}' is not installed or not on PATH: install it or use the management container (invoke build run)")
+        kube = Path(argv[0]).name in ("kubectl", "helm")
         try:
-            result = subprocess.run(argv, check=False, text=True, env=env, cwd=cwd, input=input,
-                                    stdout=subprocess.PIPE if capture else sys.stderr,
-                                    stderr=subprocess.PIPE if capture else None)
+            if kube and not capture:
+                result = _run_filtered(argv, env=env, cwd=cwd, input=input)
+            else:
+                result = subprocess.run(argv, check=False, text=True, env=env, cwd=cwd, input=input,
+                                        stdout=subprocess.PIPE if capture else sys.stderr,
+                                        stderr=subprocess.PIPE if capture else None)
         except OSError as exc:
             raise DoeksError(f"could not start {argv[0]}: {exc.strerror}") from None
+        if kube and result.returncode != 0 and kube_unreachable(result.stderr or ""):
+            reason = next((line.strip() for line in (result.stderr or "").splitlines()
+                           if line.strip() and not KUBE_NOISE.match(line) and kube_unreachable(line)), "no kubeconfig")
+            raise NotConnected(self.mask(f"'{shlex.join([Path(argv[0]).name] + argv[1:3])}' cannot reach a cluster "
+                                         f"({reason[:160]}): {CONNECT_FIX}"))
         if check and result.returncode != 0:
-            detail = (result.stderr or "").strip().splitlines()[-1:] if capture else []
+            detail = [line for line in (result.stderr or "").strip().splitlines() if not KUBE_NOISE.match(line)][-1:] \
+                if (capture or kube) else []
             raise DoeksError(self.mask(f"'{shlex.join(argv[:3])}' failed with exit code {result.returncode}"
                                        + (f": {detail[0]}" if detail else "")))
         return result
@@ -89,6 +116,30 @@ class Runner:
         sys.stdout.write(self.mask(text))
         sys.stdout.flush()
         return text
+
+
+def _run_filtered(argv, env=None, cwd=None, input=None) -> subprocess.CompletedProcess:
+    """kubectl/helm with stdout on our stderr as it comes and their stderr read line by line: client-go's logged
+    retries (`E1122 ... memcache.go:265] ...`) are dropped, everything else is passed on and kept for the error."""
+    process = subprocess.Popen(argv, text=True, env=env, cwd=cwd, stdout=sys.stderr, stderr=subprocess.PIPE,
+                               stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL)
+    if input is not None:
+        def feed():
+            try:
+                process.stdin.write(input)
+                process.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+
+        threading.Thread(target=feed, daemon=True).start()
+    kept: deque = deque(maxlen=200)
+    for line in process.stderr:
+        kept.append(line)
+        if not KUBE_NOISE.match(line) and not kube_unreachable(line):
+            sys.stderr.write(line)
+            sys.stderr.flush()
+    process.wait()
+    return subprocess.CompletedProcess(argv, process.returncode, None, "".join(kept))
 
 
 def to_yaml_stream(manifests: Sequence[dict]) -> str:

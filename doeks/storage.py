@@ -27,11 +27,17 @@ def _client(settings, service):
 
 
 # -- the cluster's network ----------------------------------------------------------------------------------------
-def cluster_network(settings) -> dict[str, Any]:
-    """VPC, CIDR, cluster security group and the private subnets (one per AZ) of *this* cluster."""
+def cluster_network(settings, runner=None) -> dict[str, Any]:
+    """VPC, CIDR, cluster security group and the private subnets (one per AZ) of *this* cluster. A dry run of a
+    cluster that does not exist yet (`up --dry-run`) or cannot be read (no credentials) plans with placeholders."""
     from . import eks
 
-    cluster = eks.describe(settings)
+    cluster = eks.describe(settings, runner)
+    if cluster is None and runner is not None and runner.dry_run:
+        zone = settings.eks_zones[0] if settings.eks_zones else f"{settings.aws_region}a"
+        return {"vpc": f"<vpc of cluster {settings.cluster_name}>", "cidr": settings.vpc_cidr,
+                "subnets": {zone: f"<private subnet of cluster {settings.cluster_name} in {zone}>"},
+                "security_group": f"<cluster security group of {settings.cluster_name}>", "placeholder": True}
     if cluster is None:
         raise DoeksError(f"cluster {settings.cluster_name} not found in {settings.aws_region}: create it first (invoke eks.create)")
     vpc_config = cluster["resourcesVpcConfig"]
@@ -49,14 +55,19 @@ def cluster_network(settings) -> dict[str, Any]:
     return {"vpc": vpc_id, "cidr": cidr, "subnets": per_zone, "security_group": security_group}
 
 
-def _find_group(ec2, vpc: str, name: str) -> str | None:
-    groups = ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpc]}, {"Name": "group-name", "Values": [name]}])
+def _find_group(ec2, vpc: str, name: str, runner=None) -> str | None:
+    if vpc.startswith("<"):  # a dry run's placeholder VPC: nothing to find
+        return None
+    from .aws import lookup
+
+    groups = lookup(runner, f"security group {name}", lambda: ec2.describe_security_groups(
+        Filters=[{"Name": "vpc-id", "Values": [vpc]}, {"Name": "group-name", "Values": [name]}]), {"SecurityGroups": []})
     return groups["SecurityGroups"][0]["GroupId"] if groups["SecurityGroups"] else None
 
 
 def ensure_security_group(settings, runner, net, name: str, description: str, permissions: list[dict]) -> str | None:
     ec2 = _client(settings, "ec2")
-    existing = _find_group(ec2, net["vpc"], name)
+    existing = _find_group(ec2, net["vpc"], name, runner)
     if existing:
         ui.say(f"security group {name} exists ({existing})")
         return existing
@@ -73,7 +84,7 @@ def ensure_security_group(settings, runner, net, name: str, description: str, pe
 
 def delete_security_group(settings, runner, vpc: str, name: str, timeout: float = 600) -> None:
     ec2 = _client(settings, "ec2")
-    group = _find_group(ec2, vpc, name)
+    group = _find_group(ec2, vpc, name, runner)
     if group is None and runner.dry_run:
         group = f"<{name}>"
     if group is None:
@@ -99,17 +110,20 @@ def efs_token(settings) -> str:
     return f"doeks-{settings.cluster_name}"
 
 
-def find_efs(settings) -> dict[str, Any] | None:
+def find_efs(settings, runner=None) -> dict[str, Any] | None:
+    from .aws import lookup
+
     efs = _client(settings, "efs")
-    found = efs.describe_file_systems(CreationToken=efs_token(settings))["FileSystems"]
+    found = lookup(runner, f"EFS {efs_token(settings)}",
+                   lambda: efs.describe_file_systems(CreationToken=efs_token(settings))["FileSystems"], [])
     return found[0] if found else None
 
 
 def efs_create(settings, runner) -> str | None:
     """An encrypted file system for this cluster, an NFS security group and mount targets in its private subnets."""
-    net = cluster_network(settings)
+    net = cluster_network(settings, runner)
     efs = _client(settings, "efs")
-    fs = find_efs(settings)
+    fs = find_efs(settings, runner)
     if fs:
         fs_id = fs["FileSystemId"]
         ui.say(f"EFS {fs_id} for {settings.cluster_name} exists")
@@ -136,7 +150,7 @@ def efs_create(settings, runner) -> str | None:
 def efs_destroy(settings, runner) -> bool:
     """Mount targets (waiting until gone), the file system, the security group; False if nothing was there."""
     efs = _client(settings, "efs")
-    fs = find_efs(settings)
+    fs = find_efs(settings, runner)
     if fs:
         fs_id = fs["FileSystemId"]
         targets = efs.describe_mount_targets(FileSystemId=fs_id)["MountTargets"]
@@ -155,10 +169,11 @@ def efs_destroy(settings, runner) -> bool:
         ui.say(f"no EFS for cluster {settings.cluster_name}: nothing to destroy")
     from . import eks
 
-    if runner.dry_run and not eks.describe(settings):
+    cluster = eks.describe(settings, runner)
+    if runner.dry_run and not cluster:
         delete_security_group(settings, runner, "<vpc>", f"doeks-efs-{settings.cluster_name}")
-    elif eks.describe(settings):
-        delete_security_group(settings, runner, cluster_network(settings)["vpc"], f"doeks-efs-{settings.cluster_name}")
+    elif cluster:
+        delete_security_group(settings, runner, cluster_network(settings, runner)["vpc"], f"doeks-efs-{settings.cluster_name}")
     return fs is not None
 
 
@@ -181,14 +196,14 @@ def efs_deploy(settings, runner) -> None:
     """The EFS CSI driver as an EKS add-on (Pod Identity role), then StorageClass efs-sc and PV + PVC efs-pvc."""
     from . import kube
 
-    fs = find_efs(settings)
+    fs = find_efs(settings, runner)
     if fs is None and not runner.dry_run:
         raise DoeksError(f"no EFS for cluster {settings.cluster_name}: run `invoke csi.efs.create` first")
     from . import identity
 
     eks = _client(settings, "eks")
     associations = identity.addon_associations(settings, runner, identity.get("efs-csi"))
-    if not addon_exists(settings, EFS_DRIVER_ADDON) or runner.dry_run:
+    if runner.dry_run or not addon_exists(settings, EFS_DRIVER_ADDON):
         runner.call(eks, "create_addon", clusterName=settings.cluster_name, addonName=EFS_DRIVER_ADDON, resolveConflicts="OVERWRITE",
                     podIdentityAssociations=associations, tags={TAG: settings.cluster_name})
     kube.apply(runner, efs_manifests(settings, fs["FileSystemId"] if fs else "<fs-id>"))
@@ -197,7 +212,7 @@ def efs_deploy(settings, runner) -> None:
 def efs_delete(settings, runner) -> None:
     from . import kube
 
-    fs = find_efs(settings)
+    fs = find_efs(settings, runner)
     kube.delete(runner, list(reversed(efs_manifests(settings, fs["FileSystemId"] if fs else "fs-unknown"))))
     from . import identity
 
@@ -288,6 +303,8 @@ def fsx_policy(settings) -> dict[str, Any]:
 
 
 def fsx_subnet(settings, net) -> str:
+    if settings.fsx_subnet_id and net.get("placeholder"):
+        return settings.fsx_subnet_id
     if settings.fsx_subnet_id:
         if settings.fsx_subnet_id not in net["subnets"].values():
             raise DoeksError(f"FSX_SUBNET_ID={settings.fsx_subnet_id!r} is not a private subnet of cluster {settings.cluster_name}: "
@@ -297,10 +314,16 @@ def fsx_subnet(settings, net) -> str:
     return net["subnets"].get(zone) or sorted(net["subnets"].items())[0][1]
 
 
-def fsx_manifests(settings, subnet: str, group: str) -> list[dict[str, Any]]:
+def fsx_manifests(settings, subnet: str, group: str, runner=None) -> list[dict[str, Any]]:
     labels = {"app.kubernetes.io/part-of": "doeks"}
     if settings.fsx_file_system_id:
-        fs = _client(settings, "fsx").describe_file_systems(FileSystemIds=[settings.fsx_file_system_id])["FileSystems"][0]
+        from .aws import lookup
+
+        unknown = "<unknown: no credentials>"
+        fs = lookup(runner, f"FSx {settings.fsx_file_system_id}", lambda: _client(settings, "fsx").describe_file_systems(
+            FileSystemIds=[settings.fsx_file_system_id])["FileSystems"][0],
+            {"FileSystemId": settings.fsx_file_system_id, "StorageCapacity": settings.fsx_storage_capacity,
+             "DNSName": unknown, "LustreConfiguration": {"MountName": unknown}})
         lustre = fs["LustreConfiguration"]
         return [
             {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "fsx-pv", "labels": labels},
@@ -338,7 +361,7 @@ def fsx_group_permissions(net) -> list[dict]:
 def fsx_deploy(settings, runner) -> None:
     from . import kube
 
-    net = cluster_network(settings)
+    net = cluster_network(settings, runner)
     subnet = fsx_subnet(settings, net)
     from . import identity
 
@@ -349,7 +372,7 @@ def fsx_deploy(settings, runner) -> None:
             "--version", FSX_CHART_VERSION, "--namespace", "kube-system", "--set", "controller.serviceAccount.create=true",
             "--set", f"controller.serviceAccount.name={FSX_CONTROLLER_SA}"]
     runner.run(helm)
-    kube.apply(runner, fsx_manifests(settings, subnet, group))
+    kube.apply(runner, fsx_manifests(settings, subnet, group, runner))
     if settings.fsx_import_path:
         fsx_import(settings, runner)
 
@@ -377,7 +400,7 @@ def fsx_delete(settings, runner, force: bool = False, in_use: list[str] | None =
     if in_use and not force:
         raise DoeksError(f"PVC {settings.shared_pvc} is used by pod(s) {', '.join(in_use[:5])}: delete the job first "
                          f"(invoke elasticjob.delete), or pass --force")
-    cluster = eks.describe(settings)
+    cluster = eks.describe(settings, runner)
     if settings.fsx_import_path:  # only then did deploy make one (unset it only after csi.fsx.delete)
         fsx_dissociate(settings, runner)
     subnet = group = "-"
@@ -389,7 +412,7 @@ def fsx_delete(settings, runner, force: bool = False, in_use: list[str] | None =
     runner.run(["helm", "uninstall", "aws-fsx-csi-driver", "--namespace", "kube-system", "--ignore-not-found", "--wait"])
     identity.remove(settings, runner, identity.get("fsx-csi"))
     if cluster or runner.dry_run:
-        vpc = cluster_network(settings)["vpc"] if cluster else "<vpc>"
+        vpc = cluster_network(settings, runner)["vpc"] if cluster else "<vpc>"
         delete_security_group(settings, runner, vpc, f"doeks-fsx-{settings.cluster_name}")
 
 
@@ -425,8 +448,8 @@ def pods_using_claim(settings) -> list[str]:
     except (OSError, ValueError, KeyError, subprocess.TimeoutExpired, DoeksError):
         pods = None
     if pods is None:
-        raise DoeksError(f"cannot tell whether pods use PVC {settings.shared_pvc} (Kubernetes API not reachable): "
-                         f"pass --force to delete anyway")
+        raise DoeksError(f"cannot tell whether pods use PVC {settings.shared_pvc} (Kubernetes API not reachable: "
+                         f"`invoke eks.connect` writes the kubeconfig): pass --force to delete anyway")
     users = []
     for pod in pods:
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
@@ -540,8 +563,15 @@ def fsx_associate(settings, runner, file_system_id: str, fsx=None) -> str | None
 
 def fsx_dissociate(settings, runner, fsx=None) -> int:
     """Delete every association tagged with this cluster (the data in S3 and on the file system stay); safe twice."""
+    from .aws import lookup
+
     fsx = fsx or _client(settings, "fsx")
-    ours = [a for a in _associations(fsx) if {"Key": TAG, "Value": settings.cluster_name} in a.get("Tags", [])]
+    known = lookup(runner, "FSx data repository associations", lambda: _associations(fsx), None)
+    if known is None:  # a dry run without credentials: the step, with the ids unknown
+        runner.call(fsx, "delete_data_repository_association", AssociationId=f"<each association tagged {TAG}={settings.cluster_name}>",
+                    DeleteDataInFileSystem=False)
+        return 0
+    ours = [a for a in known if {"Key": TAG, "Value": settings.cluster_name} in a.get("Tags", [])]
     if not ours:
         ui.say(f"no data repository association of cluster {settings.cluster_name}")
     deleted = 0

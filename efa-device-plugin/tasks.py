@@ -7,7 +7,7 @@ from pathlib import Path
 
 from invoke import Collection
 
-from doeks.taskkit import Unit, runner, settings, task
+from doeks.taskkit import Int, Size, Unit, runner, settings, task
 
 
 def _report(text: str, png: Path, title: str, require_efa: bool):
@@ -70,7 +70,7 @@ def status(c):
 
 
 @task(help={"nodes": "nodes to test across (default: GPU_NODES, at least 2)", "end": "largest message (default 1G; 64M on local)",
-            "dry_run": "print the MPIJob; change nothing"})
+            "dry_run": "print the MPIJob; change nothing"}, flags={"nodes": Int(1, 1000), "end": Size()})
 def test(c, nodes=None, end=None, dry_run=False):
     """nccl-tests all_reduce_perf across nodes, parsed into a table and a chart; fails if NCCL fell back to TCP."""
     import subprocess
@@ -99,7 +99,7 @@ def test(c, nodes=None, end=None, dry_run=False):
         _report(result.stdout, plots.plot_path(s, "allreduce-local-busbw.png"),
                 f"all_reduce, {s.nproc_per_node} local processes", require_efa=False)
         return
-    job = efa.nccl_mpijob(s, int(nodes) if nodes else None, end=end or "1G")
+    job = efa.nccl_mpijob(s, nodes, end=end or "1G")
     r = runner(dry_run)
     kube.apply(r, [job])
     if dry_run:

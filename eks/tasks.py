@@ -5,7 +5,7 @@ down instead, so the same setup and teardown order works everywhere.
 """
 from invoke import Collection
 
-from doeks.taskkit import Unit, runner, settings, task
+from doeks.taskkit import Choice, Int, Unit, runner, settings, task
 
 
 @task(help={"out": "write the ClusterConfig to this file instead of stdout"})
@@ -78,17 +78,17 @@ def status(c):
     try:
         ui.table("nodes", ["node", "instance type", "ready", "nvidia.com/gpu", "vpc.amazonaws.com/efa"], eks.node_rows())
     except Exception as error:  # noqa: BLE001 - the cluster API may be unreachable from here
-        ui.say(f"nodes: Kubernetes API not reachable ({type(error).__name__})")
+        ui.say(f"nodes: Kubernetes API not reachable ({type(error).__name__}): run `invoke eks.connect`")
 
 
 @task(help={"nodegroup": "node group name (sys, cpu, gpu)", "size": "desired nodes", "min": "new minimum",
-            "max": "new maximum", "dry_run": "print the eksctl command; change nothing"})
+            "max": "new maximum", "dry_run": "print the eksctl command; change nothing"},
+      flags={"size": Int(0, 1000), "min": Int(0, 1000), "max": Int(0, 1000)})
 def scale(c, nodegroup, size, min=None, max=None, dry_run=False):  # noqa: A002 - flag names users expect
     """Scale a node group with `eksctl scale nodegroup`."""
     from doeks import eks
 
-    eks.scale(settings(), runner(dry_run), nodegroup, int(size), None if min is None else int(min),
-              None if max is None else int(max))
+    eks.scale(settings(), runner(dry_run), nodegroup, size, min, max)
 
 
 @task(help={"dry_run": "print the command; change nothing"})
@@ -100,7 +100,8 @@ def connect(c, dry_run=False):
 
 
 @task(help={"principal": "IAM role or user ARN", "access": "admin, edit or view", "namespace": "limit to namespaces (repeatable)",
-            "dry_run": "print the API requests; change nothing"}, iterable=["namespace"])
+            "dry_run": "print the API requests; change nothing"}, iterable=["namespace"],
+      flags={"access": Choice("admin", "edit", "view")})
 def authorize(c, principal, access="admin", namespace=None, dry_run=False):
     """Give an IAM principal access to the cluster with an EKS access entry."""
     from doeks import eks

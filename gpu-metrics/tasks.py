@@ -6,11 +6,11 @@ AWS-API endpoint, so `show` works the same.
 """
 from invoke import Collection
 
-from doeks.taskkit import Unit, runner, settings, task
+from doeks.taskkit import Int, Unit, runner, settings, task
 
 
 @task(help={"interval": "seconds between samples", "agent": "the CloudWatch agent DaemonSet instead of the add-on (fallback)",
-            "dry_run": "print the manifests or the sampler; change nothing"})
+            "dry_run": "print the manifests or the sampler; change nothing"}, flags={"interval": Int(1, 3600)})
 def deploy(c, interval=60, agent=False, dry_run=False):
     """GPU metrics per node: the amazon-cloudwatch-observability add-on (Container Insights + DCGM exporter), or with
     --agent the CloudWatch agent DaemonSet on GPU nodes; each with a Pod Identity role (TARGET=local/docker: the sampler)."""

@@ -2,7 +2,7 @@
 gateway endpoint for the cluster's VPC. Mounted at the root as `sagemaker.*`."""
 from invoke import Collection
 
-from doeks.taskkit import runner, settings, task
+from doeks.taskkit import Int, runner, settings, task
 
 
 @task(help={"dry_run": "print the IAM requests; change nothing"})
@@ -22,7 +22,8 @@ def role_delete(c, dry_run=False):
     sagemaker.delete_role(settings(), runner(dry_run))
 
 
-@task(help={"max_steps": "stop after this many steps (0 = all epochs)", "dry_run": "print the full CreateTrainingJob request"})
+@task(help={"max_steps": "stop after this many steps (0 = all epochs)", "dry_run": "print the full CreateTrainingJob request"},
+      flags={"max_steps": Int(0, 10**9)})
 def train(c, max_steps=0, dry_run=False):
     """Submit a SageMaker training job running doeks/workload/train.py under torchrun."""
     import json

@@ -3,7 +3,7 @@ hybrid KFP v2 pipeline that picks kubernetes, sagemaker or local at run time.
 """
 from invoke import Collection
 
-from doeks.taskkit import Unit, runner, settings, task
+from doeks.taskkit import Int, Unit, runner, settings, task
 
 
 def _on_the_cluster(step, here: str, dry_run: bool) -> None:
@@ -34,7 +34,8 @@ def operator_delete(c, dry_run=False):
 
 
 @task(help={"elastic": "add elasticPolicy (min:max replicas, rendezvous) as elasticjob does",
-            "replicas": "nodes (elastic: Worker replicas; --no-elastic: 1 Master + N-1 Workers)", "dry_run": "print the PyTorchJob as YAML on stdout; change nothing"})
+            "replicas": "nodes (elastic: Worker replicas; --no-elastic: 1 Master + N-1 Workers)", "dry_run": "print the PyTorchJob as YAML on stdout; change nothing"},
+      flags={"replicas": Int(1, 1000)})
 def submit(c, elastic=True, replicas=None, dry_run=False):
     """Submit a PyTorchJob running the repo's training script (kubectl server-side apply)."""
     from doeks import jobspec, kube
@@ -87,7 +88,7 @@ def trainer_delete(c, dry_run=False):
 
 
 @task(name="submit", help={"replicas": "nodes (trainer.numNodes; default REPLICAS)",
-                           "dry_run": "print the TrainJob as YAML on stdout; change nothing"})
+                           "dry_run": "print the TrainJob as YAML on stdout; change nothing"}, flags={"replicas": Int(1, 1000)})
 def trainjob_submit(c, replicas=None, dry_run=False):
     """Submit the fixed-size job as a Trainer v2 TrainJob (torch-distributed runtime), server-side apply."""
     from doeks import kube, trainjob
@@ -231,7 +232,7 @@ def platform_status(c):
     ui.table(f"Kubeflow {kubeflow.VERSION}", ["namespace", "pods", "running"], kubeflow.pod_rows(kubeflow.api_client()))
 
 
-@task(help={"port": "local port for the dashboard"})
+@task(help={"port": "local port for the dashboard"}, flags={"port": Int(1, 65535)})
 def expose(c, port=8080):
     """Port-forward the Kubeflow dashboard (istio ingress gateway) to localhost (Ctrl-C to stop)."""
     from doeks import kube, ui
