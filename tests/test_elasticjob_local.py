@@ -158,12 +158,13 @@ def test_missing_data_is_one_line_and_starts_nothing(state_dir):
     assert not (state_dir / "services" / "etcd" / "service.json").exists()
 
 
-@pytest.mark.parametrize("args,key", [(["--arch", "vgg99"], "ARCH="), (["--replicas", "9"], "REPLICAS="),
-                                      (["--rdzv-backend", "zk"], "RDZV_BACKEND=")])
+@pytest.mark.parametrize("args,key", [(["--arch", "vgg99"], "--arch 'vgg99'"), (["--replicas", "9"], "--replicas '9'"),
+                                      (["--rdzv-backend", "zk"], "--rdzv-backend 'zk'")])
 def test_bad_flags_are_one_line_errors(state_dir, args, key):
     result = invoke("elasticjob.deploy", *args)
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip().startswith(f"error: {key}")
+    assert result.stderr.strip().startswith(f"error: {key}")  # named as the flag the user typed, not the .env key
+    assert len(result.stderr.strip().splitlines()) == 1
     assert leftover_processes(state_dir) == []
 
 
