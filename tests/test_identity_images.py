@@ -32,21 +32,28 @@ def _name(requirement: str) -> str:
 
 
 def dockerfile_installs() -> set[str]:
-    """Distribution names the Dockerfile's `pip install` of the project brings in (one level: what pyproject names)."""
+    """Distribution names the Dockerfile's `pip install`s bring in (one level: what pyproject names). The dependency
+    layer installs `-r requirements.txt`, which the Dockerfile writes from pyproject's dependencies and the extras it
+    names (`["optional-dependencies"]["cloud"]`); the project itself is then installed `--no-deps`."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
-    command = next(part for part in re.split(r"&&|;", text) if "pip install" in part)
-    words = shlex.split(command[command.index("pip install") + len("pip install"):])
     names = set()
-    for word in words:
-        if word.startswith("-"):
-            continue
-        if word == "." or word.startswith(".["):
-            names |= {_name(r) for r in project["dependencies"]}
-            for extra in re.findall(r"\[(.*)\]", word)[0].split(",") if "[" in word else []:
-                names |= {_name(r) for r in project["optional-dependencies"][extra.strip()]}
-        else:
-            names.add(_name(word))
+    for command in (part for part in re.split(r"&&|;", text) if "pip install" in part):
+        words = shlex.split(command[command.index("pip install") + len("pip install"):])
+        for i, word in enumerate(words):
+            if word == "-r" and i + 1 < len(words) and words[i + 1] == "requirements.txt":
+                assert "requirements.txt" in text and 'p["dependencies"]' in text, "requirements.txt not from pyproject"
+                names |= {_name(r) for r in project["dependencies"]}
+                for extra in re.findall(r'\["optional-dependencies"\]\["([\w-]+)"\]', text):
+                    names |= {_name(r) for r in project["optional-dependencies"][extra]}
+            elif word.startswith("-") or (i > 0 and words[i - 1] == "-r") or word.startswith("/"):
+                continue
+            elif word == "." or word.startswith(".["):
+                names |= {_name(r) for r in project["dependencies"]}
+                for extra in re.findall(r"\[(.*)\]", word)[0].split(",") if "[" in word else []:
+                    names |= {_name(r) for r in project["optional-dependencies"][extra.strip()]}
+            else:
+                names.add(_name(word))
     return names
 
 
