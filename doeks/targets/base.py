@@ -105,7 +105,9 @@ class JobStatus:
     replicas: list[ReplicaStatus] = field(default_factory=list)
     desired: int | None = None
     restarts: int = 0
-    reason: str = ""
+    reason: str = ""       # why it is not training (doeks.targets.reasons), "" when nothing is wrong
+    fix: str = ""          # what to do about it
+    permanent: bool = False  # a restart cannot help (bad arguments, missing data, import error)
 
     @property
     def finished(self) -> bool:
@@ -149,8 +151,19 @@ class Target:
     def describe(self) -> JobStatus:
         raise NotSupported(self.name, "describe")
 
-    def logs(self, follow: bool = False, replica: int | None = None) -> Iterator[str]:
+    def logs(self, follow: bool = False, replica: int | None = None, run: str | None = None, tail: int | None = None,
+             since: float | None = None) -> Iterator[str]:
+        """Log lines of the current run (or `run`), prefixed by replica; `tail`: the last N lines first; `since`: a
+        time.time() value, lines from then on."""
         raise NotSupported(self.name, "logs")
+
+    def runs(self) -> list[str]:
+        """The runs whose logs this target can still show, oldest first."""
+        return []
+
+    def events(self) -> list[str]:
+        """What happened to the job's replicas, one line each, oldest first (starts, restarts, exits, k8s events)."""
+        return []
 
     def scale(self, replicas: int, runner) -> None:
         raise NotSupported(self.name, "scale")

@@ -26,6 +26,7 @@ from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job
                    Step, Target)
 from .follow import ContainerCursor, wait_with_progress
 from .local import start_rendezvous
+from .reasons import check_train_args
 
 PART_OF = "app.kubernetes.io/part-of"
 JOB, RUN, REPLICA, TARGET, STATE = "doeks/job", "doeks/run", "doeks/replica", "doeks/target", "doeks/state"
@@ -140,6 +141,7 @@ class DockerTarget(Target):
 
     # -- submission ---------------------------------------------------------------------------------------------------
     def plan(self, job: Job) -> Plan:
+        check_train_args(job.train_args)
         s = job.settings
         manifests = self.manifests(job)
         pytorchjob = manifests[-1]

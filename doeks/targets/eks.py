@@ -10,6 +10,7 @@ from .. import jobspec, kube, trainimage
 from ..errors import DoeksError
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
                    Step, Target)
+from .reasons import check_train_args
 
 _CONDITIONS = {"Created": PENDING, "Running": RUNNING, "Restarting": RESTARTING, "Succeeded": SUCCEEDED,
                "Failed": FAILED, "Suspended": STOPPED}
@@ -24,6 +25,7 @@ class EksTarget(Target):
         return jobspec.manifests(job.settings, job.train_args, job.run, image=trainimage.reference(job.settings, False))
 
     def plan(self, job: Job) -> Plan:
+        check_train_args(job.train_args)
         manifests = self.manifests(job)
         image = manifests[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"]
         kinds = ", ".join(f"{m['kind']}/{m['metadata']['name']}" for m in manifests)

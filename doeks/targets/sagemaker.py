@@ -26,6 +26,7 @@ from ..local.services import free_port
 from .base import (FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, NotSupported, Plan, ReplicaStatus,
                    Step, Target)
 from .follow import ContainerCursor, follow_until_done, wait_with_progress
+from .reasons import check_train_args
 
 _STATES = {"InProgress": RUNNING, "Completed": SUCCEEDED, "Failed": FAILED, "Stopping": RUNNING, "Stopped": STOPPED}
 LABEL = "doeks/target"
@@ -85,6 +86,7 @@ class SageMakerTarget(Target):
         s = job.settings
         role = f"arn:aws:iam::<account>:role/{s.sagemaker_role_name}"
         request = self.request(job, role)
+        check_train_args(job.train_args)  # after request(): its own one line for arguments that are not pairs
         source = request["HyperParameters"]["sagemaker_submit_directory"]
         bucket, key = source[len("s3://"):].split("/", 1)
         plan = Plan(self.name, job, requests=[{"service": "sagemaker", "operation": "CreateTrainingJob", "params": request}])
