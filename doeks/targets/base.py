@@ -142,6 +142,10 @@ class Target:
             if step.run is not None:
                 runner.step(step.what, step.run)
 
+    def run_name(self, plan: Plan) -> str:
+        """The id describe() will report for this submission's run (the rendezvous id; SageMaker: the job's name)."""
+        return plan.job.run
+
     def validate_scale(self, replicas: int) -> None:
         s = self.settings
         if not (s.min_replicas <= replicas <= s.max_replicas):

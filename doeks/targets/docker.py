@@ -26,6 +26,7 @@ from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job
                    Step, Target)
 from .follow import ContainerCursor, wait_with_progress
 from .local import start_rendezvous
+from . import reasons
 from .reasons import check_train_args
 
 PART_OF = "app.kubernetes.io/part-of"
@@ -177,8 +178,19 @@ class DockerTarget(Target):
             raise DoeksError(f"job {s.job_name} is already running ({len(live)} containers): `invoke elasticjob.status`, "
                              "or `invoke elasticjob.delete` first")
         for stale in self.containers():
+            self._archive(stale)
             stale.remove(force=True)
         elastic.check_data(s)
+
+    def _archive(self, container) -> None:
+        """Keep a finished run's logs (STATE_DIR/docker/<job>/runs/<run>/node-N.log) before its container goes."""
+        try:
+            data = container.logs(stdout=True, stderr=True)
+        except Exception:  # noqa: BLE001 - removed meanwhile
+            return
+        folder = self.home / "runs" / container.labels.get(RUN, "unknown")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"node-{container.labels.get(REPLICA)}.log").write_bytes(data)
 
     def _record(self, manifests, run) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -225,11 +237,28 @@ class DockerTarget(Target):
         return ContainerCursor(self.containers, lambda c: f"node-{c.labels.get(REPLICA)}",
                                None if replica is None else f"node-{replica}")
 
-    def logs(self, follow: bool = False, replica: int | None = None) -> Iterator[str]:
-        from .follow import check_replica, follow_until_done
+    def runs(self) -> list[str]:
+        folder = self.home / "runs"
+        found = [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+        return [p.name for p in sorted(found, key=lambda p: p.stat().st_mtime)]
 
+    def logs(self, follow: bool = False, replica: int | None = None, run: str | None = None, tail: int | None = None,
+             since: float | None = None) -> Iterator[str]:
+        from .follow import check_replica, check_run, follow_until_done, window
+
+        wanted = check_run(self, run)
+        if wanted != self._record_read().get("run", ""):  # an earlier run: the logs kept when its containers went
+            files = sorted((self.home / "runs" / wanted).glob("node-*.log"))
+            if replica is not None and f"node-{replica}.log" not in [f.name for f in files]:
+                raise DoeksError(f"--replica {replica}: run {wanted} of job {self.settings.job_name} has no such replica")
+            lines = [f"[{f.stem}] {line}" for f in files if replica is None or f.stem == f"node-{replica}"
+                     for line in f.read_text(errors="replace").splitlines()]
+            return iter(window(lines, tail, since))
         check_replica(self, replica)
-        return follow_until_done(self, self._cursor(replica), follow)
+        return follow_until_done(self, self._cursor(replica), follow, tail=tail, since=since)
+
+    def events(self) -> list[str]:
+        return container_events(self.containers())
 
     def wait(self, timeout: float | None = None, quiet: bool = False) -> JobStatus:
         return wait_with_progress(self, self._cursor(), timeout, quiet, poll=0.5)
@@ -279,16 +308,25 @@ class DockerTarget(Target):
                 "final": str(elastic.metrics_dir(s) / "final.json"), "manifests": str(self.home / "manifests.yaml")}
 
 
-def read_replica(container, name: str) -> ReplicaStatus | None:
-    """One container as a replica: its state in the targets' vocabulary, docker's restart count, its last step;
-    None when it was removed meanwhile (a scale down, a delete from another shell)."""
+def read_replica(container, name: str, seen: dict | None = None) -> ReplicaStatus | None:
+    """One container as a replica: its state in the targets' vocabulary, its restarts (docker's restarts of the
+    container plus torchrun's of its workers, from the logs), its last step; None when it was removed meanwhile (a
+    scale down, a delete from another shell). `seen` collects the lines since its last step (for the reason)."""
     import docker as sdk
+
+    from ..local.jobs import STEP_LINE, WORKER_RESTART
 
     try:
         container.reload()
-        tail = container.logs(tail=200).decode(errors="replace")
+        text = container.logs().decode(errors="replace")  # every start of the container, in order
     except sdk.errors.NotFound:
         return None
+    lines = text.splitlines()
+    worker_restarts = sum(1 for line in lines if WORKER_RESTART.search(line))
+    last_step = max((i for i, line in enumerate(lines) if STEP_LINE.search(line)), default=-1)
+    if seen is not None:
+        seen[name] = lines[last_step + 1:][-400:]
+    tail = "\n".join(lines[-200:])
     state = container.attrs["State"]
     if state.get("Restarting"):
         replica_state = RESTARTING
@@ -301,8 +339,8 @@ def read_replica(container, name: str) -> ReplicaStatus | None:
     else:  # exited non-zero and docker is not restarting it: its restart policy is spent
         replica_state = FAILED
     progress = parse_progress(tail) or {}
-    return ReplicaStatus(name, replica_state, int(container.attrs.get("RestartCount", 0)), progress.get("step"),
-                         progress.get("samples_per_s"), progress.get("world"), container.short_id)
+    return ReplicaStatus(name, replica_state, int(container.attrs.get("RestartCount", 0)) + worker_restarts,
+                         progress.get("step"), progress.get("samples_per_s"), progress.get("world"), container.short_id)
 
 
 def container_job_status(target: str, job_name: str, run: str, containers: list, name_of) -> JobStatus:
@@ -310,7 +348,8 @@ def container_job_status(target: str, job_name: str, run: str, containers: list,
     Failed otherwise, with the first failed container as the reason; Stopped when there are none."""
     if not containers:
         return JobStatus(target, job_name, STOPPED, run=run, reason="no containers (not deployed, or deleted)")
-    read = [(c, read_replica(c, name_of(c))) for c in containers]
+    seen: dict[str, list[str]] = {}
+    read = [(c, read_replica(c, name_of(c), seen)) for c in containers]
     read = [(c, r) for c, r in read if r is not None]
     replicas = [r for _, r in read]
     if not replicas:
@@ -326,8 +365,39 @@ def container_job_status(target: str, job_name: str, run: str, containers: list,
         failed = next(c for c, r in read if r.state == FAILED)
         reason = (f"{failed.name} exited with {failed.attrs['State'].get('ExitCode')} after "
                   f"{failed.attrs.get('RestartCount', 0)} restarts")
+    fix, permanent = "", False
+    if job_state != SUCCEEDED:
+        lines = [line for name in sorted(seen) for line in seen[name]]
+        restarts = sum(1 for line in lines if WORKER_RESTART.search(line)) + sum(
+            int(c.attrs.get("RestartCount", 0)) for c, _ in read)
+        events = ["OOMKilled" for c, _ in read if c.attrs["State"].get("OOMKilled")]
+        found = reasons.classify(lines, [c.attrs["State"].get("ExitCode") for c, r in read if r.state == FAILED],
+                                 events, restarts, failed=job_state == FAILED)
+        if found is not None:
+            reason, fix, permanent = found.text, found.fix, found.permanent
     return JobStatus(target, job_name, job_state, run=run, replicas=replicas, desired=len(replicas),
-                     restarts=sum(r.restarts for r in replicas), reason=reason)
+                     restarts=sum(r.restarts for r in replicas), reason=reason, fix=fix, permanent=permanent)
+
+
+def container_events(containers) -> list[str]:
+    """What docker knows of each container: created, started, restarts, how it exited (OOM-killed, exit code)."""
+    events = []
+    for c in containers:
+        try:
+            c.reload()
+        except Exception:  # noqa: BLE001 - removed meanwhile
+            continue
+        state = c.attrs.get("State", {})
+        events.append(f"{c.attrs.get('Created', '')[:19]} {c.name}: created (run {c.labels.get(RUN, '?')})")
+        if state.get("StartedAt", "").startswith("0001"):
+            continue
+        events.append(f"{state.get('StartedAt', '')[:19]} {c.name}: started (docker restarts so far: "
+                      f"{c.attrs.get('RestartCount', 0)})")
+        if not state.get("Running") and not state.get("FinishedAt", "").startswith("0001"):
+            how = "OOM-killed" if state.get("OOMKilled") else f"exited with {state.get('ExitCode')}"
+            events.append(f"{state.get('FinishedAt', '')[:19]} {c.name}: {how}" +
+                          (f" ({state['Error']})" if state.get("Error") else ""))
+    return sorted(events)
 
 
 def remove_all(settings, runner) -> int:

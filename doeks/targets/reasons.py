@@ -62,8 +62,8 @@ _LINE_RULES = [
 # Kubernetes event / container waiting reasons
 _EVENT_RULES = {
     "OOMKilled": ("oom", False, "out of memory: a container was OOM-killed", "lower BATCH_SIZE or DATA_WORKERS, or use a larger instance type"),
-    "ErrImagePull": ("image", True, "the training image cannot be pulled", "`invoke elasticjob.push`, or set TRAIN_IMAGE to an image the nodes can pull"),
-    "ImagePullBackOff": ("image", True, "the training image cannot be pulled", "`invoke elasticjob.push`, or set TRAIN_IMAGE to an image the nodes can pull"),
+    "ErrImagePull": ("image", False, "the training image cannot be pulled", "`invoke elasticjob.push`, or set TRAIN_IMAGE to an image the nodes can pull"),
+    "ImagePullBackOff": ("image", False, "the training image cannot be pulled", "`invoke elasticjob.push`, or set TRAIN_IMAGE to an image the nodes can pull"),
     "FailedScheduling": ("unschedulable", False, "pods cannot be scheduled", "check node capacity: `invoke eks.status`, `invoke eks.scale`"),
     "FailedMount": ("volume", False, "the shared volume cannot be mounted", "`invoke csi.fsx.deploy` (or csi.efs.deploy) and check SHARED_PVC"),
 }
@@ -86,12 +86,12 @@ def from_lines(lines: Iterable[str]) -> Reason | None:
 
 def from_events(reasons: Iterable[str]) -> Reason | None:
     """The reason Kubernetes events or container states show (their `reason` fields), permanent ones first."""
-    found = [_EVENT_RULES[r] for r in reasons if r in _EVENT_RULES]
-    found.sort(key=lambda rule: not rule[1])
+    found = [(_EVENT_RULES[r], r) for r in reasons if r in _EVENT_RULES]
+    found.sort(key=lambda pair: not pair[0][1])
     if not found:
         return None
-    code, permanent, text, fix = found[0]
-    return Reason(code, text, fix, permanent)
+    (code, permanent, text, fix), which = found[0]
+    return Reason(code, f"{text} ({which})", fix, permanent)
 
 
 def classify(lines: Iterable[str] = (), exit_codes: Iterable[int | None] = (), events: Iterable[str] = (),
