@@ -125,44 +125,22 @@ def _final_result(s) -> dict:
         return {}
 
 
-def show_status(target) -> object:
-    """The job's replicas as a table, its reason and fix below (shared with the root `invoke status`)."""
-    from doeks import targets, ui
-    from doeks.targets import runs
-
-    st = target.describe()
-    runs.settle(target.settings, st)
-    title = f"job {st.name} on {st.target}: {st.state}"
-    if st.run:
-        title += f" (run {st.run})"
-    if st.desired is not None:
-        title += f", {st.desired} nodes wanted"
-    title += f", {st.restarts} restarts"
-    if st.replicas:
-        ui.table(title, targets.COLUMNS, st.rows())
-    else:
-        ui.say(title)
-    if st.reason:
-        ui.say(f"reason: {st.reason}" + (" (permanent: restarts cannot help)" if st.permanent else ""),
-               style="red" if st.state == "Failed" else "yellow")
-    if st.fix:
-        ui.say(f"fix: {st.fix}")
-    return st
-
-
 @task
 def status(c):
     """Show the job's replicas (state, restarts, step, samples/s) and why it is not training, with the fix."""
-    show_status(_target())
+    from doeks.targets import show
+
+    show.status(_target())
 
 
 @task
 def describe(c):
     """The job's status, its events (starts, restarts, exits; Kubernetes events on eks), the reason and the fix."""
     from doeks import ui
+    from doeks.targets import show
 
     target = _target()
-    st = show_status(target)
+    st = show.status(target)
     events = target.events()
     ui.say(f"events ({len(events)}):" if events else "events: none recorded")
     for line in events[-40:]:

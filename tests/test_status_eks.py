@@ -1,0 +1,89 @@
+"""Status that explains itself on TARGET=eks, through the scripted kubectl (tests/kubectl_standin.py): the reason
+and fix come from the pods' container states, the namespace's events and the pods' last log lines; `describe` shows
+the events; `logs` validates --replica and passes --tail / --since to kubectl."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from doeks import targets
+
+from .conftest import invoke
+from .test_targets import pod, pytorchjob_json, settings_for, world  # noqa: F401 - the fixture
+
+# Shapes as the API server returns them (kubernetes/api core/v1 types.go, v0.33: ContainerStatus.lastState.terminated
+# {exitCode, reason}; Event {type, reason, message, count, involvedObject, lastTimestamp}); the kubelet's reasons
+# "BackOff", "OOMKilled", "CrashLoopBackOff" (kubernetes/kubernetes pkg/kubelet/events/event.go, v1.33).
+
+
+def crashed_pod(name: str, restarts: int, exit_code: int, reason: str) -> dict:
+    p = pod(name, "Running", restarts, "CrashLoopBackOff")
+    p["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": exit_code, "reason": reason}}
+    return p
+
+
+def event(obj: str, reason: str, message: str, count: int = 1, kind: str = "Pod") -> dict:
+    return {"type": "Warning", "reason": reason, "message": message, "count": count,
+            "involvedObject": {"kind": kind, "name": obj, "namespace": "default"}, "lastTimestamp": "2026-11-22T21:00:00Z"}
+
+
+def script(world, pods, events, logs="", state="Running"):
+    world["script"].write_text(json.dumps([
+        {"match": ["get", "pytorchjob"], "stdout": pytorchjob_json(state)},
+        {"match": ["get", "pods"], "stdout": json.dumps({"items": pods})},
+        {"match": ["get", "events"], "stdout": json.dumps({"items": events})},
+        {"match": ["logs"], "stdout": logs}]))
+
+
+def test_bad_arguments_in_a_crash_loop_are_the_permanent_reason(world):  # noqa: F811
+    s = settings_for("eks")
+    script(world, [crashed_pod("imagenet-worker-0", 4, 2, "Error")],
+           [event("imagenet-worker-0", "BackOff", "Back-off restarting failed container pytorch", 7),
+            event("some-other-pod", "OOMKilled", "not ours")],
+           logs="[pod/imagenet-worker-0/pytorch] train.py: error: unrecognized arguments: --bogus 1\n")
+    status = targets.get(s).describe()
+    assert status.restarts == 4 and status.replicas[0].state == "Restarting"
+    assert status.permanent and status.reason == "bad arguments to the training script: unrecognized arguments: --bogus 1"
+    assert "--train-args" in status.fix
+    out = invoke("elasticjob.describe", env={"TARGET": "eks", "COLUMNS": "250"})
+    assert out.returncode == 0, out.stderr
+    assert "reason: bad arguments to the training script" in out.stderr and "fix: fix --train-args" in out.stderr
+    assert "BackOff Pod/imagenet-worker-0: Back-off restarting failed container pytorch (x7)" in out.stderr
+    assert "some-other-pod" not in out.stderr  # only the job's own events
+
+
+def test_oom_killed_and_crash_loop_without_a_log_line(world):  # noqa: F811
+    s = settings_for("eks")
+    script(world, [crashed_pod("imagenet-worker-0", 3, 137, "OOMKilled")], [])
+    status = targets.get(s).describe()
+    assert status.reason.startswith("out of memory") and "BATCH_SIZE" in status.fix and not status.permanent
+    script(world, [crashed_pod("imagenet-worker-0", 5, 1, "Error")], [], logs="RuntimeError: boom\n")
+    status = targets.get(s).describe()
+    assert status.reason.startswith("crash loop") and "RuntimeError: boom" in status.reason
+
+
+def test_healthy_job_has_no_reason_and_reads_no_events(world):  # noqa: F811
+    s = settings_for("eks")
+    script(world, [pod("imagenet-worker-0", "Running")], [event("imagenet-worker-0", "OOMKilled", "old")])
+    status = targets.get(s).describe()
+    assert status.reason == "" and status.fix == ""
+    calls = [json.loads(line)["argv"] for line in world["record"].read_text().splitlines()]
+    assert not any("events" in argv for argv in calls)  # a healthy job costs two kubectl calls, no more
+
+
+def test_logs_flags_reach_kubectl_and_replica_is_checked(world):  # noqa: F811
+    script(world, [pod("imagenet-worker-0", "Running"), pod("imagenet-worker-1", "Running")], [], logs="a\nb\n")
+    out = invoke("elasticjob.logs", "--tail", "5", "--since", "10m", "--replica", "1", env={"TARGET": "eks"})
+    assert out.returncode == 0 and out.stdout == "a\nb\n", out.stderr
+    argv = [json.loads(line)["argv"] for line in world["record"].read_text().splitlines()][-1]
+    assert "--tail=5" in argv and any(a.startswith("--since=60") for a in argv)
+    assert "doeks/job=imagenet,training.kubeflow.org/replica-index=1" in argv
+    bad = invoke("elasticjob.logs", "--replica", "7", env={"TARGET": "eks"})
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        "error: --replica 7: job imagenet has pods imagenet-worker-0, imagenet-worker-1"]
+    for flags, message in ((["--tail", "x"], "error: --tail 'x': expected an integer"),
+                           (["--since", "soon"], "error: --since 'soon': expected a duration"),
+                           (["--run", "nope"], "error: --run nope: job imagenet has logs of runs")):
+        out = invoke("elasticjob.logs", *flags, env={"TARGET": "eks"})
+        assert out.returncode == 1 and out.stderr.strip().startswith(message), (flags, out.stderr)
