@@ -96,6 +96,95 @@ def test_permanent_error_at_run_time_ends_the_job_without_restarts(small, state_
     status = targets.get(small).describe()
     assert status.state == "Failed" and status.permanent and status.restarts == 0
     assert [r.restarts for r in status.replicas] == [0]
-    assert "attempts left" not in "".join(p.read_text() for p in (elastic.home(small) / "runs").rglob("agent.log"))
+    logged = "".join(p.read_text() for p in (elastic.home(small) / "runs").rglob("agent.log"))
+    assert logged.count("error: data folder") == 1, logged  # the worker ran once: torchrun did not restart it
+    assert "==== doeks: replica 0 start #1" not in logged  # nor the supervisor the node
     history = invoke("elasticjob.history", env={"COLUMNS": "250"})
     assert history.returncode == 0 and "Failed" in history.stderr and "data missing" in history.stderr
+
+
+def test_two_runs_logs_show_the_second_history_lists_both(small, state_dir):
+    first = deploy_and_wait(small, ["--max-steps", "1", "--log-every", "1"])
+    second = deploy_and_wait(small, ["--max-steps", "2", "--log-every", "1"])
+    assert first != second
+    out = invoke("elasticjob.logs")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("==== doeks: replica 0 start #0") == 1  # one run, not a replay of every earlier one
+    assert "step=2 " in out.stdout and "--max-steps 1" not in out.stdout
+    earlier = invoke("elasticjob.logs", "--run", first)
+    assert earlier.returncode == 0 and "step=1 " in earlier.stdout and "step=2 " not in earlier.stdout
+    tail = invoke("elasticjob.logs", "--tail", "3")
+    assert tail.returncode == 0 and tail.stdout.splitlines() == out.stdout.splitlines()[-3:]
+    assert invoke("elasticjob.logs", "--since", "1h").stdout == out.stdout
+    assert invoke("elasticjob.logs", "--since", "0s").stdout == ""
+    for flags, message in ((["--replica", "7"], "error: --replica 7: job imagenet has replicas 0"),
+                           (["--run", "nope"], f"error: --run nope: job imagenet has logs of runs {first}, {second}"),
+                           (["--tail", "-1"], "error: --tail -1: expected an integer from 0")):
+        bad = invoke("elasticjob.logs", *flags)
+        assert bad.returncode == 1 and bad.stderr.strip().splitlines()[0].startswith(message), (flags, bad.stderr)
+        assert len(bad.stderr.strip().splitlines()) == 1
+    history = invoke("elasticjob.history", env={"COLUMNS": "250"})
+    rows = [line for line in history.stderr.splitlines() if first in line or second in line]
+    assert len(rows) == 2 and all("Succeeded" in row and "local" in row for row in rows), history.stderr
+    recorded = json.loads(runs.index_path(small).read_text())
+    assert [r["run"] for r in recorded] == [first, second] and all(r["end"] >= r["start"] for r in recorded)
+
+
+def deploy_and_wait(s, args, timeout=120) -> str:
+    result = invoke("elasticjob.deploy", "--follow", "--train-args", " ".join(args), timeout=timeout)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return targets.get(s).describe().run
+
+
+def workers(s) -> list[int]:
+    status = jobs.read_status(elastic.home(s)) or {"replicas": []}
+    pids = [r["pid"] for r in status["replicas"] if r.get("pid")]
+    found = []
+    for agent in pids:
+        for p in jobs.descendants(agent):
+            try:
+                if "train.py" in open(f"/proc/{p}/cmdline").read():
+                    found.append(p)
+            except OSError:
+                pass
+    return found
+
+
+def test_killed_workers_in_a_crash_loop_are_counted_and_named(small, state_dir):
+    """torchrun restarts a node's workers itself (the node's agent lives on): those restarts count too, per replica
+    and for the job; three of them with no step in between is a crash loop, with the fix."""
+    assert invoke("elasticjob.deploy", "--train-args", "--step-delay 5 --log-every 1").returncode == 0
+    killed = set()
+    for _ in range(3):
+        victim = wait_for(lambda: [p for p in workers(small) if p not in killed], 60, "a (new) worker")[0]
+        os.kill(victim, signal.SIGKILL)
+        killed.add(victim)
+        wait_for(lambda: not services.pid_alive(victim), 10, "the worker to die")
+    wait_for(lambda: targets.get(small).describe().restarts >= 3, 30, "three restarts counted")
+    status = targets.get(small).describe()
+    assert status.state == "Running" and status.replicas[0].restarts >= 3
+    assert status.reason.startswith("crash loop: ") and "elasticjob.logs" in status.fix
+    shown = invoke("elasticjob.describe", env={"COLUMNS": "250"})
+    assert shown.returncode == 0 and "reason: crash loop" in shown.stderr and "replica 0 started" in shown.stderr
+    root = invoke("status", env={"COLUMNS": "250"})
+    assert root.returncode == 0 and "job imagenet on local: Running" in root.stderr and "crash loop" in root.stderr
+    assert invoke("elasticjob.delete").returncode == 0
+
+
+@pytest.mark.parametrize("code,runs_expected", [(2, 1), (1, 3)])
+def test_local_agent_does_not_restart_a_permanent_exit(tmp_path, code, runs_expected):
+    """doeks.local.agent (torchrun) restarts failed workers (here --max-restarts 2: three runs), except those that
+    exit 2, the training script's and argparse's code for an error no restart can fix."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "worker.py"
+    script.write_text(f"import sys\nprint('worker ran', flush=True)\nsys.exit({code})\n")
+    env = {**os.environ, "DOEKS_PRELOAD": "0", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "doeks.local.agent", "--standalone", "--nproc-per-node", "1",
+                             "--max-restarts", "2", "--monitor-interval", "0.1", str(script)],
+                            capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert output.count("worker ran") == runs_expected, output[-3000:]
+    assert output.count("doeks: worker group failed") == runs_expected - 1  # what the restart counts read

@@ -120,11 +120,18 @@ def patch_permanent_exit() -> None:
 
     def monitor_workers(self, worker_group):
         result = monitor(self, worker_group)
-        if result.is_failed() and any(f.exitcode == PERMANENT_EXIT for f in result.failures.values()):
-            if self._remaining_restarts:
-                print(f"doeks: a worker exited with {PERMANENT_EXIT} (permanent error): not restarting the workers",
-                      flush=True)
-            self._remaining_restarts = 0
+        if result.is_failed():
+            codes = sorted({f.exitcode for f in result.failures.values()})
+            if PERMANENT_EXIT in codes:
+                if self._remaining_restarts:
+                    print(f"doeks: a worker exited with {PERMANENT_EXIT} (permanent error): not restarting the workers",
+                          flush=True)
+                self._remaining_restarts = 0
+            elif self._remaining_restarts > 0:
+                # torchrun's own line for this is INFO, which its logging setup does not show: doeks.local.jobs
+                # counts these as the node's restarts
+                print(f"doeks: worker group failed (exit codes {codes}): torchrun restarts it, "
+                      f"{self._remaining_restarts}/{worker_group.spec.max_restarts} attempts left", flush=True)
         return result
 
     LocalElasticAgent._monitor_workers = monitor_workers

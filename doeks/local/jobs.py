@@ -232,8 +232,12 @@ def kill_tree(pid: int, grace: float = 5.0) -> None:
 # -- reading what the replicas log -------------------------------------------------------------------------------
 # torchrun's agent logs this each time it restarts a node's failed workers (torch/distributed/elastic/agent/server/
 # api.py, SimpleElasticAgent._invoke_run, torch 2.13): "[default] Worker group FAILED. 3/10 attempts left; will restart
-# worker group". A membership change ("Detected 1 new nodes ... will restart worker group") is no failure.
-WORKER_RESTART = re.compile(r"Worker group (FAILED|UNHEALTHY)\. \d+/\d+ attempts left")
+# worker group" -- at INFO, which torchrun's logging does not print, so doeks.local.agent prints its own line.
+# A membership change ("Detected 1 new nodes ... will restart worker group") is no failure.
+WORKER_RESTART = re.compile(r"Worker group (FAILED|UNHEALTHY)\. \d+/\d+ attempts left|^doeks: worker group failed ")
+# torch/distributed/elastic/multiprocessing/api.py (PContext wait, torch 2.13) logs, at ERROR, one line per failed
+# worker group: "failed (exitcode: -9) local_rank: 0 (pid: 123) of binary: ..."
+GROUP_FAILED = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: \d+\)")
 NODE_RESTART = re.compile(r"^==== doeks: replica \d+ start #[1-9]")
 
 

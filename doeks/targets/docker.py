@@ -19,7 +19,7 @@ from typing import Any, Iterator
 from .. import elastic, jobspec, trainimage
 from ..errors import DoeksError
 from ..local import runtime
-from ..local.jobs import parse_progress
+from ..local.jobs import GROUP_FAILED, parse_progress
 from ..local.services import etcd, free_port
 from ..runner import to_yaml_stream
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
@@ -322,12 +322,16 @@ def read_replica(container, name: str, seen: dict | None = None) -> ReplicaStatu
     except sdk.errors.NotFound:
         return None
     lines = text.splitlines()
-    worker_restarts = sum(1 for line in lines if WORKER_RESTART.search(line))
+    # stock torchrun in the image: each failed worker group logs one GROUP_FAILED line; the one that ended a
+    # container's life is docker's restart (RestartCount) or its final exit, the others were torchrun's restarts
+    state = container.attrs["State"]
+    node_failures = int(container.attrs.get("RestartCount", 0)) + (0 if state.get("Running") or not state.get("ExitCode") else 1)
+    worker_restarts = max(0, sum(1 for line in lines if GROUP_FAILED.search(line)) - node_failures) + sum(
+        1 for line in lines if WORKER_RESTART.search(line))
     last_step = max((i for i, line in enumerate(lines) if STEP_LINE.search(line)), default=-1)
     if seen is not None:
         seen[name] = lines[last_step + 1:][-400:]
     tail = "\n".join(lines[-200:])
-    state = container.attrs["State"]
     if state.get("Restarting"):
         replica_state = RESTARTING
     elif state.get("Running"):
@@ -368,8 +372,7 @@ def container_job_status(target: str, job_name: str, run: str, containers: list,
     fix, permanent = "", False
     if job_state != SUCCEEDED:
         lines = [line for name in sorted(seen) for line in seen[name]]
-        restarts = sum(1 for line in lines if WORKER_RESTART.search(line)) + sum(
-            int(c.attrs.get("RestartCount", 0)) for c, _ in read)
+        restarts = sum(1 for line in lines if GROUP_FAILED.search(line))  # since each replica's last step
         events = ["OOMKilled" for c, _ in read if c.attrs["State"].get("OOMKilled")]
         found = reasons.classify(lines, [c.attrs["State"].get("ExitCode") for c, r in read if r.state == FAILED],
                                  events, restarts, failed=job_state == FAILED)
