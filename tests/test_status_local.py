@@ -188,3 +188,19 @@ def test_local_agent_does_not_restart_a_permanent_exit(tmp_path, code, runs_expe
     output = result.stdout + result.stderr
     assert output.count("worker ran") == runs_expected, output[-3000:]
     assert output.count("doeks: worker group failed") == runs_expected - 1  # what the restart counts read
+
+
+@pytest.mark.slow
+def test_etcd_killed_mid_job_is_named_with_the_fix(small, state_dir):
+    """The rendezvous server dies under a training job: the nodes fail and are restarted until the backoff limit,
+    and the job ends Failed with "rendezvous server unreachable" and how to bring etcd back, not "see the logs"."""
+    assert invoke("elasticjob.deploy", "--train-args", "--step-delay 0.3 --log-every 1").returncode == 0
+    wait_for(lambda: (targets.get(small).describe().replicas or [None])[0] and
+             (targets.get(small).describe().replicas[0].step or 0) >= 2, 120, "two steps")
+    services.etcd(state_dir).stop()
+    status = wait_for(lambda: (lambda st: st if st.finished else None)(targets.get(small).describe()), 180,
+                      "the job to end")
+    assert status.state == "Failed" and status.reason == "rendezvous server unreachable", status
+    assert "etcd" in status.fix and "invoke eks.create" in status.fix and not status.permanent
+    shown = invoke("elasticjob.status", env={"COLUMNS": "250"})
+    assert "reason: rendezvous server unreachable" in shown.stderr and "fix: etcd is down" in shown.stderr
