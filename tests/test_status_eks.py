@@ -12,8 +12,9 @@ from .conftest import invoke
 from .test_targets import pod, pytorchjob_json, settings_for, world  # noqa: F401 - the fixture
 
 # Shapes as the API server returns them (kubernetes/api core/v1 types.go, v0.33: ContainerStatus.lastState.terminated
-# {exitCode, reason}; Event {type, reason, message, count, involvedObject, lastTimestamp}); the kubelet's reasons
-# "BackOff", "OOMKilled", "CrashLoopBackOff" (kubernetes/kubernetes pkg/kubelet/events/event.go, v1.33).
+# {exitCode, reason}; Event {type, reason, message, count, involvedObject, lastTimestamp}); the kubelet's words
+# (kubernetes/kubernetes v1.33): event reason "BackOff" pkg/kubelet/events/event.go, waiting reason "CrashLoopBackOff"
+# pkg/kubelet/container/sync_result.go; terminated reason "OOMKilled" from the container runtime (containerd CRI).
 
 
 def crashed_pod(name: str, restarts: int, exit_code: int, reason: str) -> dict:

@@ -7,7 +7,7 @@ unreachable, out of memory, a crash loop). Permanent errors end the job at once,
 supervisor stops every node when a log shows one, the follow loop cancels a job on the other targets, and bad
 training arguments are refused before anything starts (`check_train_args`, against the script's own parser).
 
-The split follows kopf's `PermanentError` / `TemporaryError` (nolar/kopf, kopf/_core/actions/execution.py, 1.37):
+The split follows kopf's `PermanentError` / `TemporaryError` (nolar/kopf, kopf/_core/actions/execution.py, main 07cab46):
 a handler's error is either retried after a delay or ends the handling for good, decided by its type, not by how
 often it happened.
 """
@@ -17,8 +17,9 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-# Kubernetes' own words for a crash loop and an OOM-killed container (kubernetes/kubernetes,
-# pkg/kubelet/images/types.go and pkg/kubelet/kuberuntime: "CrashLoopBackOff", "OOMKilled", v1.33).
+# Kubernetes' own words (kubernetes/kubernetes, v1.33): "CrashLoopBackOff" pkg/kubelet/container/sync_result.go,
+# "ImagePullBackOff"/"ErrImagePull" pkg/kubelet/images/types.go, event reason "BackOff" pkg/kubelet/events/event.go;
+# "OOMKilled" is the container runtime's terminated reason (containerd's CRI plugin).
 CRASH_LOOP_RESTARTS = 3
 OOM_EXIT = 137  # SIGKILL, what the kernel's OOM killer sends (128 + 9)
 
