@@ -87,3 +87,24 @@ def test_logs_flags_reach_kubectl_and_replica_is_checked(world):  # noqa: F811
                            (["--run", "nope"], "error: --run nope: job imagenet has logs of runs")):
         out = invoke("elasticjob.logs", *flags, env={"TARGET": "eks"})
         assert out.returncode == 1 and out.stderr.strip().startswith(message), (flags, out.stderr)
+
+
+def test_a_run_on_eks_is_recorded_and_its_end_seen_by_history(world):  # noqa: F811
+    import yaml
+
+    world["script"].write_text(json.dumps([{"match": ["apply"], "stdout": "pytorchjob.kubeflow.org/imagenet serverside-applied\n"},
+                                           {"match": ["get"], "stdout": ""}]))
+    assert invoke("elasticjob.deploy", env={"TARGET": "eks"}).returncode == 0
+    applied = [json.loads(line) for line in world["record"].read_text().splitlines() if "apply" in line][-1]
+    job = list(yaml.safe_load_all(applied["stdin"]))[-1]
+    run = job["spec"]["elasticPolicy"]["rdzvId"]
+    job["status"] = {"conditions": [{"type": "Failed", "status": "True", "message": "PyTorchJob imagenet has failed"}]}
+    failed = crashed_pod("imagenet-worker-0", 6, 1, "OOMKilled")
+    world["script"].write_text(json.dumps([
+        {"match": ["get", "pytorchjob"], "stdout": json.dumps(job)},
+        {"match": ["get", "pods"], "stdout": json.dumps({"items": [failed]})},
+        {"match": ["get", "events"], "stdout": json.dumps({"items": []})}, {"match": ["logs"], "stdout": ""}]))
+    history = invoke("elasticjob.history", env={"TARGET": "eks", "COLUMNS": "250"})
+    assert history.returncode == 0, history.stderr
+    row = next(line for line in history.stderr.splitlines() if run in line)
+    assert "eks" in row and "Failed" in row and "out of memory" in row

@@ -238,6 +238,7 @@ class DockerTarget(Target):
                                None if replica is None else f"node-{replica}")
 
     def runs(self) -> list[str]:
+        """Runs whose logs were kept when their containers were removed (delete, the next deploy)."""
         folder = self.home / "runs"
         found = [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
         return [p.name for p in sorted(found, key=lambda p: p.stat().st_mtime)]
@@ -247,7 +248,8 @@ class DockerTarget(Target):
         from .follow import check_replica, check_run, follow_until_done, window
 
         wanted = check_run(self, run)
-        if wanted != self._record_read().get("run", ""):  # an earlier run: the logs kept when its containers went
+        live = [c for c in self.containers() if c.labels.get(RUN) == wanted]
+        if not live and (self.home / "runs" / wanted).is_dir():  # its containers are gone: the logs kept then
             files = sorted((self.home / "runs" / wanted).glob("node-*.log"))
             if replica is not None and f"node-{replica}.log" not in [f.name for f in files]:
                 raise DoeksError(f"--replica {replica}: run {wanted} of job {self.settings.job_name} has no such replica")
@@ -299,6 +301,8 @@ class DockerTarget(Target):
             return False
         running = [c for c in containers if c.status in ("running", "restarting", "created")]
         for c in containers:
+            if not runner.dry_run:
+                self._archive(c)  # the run's logs outlive its containers (`invoke elasticjob.logs [--run]`)
             runner.step(f"docker rm -f {c.name}", c.remove, force=True)
         return bool(running)
 

@@ -35,6 +35,10 @@ class EksTarget(Target):
                                f"namespace {job.settings.namespace})", lambda: None))
         return plan
 
+    def run_name(self, plan: Plan) -> str:
+        """What describe() reports as the run: the PyTorchJob's rendezvous id."""
+        return plan.manifests[-1]["spec"].get("elasticPolicy", {}).get("rdzvId") or plan.job.run
+
     def submit(self, plan: Plan, runner) -> None:
         from ..runner import to_yaml_stream
 
