@@ -77,7 +77,8 @@ def from_lines(lines: Iterable[str]) -> Reason | None:
         for code, permanent, pattern, text, fix in _LINE_RULES:
             match = pattern.search(line)
             if match:
-                reason = Reason(code, text.format(m=match.groupdict().get("m", "").strip()[:200]), fix, permanent)
+                found = match.groupdict().get("m", "").strip().rstrip('"').strip()[:200]
+                reason = Reason(code, text.format(m=found), fix, permanent)
                 if permanent:
                     return reason
                 transient = reason

@@ -279,7 +279,9 @@ class SageMakerTarget(Target):
             state = PENDING
         count = job["ResourceConfig"]["InstanceCount"]
         replicas = [ReplicaStatus(f"algo-{i + 1}", state, 0, detail=job["ResourceConfig"]["InstanceType"]) for i in range(count)]
-        found = reasons.classify([job.get("FailureReason", "")], failed=True) if state == FAILED else None
+        # FailureReason carries the script's output: "AlgorithmError: ExecuteUserScriptError:\nExitCode 2\nErrorMessage
+        # \"...\"\nCommand ..." (aws/sagemaker-training-toolkit src/sagemaker_training/errors.py, _CalledProcessError)
+        found = reasons.classify(job.get("FailureReason", "").splitlines(), failed=True) if state == FAILED else None
         if found is not None and found.code != "failed":  # a known cause in SageMaker's FailureReason
             return JobStatus(self.name, s.job_name, state, run=name, replicas=replicas, desired=count,
                              reason=found.text, fix=found.fix, permanent=found.permanent)
