@@ -185,6 +185,13 @@ class EksTarget(Target):
                             ui.console().print(line, markup=False, highlight=False)
                 except DoeksError:
                     pass  # no pod to read yet
+            if status.permanent and not status.finished:
+                # a restart cannot help (bad arguments, missing data, an import error): end the job now, as the
+                # other targets' follow loop does, instead of letting the operator restart it to its backoff limit
+                from ..runner import Runner
+
+                self.cancel(Runner(echo=False))
+                status.state = FAILED
             if status.finished:
                 return status
             if deadline and time.monotonic() > deadline:
