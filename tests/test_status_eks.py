@@ -108,3 +108,15 @@ def test_a_run_on_eks_is_recorded_and_its_end_seen_by_history(world):  # noqa: F
     assert history.returncode == 0, history.stderr
     row = next(line for line in history.stderr.splitlines() if run in line)
     assert "eks" in row and "Failed" in row and "out of memory" in row
+
+
+def test_follow_ends_a_job_with_a_permanent_reason(world):  # noqa: F811
+    s = settings_for("eks")
+    script(world, [crashed_pod("imagenet-worker-0", 2, 2, "Error")], [],
+           logs="[pod/imagenet-worker-0/pytorch] train.py: error: unrecognized arguments: --bogus 1\n")
+    entries = json.loads(world["script"].read_text()) + [{"match": ["delete"], "stdout": ""}]
+    world["script"].write_text(json.dumps(entries))
+    status = targets.get(s).wait(timeout=60, quiet=True, poll=0)
+    assert status.state == "Failed" and status.permanent and "--bogus 1" in status.reason
+    calls = [json.loads(line)["argv"] for line in world["record"].read_text().splitlines()]
+    assert any(argv[0] == "delete" for argv in calls)  # the operator does not restart it to its backoff limit
