@@ -46,10 +46,9 @@ def run_dir(home: Path, run: str | None = None) -> Path:
 
 
 def runs(home: Path) -> list[str]:
-    """The runs this job home holds logs of, oldest first."""
+    """The runs this job home holds logs of, oldest first (run ids start with their date and time)."""
     folder = home / "runs"
-    found = [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
-    return [p.name for p in sorted(found, key=lambda p: p.stat().st_mtime)]
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 
 def volume_map(job: dict[str, Any], volumes_dir: Path) -> dict[str, Path]:

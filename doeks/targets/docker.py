@@ -240,8 +240,7 @@ class DockerTarget(Target):
     def runs(self) -> list[str]:
         """Runs whose logs were kept when their containers were removed (delete, the next deploy)."""
         folder = self.home / "runs"
-        found = [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
-        return [p.name for p in sorted(found, key=lambda p: p.stat().st_mtime)]
+        return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
     def logs(self, follow: bool = False, replica: int | None = None, run: str | None = None, tail: int | None = None,
              since: float | None = None) -> Iterator[str]:
