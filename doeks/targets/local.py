@@ -83,8 +83,9 @@ class LocalTarget(Target):
         status = local_jobs.read_status(self.home)
         run = _read(self.home / "run")
         if not status:
+            deployed = self.home.exists()
             return JobStatus(self.name, s.job_name, PENDING if local_jobs.is_active(self.home) else STOPPED, run=run,
-                             reason="not deployed" if not self.home.exists() else "")
+                             reason="" if deployed else "not deployed", fix="" if deployed else "`invoke elasticjob.deploy`")
         state = status["state"]
         if state == "Running" and not local_jobs.is_active(self.home):
             state = STOPPED  # the supervisor is gone without a final word
