@@ -175,12 +175,15 @@ def test_restarts_reasons_and_runs_in_containers(client, job_env, state_dir):
         status = wait_for(lambda: (lambda out: out if re.search(r", [3-9]\d* restarts", out.stderr) and
                                    "reason: crash loop" in out.stderr else None)(
             invoke("elasticjob.status", env={"COLUMNS": "250"})), 240, "three restarts counted, a crash loop named")
+        described = invoke("elasticjob.describe", env={"COLUMNS": "250"})  # still in the crash loop
     finally:
         stop.set()
         killer.join()
     assert "on docker: Running" in status.stderr and "fix: read `invoke elasticjob.logs --tail 50`" in status.stderr
     node.reload()
     assert node.attrs["RestartCount"] == 0  # docker saw none of them: the container never exited
+    assert "dockerjob-worker-0: started (docker restarts so far: 0)" in described.stderr, described.stderr
+    assert "reason: crash loop" in described.stderr
     first = re.search(r"\(run (\S+)\)", status.stderr).group(1)
     assert invoke("elasticjob.delete").returncode == 0
 
