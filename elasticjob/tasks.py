@@ -89,8 +89,7 @@ def deploy(c, replicas=None, min_replicas=None, max_replicas=None, nproc_per_nod
         r.emit(plan.manifests)  # a run shows what it applies or interprets, as the dry run does
     if target.on_this_machine:
         runs.settle_quietly(target)  # how the previous run ended, before this one replaces it
-    target.submit(plan, r)
-    runs.start(s, s.target, target.run_name(plan), args)
+    target.submit(plan, r)  # records the run (elasticjob.history)
     ui.say(f"job {s.job_name} submitted to TARGET={s.target} (run {plan.job.run})")
     if follow:
         _finish(s, target.wait())

@@ -120,3 +120,19 @@ def test_follow_ends_a_job_with_a_permanent_reason(world):  # noqa: F811
     assert status.state == "Failed" and status.permanent and "--bogus 1" in status.reason
     calls = [json.loads(line)["argv"] for line in world["record"].read_text().splitlines()]
     assert any(argv[0] == "delete" for argv in calls)  # the operator does not restart it to its backoff limit
+
+
+def test_a_submission_through_the_api_is_a_run_too(world):  # noqa: F811
+    """The demo, the scaling runs and the pipeline submit through the target, not the task: still a run each."""
+    from doeks.runner import Runner
+    from doeks.targets import runs
+
+    world["script"].write_text(json.dumps([{"match": ["apply"], "stdout": ""}]))
+    s = settings_for("eks")
+    target = targets.get(s)
+    plan = target.plan(targets.Job(s))
+    target.submit(plan, Runner(echo=False, dry_run=True))
+    assert runs.read(s) == []  # a dry run is no run
+    target.submit(plan, Runner(echo=False))
+    (record,) = runs.read(s)
+    assert record["run"] == plan.manifests[-1]["spec"]["elasticPolicy"]["rdzvId"] and record["target"] == "eks"

@@ -137,10 +137,19 @@ class Target:
         raise NotSupported(self.name, "plan")
 
     def submit(self, plan: Plan, runner) -> None:
-        """Execute a plan's steps in order (each through the runner, so secrets stay masked)."""
+        """Execute a plan's steps in order (each through the runner, so secrets stay masked); then record the run."""
         for step in plan.steps:
             if step.run is not None:
                 runner.step(step.what, step.run)
+        if not getattr(runner, "dry_run", False):
+            self.record_run(plan)
+
+    def record_run(self, plan: Plan) -> None:
+        """Every submission is a run in STATE_DIR/runs/<job>.json (`elasticjob.history`), whoever submits it: a task,
+        the demo, the scaling runs, the pipeline."""
+        from . import runs
+
+        runs.start(plan.job.settings, self.name, self.run_name(plan), plan.job.train_args)
 
     def run_name(self, plan: Plan) -> str:
         """The id describe() will report for this submission's run (the rendezvous id; SageMaker: the job's name)."""

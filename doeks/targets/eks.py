@@ -45,6 +45,8 @@ class EksTarget(Target):
         trainimage.require_resolved(plan.image)
         kube.run(runner, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
                  input=to_yaml_stream(plan.manifests))
+        if not runner.dry_run:
+            self.record_run(plan)
 
     def _get(self, args: list[str]) -> dict[str, Any] | None:
         argv = [kube.kubectl(), "get"] + args + ["-o", "json"]
@@ -193,6 +195,9 @@ class EksTarget(Target):
                 self.cancel(Runner(echo=False))
                 status.state = FAILED
             if status.finished:
+                from .runs import settle
+
+                settle(self.settings, status)
                 return status
             if deadline and time.monotonic() > deadline:
                 raise DoeksError(f"job {self.settings.job_name} still running after {timeout:.0f}s")

@@ -161,6 +161,9 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
                 target.cancel(Runner(echo=False))
                 status.state = "Failed"
             if status.finished:
+                from .runs import settle
+
+                settle(settings, status)
                 if not quiet:
                     for line in cursor():
                         bar.console.print(line, markup=False, highlight=False)
