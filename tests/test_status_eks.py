@@ -136,3 +136,13 @@ def test_a_submission_through_the_api_is_a_run_too(world):  # noqa: F811
     target.submit(plan, Runner(echo=False))
     (record,) = runs.read(s)
     assert record["run"] == plan.manifests[-1]["spec"]["elasticPolicy"]["rdzvId"] and record["target"] == "eks"
+
+
+def test_a_recovered_pod_has_no_reason(world):  # noqa: F811
+    """Kubernetes keeps a container's lastState (here OOMKilled) after it runs again: that is history, not a reason."""
+    s = settings_for("eks")
+    recovered = pod("imagenet-worker-0", "Running", 1)
+    recovered["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+    script(world, [recovered], [], logs="[pod/imagenet-worker-0/pytorch] step=9 epoch=0 loss=1.2 acc=0.5 samples/s=9.0 world=1\n")
+    status = targets.get(s).describe()
+    assert status.restarts == 1 and status.reason == "" and status.state == "Running"

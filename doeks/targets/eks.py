@@ -81,7 +81,8 @@ class EksTarget(Target):
             restarts = sum(c.get("restartCount", 0) for c in statuses)
             waiting = next((c["state"]["waiting"].get("reason") for c in statuses if "waiting" in c.get("state", {})), "")
             for c in statuses:
-                for when in ("state", "lastState"):
+                # lastState stays after a recovery: it only explains a container that is not running again
+                for when in ("state", "lastState") if "running" not in c.get("state", {}) else ("state",):
                     ended = c.get(when, {}).get("terminated")
                     if ended and ended.get("exitCode"):
                         exit_codes.append(ended["exitCode"])
@@ -98,7 +99,7 @@ class EksTarget(Target):
         desired = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas")
         restarts = sum(r.restarts for r in replicas)
         fix, permanent = "", False
-        if state != SUCCEEDED and (state == FAILED or restarts or any(signals)):
+        if state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals)):
             # what the kubelet and the operator said, then the pods' last log lines (only when something is wrong)
             events = self._events([p["metadata"]["name"] for p in pods])
             signals += [e.get("reason", "") for e in events]
@@ -128,12 +129,24 @@ class EksTarget(Target):
         return sorted(mine, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
     def _recent_logs(self) -> list[str]:
-        """The last lines of every pod (best effort: a pod may have none yet)."""
+        """Each pod's last lines since its last training step (best effort: a pod may have none yet); an error that
+        training went on after is no reason."""
+        from ..local.jobs import STEP_LINE
+
         s = self.settings
         argv = [kube.kubectl(), "logs", "-n", s.namespace, "-l", f"doeks/job={s.job_name}", "--prefix",
                 "--tail=50", "--max-log-requests=64"]
         result = subprocess.run(argv, capture_output=True, text=True)
-        return result.stdout.splitlines() if result.returncode == 0 else []
+        if result.returncode != 0:
+            return []
+        by_pod: dict[str, list[str]] = {}
+        for line in result.stdout.splitlines():
+            lines = by_pod.setdefault(line.split("] ", 1)[0] if line.startswith("[") else "", [])
+            if STEP_LINE.search(line):
+                lines.clear()
+            else:
+                lines.append(line)
+        return [line for pod in sorted(by_pod) for line in by_pod[pod]]
 
     def events(self) -> list[str]:
         events = self._events([p["metadata"]["name"] for p in self._pods()])
