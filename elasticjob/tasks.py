@@ -90,7 +90,7 @@ def deploy(c, replicas=None, min_replicas=None, max_replicas=None, nproc_per_nod
     if target.on_this_machine:
         runs.settle_quietly(target)  # how the previous run ended, before this one replaces it
     target.submit(plan, r)  # records the run (elasticjob.history)
-    ui.say(f"job {s.job_name} submitted to TARGET={s.target} (run {plan.job.run})")
+    ui.say(f"job {s.job_name} submitted to TARGET={s.target} (run {target.run_name(plan)})")
     if follow:
         _finish(s, target.wait())
 
