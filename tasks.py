@@ -232,8 +232,17 @@ def exec_(c, command="", dry_run=False):
 
 @task(name="status")
 def status_(c):
-    """Show the management container and the local runtime as tables."""
-    container.status(settings())
+    """Show the management container, the local runtime and the job on TARGET (state, restarts, reason, fix)."""
+    from doeks import targets, ui
+    from doeks.errors import DoeksError
+    from doeks.targets import show
+
+    s = settings()
+    container.status(s)
+    try:
+        show.status(targets.get(s))
+    except DoeksError as error:  # the job's target cannot be read now: say so, the rest is still shown
+        ui.say(f"job {s.job_name} on {s.target}: cannot read its status: {error}", style="yellow")
 
 
 @task(help={"dry_run": "print; change nothing"})

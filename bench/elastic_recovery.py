@@ -89,7 +89,7 @@ def plain_torchrun(work: Path, data: Path) -> tuple[list[subprocess.Popen], Tail
 
 def doeks_job(work: Path, env: dict) -> tuple[float, Tail]:
     home = work / "state" / "jobs" / env["JOB_NAME"]
-    tail = Tail(lambda: sorted(home.glob("replicas/*/agent.log")))  # logs are appended across runs: skip old lines
+    tail = Tail(lambda: sorted(home.glob("runs/*/replicas/*/agent.log")))  # logs are appended across runs: skip old lines
     argv = [sys.executable, "-m", "invoke", "elasticjob.deploy", "--replicas", "2", "--nproc-per-node", "1", "--fresh",
             "--train-args", "--log-every 1"]
     start = time.monotonic()

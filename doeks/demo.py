@@ -31,7 +31,7 @@ def run(base, keep: bool = False, dry_run: bool = False) -> dict:
         submitted = True
         status = target.wait()
         if status.state != "Succeeded":
-            raise DoeksError(f"the job ended {status.state}: see {elastic.home(s)}/replicas/*/agent.log")
+            raise DoeksError(f"the job ended {status.state}" + (f": {status.reason} (fix: {status.fix})" if status.reason else f": see {elastic.home(s)}/runs/{status.run}/replicas/*/agent.log"))
         result = elastic.final_result(s) or {}
         png = plots.training(elastic.metrics_dir(s) / "metrics.csv", plots.plot_path(s, f"{s.job_name}-training.png"),
                              title=f"{s.job_name}: {s.arch}, {s.replicas}x{s.nproc_per_node} processes")

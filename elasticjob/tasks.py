@@ -70,19 +70,27 @@ def deploy(c, replicas=None, min_replicas=None, max_replicas=None, nproc_per_nod
     import shlex
 
     from doeks import targets, ui
+    from doeks.errors import DoeksError
+    from doeks.targets import runs
 
     s = _job_settings(replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas,
                       nproc_per_node=nproc_per_node, arch=arch, epochs=epochs, rdzv_backend=rdzv_backend)
     target = targets.get(s)
     r = runner(dry_run)
-    plan = target.plan(targets.Job(s, shlex.split(train_args or ""), fresh))
+    try:
+        args = shlex.split(train_args or "")
+    except ValueError as error:
+        raise DoeksError(f"--train-args {train_args!r}: {error}") from None
+    plan = target.plan(targets.Job(s, args, fresh))  # refuses arguments the training script would refuse
     if dry_run:
         plan.show(r)
         return
     if plan.manifests:
         r.emit(plan.manifests)  # a run shows what it applies or interprets, as the dry run does
-    target.submit(plan, r)
-    ui.say(f"job {s.job_name} submitted to TARGET={s.target} (run {plan.job.run})")
+    if target.on_this_machine:
+        runs.settle_quietly(target)  # how the previous run ended, before this one replaces it
+    target.submit(plan, r)  # records the run (elasticjob.history)
+    ui.say(f"job {s.job_name} submitted to TARGET={s.target} (run {target.run_name(plan)})")
     if follow:
         _finish(s, target.wait())
 
@@ -91,9 +99,14 @@ def _finish(s, status):
     from doeks import ui
     from doeks.errors import DoeksError
 
+    from doeks.targets import runs
+
+    runs.settle(s, status)
     if status.state != "Succeeded":
-        reason = f" ({status.reason})" if status.reason else ""
-        raise DoeksError(f"job {s.job_name} ended {status.state}{reason}: see `invoke elasticjob.logs`")
+        if status.reason:
+            fix = f" (fix: {status.fix})" if status.fix else ""
+            raise DoeksError(f"job {s.job_name} ended {status.state} after {status.restarts} restarts: {status.reason}{fix}")
+        raise DoeksError(f"job {s.job_name} ended {status.state}: see `invoke elasticjob.logs --tail 50`")
     result = _final_result(s)
     ui.say(f"job {s.job_name} succeeded: final validation accuracy {result.get('val_accuracy', float('nan')):.3f} "
            f"after {result.get('step', '?')} steps", style="green")
@@ -113,34 +126,60 @@ def _final_result(s) -> dict:
 
 @task
 def status(c):
-    """Show the job's replicas: state, restarts, step, samples/s (on every target)."""
-    from doeks import targets, ui
+    """Show the job's replicas (state, restarts, step, samples/s) and why it is not training, with the fix."""
+    from doeks.targets import show
 
-    st = _target().describe()
-    title = f"job {st.name} on {st.target}: {st.state}"
-    if st.run:
-        title += f" (run {st.run})"
-    if st.desired is not None:
-        title += f", {st.desired} nodes wanted"
-    title += f", {st.restarts} restarts"
-    if st.reason:
-        title += f" - {st.reason}"
-    if not st.replicas:
-        ui.say(title)
-        return
-    ui.table(title, targets.COLUMNS, st.rows())
+    show.status(_target())
 
 
-@task(help={"follow": "keep streaming until the job ends", "replica": "only this node (its index)"})
-def logs(c, follow=False, replica=None):
-    """Print the nodes' logs with node prefixes (--follow to stream)."""
+@task
+def describe(c):
+    """The job's status, its events (starts, restarts, exits; Kubernetes events on eks), the reason and the fix."""
+    from doeks import ui
+    from doeks.targets import show
+
+    target = _target()
+    st = show.status(target)
+    events = target.events()
+    ui.say(f"events ({len(events)}):" if events else "events: none recorded")
+    for line in events[-40:]:
+        ui.say(f"  {line}")
+    if not st.reason:
+        ui.say("reason: none (nothing wrong seen)" if st.state != "Failed" else "reason: unknown (see `invoke elasticjob.logs --tail 50`)")
+
+
+@task(help={"follow": "keep streaming until the job ends", "replica": "only this node (its index)",
+            "run": "an earlier run's logs (ids: `invoke elasticjob.history`); default: the current run",
+            "tail": "only the last N lines (then new ones with --follow)",
+            "since": "only lines from this long ago on: 30s, 5m, 2h, 1d"})
+def logs(c, follow=False, replica=None, run=None, tail=None, since=None):
+    """Print the current run's logs with node prefixes (--follow to stream)."""
     import sys
 
+    from doeks.targets.follow import parse_since
     from doeks.taskkit import int_flag
 
-    for line in _target().logs(follow=follow, replica=int_flag("replica", replica)):
+    replica = int_flag("replica", replica, 0, 999)
+    tail = int_flag("tail", tail, 0, 10_000_000)
+    since = parse_since(since) if since is not None else None
+    for line in _target().logs(follow=follow, replica=replica, run=run or None, tail=tail, since=since):
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
+
+
+@task
+def history(c):
+    """Every run of the job deployed from here: id, target, start, end, result and why."""
+    from doeks import ui
+    from doeks.targets import runs
+
+    s = settings()
+    runs.settle_quietly(_target(s))  # the current run's end, if it has ended (a target out of reach: as recorded)
+    rows = runs.rows(s)
+    if not rows:
+        ui.say(f"job {s.job_name}: no runs recorded in {runs.index_path(s)} (`invoke elasticjob.deploy` starts one)")
+        return
+    ui.table(f"job {s.job_name}: {len(rows)} runs ({runs.index_path(s)})", runs.COLUMNS, rows)
 
 
 @task(help={"replicas": "new number of nodes, within MIN_REPLICAS:MAX_REPLICAS", "dry_run": "print, change nothing"})
@@ -154,7 +193,12 @@ def scale(c, replicas, dry_run=False):
 @task(help={"dry_run": "print what would be stopped"})
 def delete(c, dry_run=False):
     """Stop the job and everything it started (checkpoints are kept); safe to run twice."""
-    _target().cancel(runner(dry_run))
+    from doeks.targets import runs
+
+    target = _target()
+    target.cancel(runner(dry_run))
+    if not dry_run and target.on_this_machine:
+        runs.settle_quietly(target)
 
 
 @task
@@ -254,5 +298,6 @@ def _up(c, dry_run=False):
     deploy(c, dry_run=dry_run)
 
 
-ns = Collection("elasticjob", data, build, push, deploy, status, logs, scale, delete, artifacts, plot, scaling, tensorboard)
+ns = Collection("elasticjob", data, build, push, deploy, status, describe, logs, history, scale, delete, artifacts, plot,
+                scaling, tensorboard)
 UNIT = Unit("elasticjob", order=60, up=_up, down=delete)

@@ -8,6 +8,8 @@ import os
 import re
 import signal
 import tarfile
+import threading
+import time
 
 import pytest
 
@@ -132,3 +134,72 @@ def test_sagemaker_local_mode_trains_to_a_model_artifact(client, job_env, state_
     assert invoke("elasticjob.delete").returncode == 0
     assert invoke("elasticjob.delete").returncode == 0
     assert labelled(client, "smjob") == []
+
+
+def test_restarts_reasons_and_runs_in_containers(client, job_env, state_dir):
+    """Stock torchrun in the image restarts a node's killed workers inside the container: those restarts count
+    (docker's RestartCount does not see them), three with no step between are a crash loop; a permanent error ends
+    the job at once from the follow loop; each deploy is a run whose logs stay apart."""
+    from doeks.local import jobs
+
+    assert invoke("elasticjob.build", timeout=1800).returncode == 0
+    assert invoke("elasticjob.data").returncode == 0
+    env = {"REPLICAS": "1", "MAX_RESTARTS": "10"}
+    assert invoke("elasticjob.deploy", "--fresh", "--train-args", "--step-delay 5 --log-every 1", env=env).returncode == 0
+    (node,) = labelled(client, "dockerjob")
+
+    def workers():
+        node.reload()
+        found = []
+        for p in jobs.descendants(node.attrs["State"]["Pid"]):
+            try:
+                if "train.py" in open(f"/proc/{p}/cmdline").read():
+                    found.append(p)
+            except OSError:
+                pass
+        return found
+
+    stop = threading.Event()
+
+    def crash_loop():  # every worker torchrun starts is killed at once, until told to stop
+        while not stop.is_set():
+            for pid in workers():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.2)
+    killer = threading.Thread(target=crash_loop, daemon=True)
+    killer.start()
+    try:
+        status = wait_for(lambda: (lambda out: out if re.search(r", [3-9]\d* restarts", out.stderr) and
+                                   "reason: crash loop" in out.stderr else None)(
+            invoke("elasticjob.status", env={"COLUMNS": "250"})), 240, "three restarts counted, a crash loop named")
+        described = invoke("elasticjob.describe", env={"COLUMNS": "250"})  # still in the crash loop
+    finally:
+        stop.set()
+        killer.join()
+    assert "on docker: Running" in status.stderr and "fix: read `invoke elasticjob.logs --tail 50`" in status.stderr
+    node.reload()
+    assert node.attrs["RestartCount"] == 0  # docker saw none of them: the container never exited
+    assert "dockerjob-worker-0: started (docker restarts so far: 0)" in described.stderr, described.stderr
+    assert "reason: crash loop" in described.stderr
+    first = re.search(r"\(run (\S+)\)", status.stderr).group(1)
+    assert invoke("elasticjob.delete").returncode == 0
+
+    started = time.monotonic()
+    bad = invoke("elasticjob.deploy", "--follow", "--train-args", "--data /nothing", env=env, timeout=300)
+    assert bad.returncode == 1
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: job dockerjob ended Failed") and "data missing: data folder /nothing/train" in last
+    assert time.monotonic() - started < 60
+    second = re.search(r"\(run (\S+)\)", invoke("elasticjob.status").stderr).group(1)
+    logs = invoke("elasticjob.logs")
+    assert logs.stdout.count("process started") >= 1 and "step=" not in logs.stdout  # only the second run
+    earlier = invoke("elasticjob.logs", "--run", first)  # kept when `delete` removed its container
+    assert earlier.returncode == 0 and "failed (exitcode: -9)" in earlier.stdout and "/nothing" not in earlier.stdout
+    assert "failed (exitcode: -9)" not in logs.stdout
+    history = invoke("elasticjob.history", env={"COLUMNS": "250"})
+    assert first in history.stderr and second in history.stderr and "data missing" in history.stderr
+    assert invoke("elasticjob.delete").returncode == 0
+    assert labelled(client, "dockerjob") == []

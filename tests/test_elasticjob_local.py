@@ -62,7 +62,7 @@ def leftover_processes(state_dir) -> list[str]:
 
 
 def log_text(s) -> str:
-    return "".join(p.read_text(errors="replace") for p in elastic.home(s).glob("replicas/*/agent.log"))
+    return "".join(p.read_text(errors="replace") for p in elastic.home(s).glob("runs/*/replicas/*/agent.log"))
 
 
 @pytest.mark.slow

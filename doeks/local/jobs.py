@@ -25,11 +25,30 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
 STEP_LINE = re.compile(r"step=(\d+) epoch=(\d+) loss=([\d.]+) acc=([\d.]+) samples/s=([\d.]+) world=(\d+)")
 RESTART_DELAY = 1.0
+SCAN_EVERY = 0.5
 FINISH_GRACE = 30.0
 
 
 def job_home(state_dir: Path, name: str) -> Path:
     return state_dir / "jobs" / name
+
+
+def current_run(home: Path) -> str:
+    try:
+        return (home / "run").read_text().strip()
+    except OSError:
+        return ""
+
+
+def run_dir(home: Path, run: str | None = None) -> Path:
+    """One folder per run (deploy): its replicas' logs and the supervisor's; the next deploy starts a new one."""
+    return home / "runs" / (run or current_run(home) or "none")
+
+
+def runs(home: Path) -> list[str]:
+    """The runs this job home holds logs of, oldest first (run ids start with their date and time)."""
+    folder = home / "runs"
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 
 def volume_map(job: dict[str, Any], volumes_dir: Path) -> dict[str, Path]:
@@ -72,7 +91,8 @@ def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str,
     return command, env
 
 
-def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str, preload: bool = True) -> int:
+def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str, preload: bool = True,
+           run: str = "") -> int:
     """Write the job and start its supervisor; returns the supervisor's pid."""
     import subprocess
 
@@ -86,10 +106,14 @@ def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: st
         (home / stale).unlink(missing_ok=True)
     spec = {"name": job["metadata"]["name"], "argv": argv, "env": env, "replicas": worker["replicas"],
             "min": elastic["minReplicas"], "max": elastic["maxReplicas"],
-            "backoff_limit": job["spec"].get("runPolicy", {}).get("backoffLimit", 10), "created": time.time()}
+            "backoff_limit": job["spec"].get("runPolicy", {}).get("backoffLimit", 10), "created": time.time(),
+            "run": run}
     (home / "job.json").write_text(json.dumps(spec, indent=2))
     (home / "pytorchjob.json").write_text(json.dumps(job, indent=2))
-    with open(home / "supervisor.log", "ab") as log:
+    (home / "run").write_text(run)
+    folder = run_dir(home, run)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "supervisor.log", "ab") as log:
         process = subprocess.Popen([sys.executable, "-m", "doeks.local.jobs", str(home)], stdout=log,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                    cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
@@ -97,7 +121,7 @@ def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: st
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not (home / "status.json").exists():
         if process.poll() is not None:
-            raise DoeksError(f"the job supervisor exited at start; see {home / 'supervisor.log'}")
+            raise DoeksError(f"the job supervisor exited at start; see {folder / 'supervisor.log'}")
         time.sleep(0.05)
     return process.pid
 
@@ -204,6 +228,71 @@ def kill_tree(pid: int, grace: float = 5.0) -> None:
             pass
 
 
+# -- reading what the replicas log -------------------------------------------------------------------------------
+# torchrun's agent logs this each time it restarts a node's failed workers (torch/distributed/elastic/agent/server/
+# api.py, SimpleElasticAgent._invoke_run, torch 2.13): "[default] Worker group FAILED. 3/10 attempts left; will restart
+# worker group" -- at INFO, which torchrun's logging does not print, so doeks.local.agent prints its own line.
+# A membership change ("Detected 1 new nodes ... will restart worker group") is no failure.
+WORKER_RESTART = re.compile(r"Worker group (FAILED|UNHEALTHY)\. \d+/\d+ attempts left|^doeks: worker group failed ")
+# torch/distributed/elastic/multiprocessing/api.py (PContext wait, torch 2.13) logs, at ERROR, one line per failed
+# worker group: "failed (exitcode: -9) local_rank: 0 (pid: 123) of binary: ..."
+GROUP_FAILED = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: \d+\)")
+NODE_RESTART = re.compile(r"^==== doeks: replica \d+ start #[1-9]")
+
+
+class LogScanner:
+    """Reads each replica's log as it grows: worker-group restarts (torchrun's own, inside a node), the lines since
+    the last training step (what a reason is read from) and the first permanent error."""
+
+    def __init__(self):
+        self.offsets: dict[Path, int] = {}
+        self.worker_restarts: dict[str, int] = {}
+        self.since_step: dict[str, list[str]] = {}
+        self.permanent = None
+
+    def scan(self, key: str, log: Path) -> None:
+        from ..targets import reasons
+
+        try:
+            with open(log, "rb") as f:
+                f.seek(self.offsets.get(log, 0))
+                chunk = f.read()
+        except OSError:
+            return
+        complete = chunk.rfind(b"\n") + 1
+        self.offsets[log] = self.offsets.get(log, 0) + complete
+        recent = self.since_step.setdefault(key, [])
+        for line in chunk[:complete].decode(errors="replace").splitlines():
+            if WORKER_RESTART.search(line):
+                self.worker_restarts[key] = self.worker_restarts.get(key, 0) + 1
+            if STEP_LINE.search(line):
+                recent.clear()
+                continue
+            recent.append(line)
+            if self.permanent is None and ("error" in line or "Error" in line):
+                found = reasons.from_lines([line])
+                if found is not None and found.permanent:
+                    self.permanent = found
+        del recent[:-400]
+
+    def reason(self, exit_codes=(), failed: bool = False):
+        """Why the job is not training: read from the lines since each replica's last step (an error that training
+        went on after is no reason), with the restarts among them (torchrun's and the supervisor's)."""
+        from ..targets import reasons
+
+        if self.permanent is not None:
+            return self.permanent
+        lines = [line for key in sorted(self.since_step) for line in self.since_step[key]]
+        restarts = sum(1 for line in lines if WORKER_RESTART.search(line) or NODE_RESTART.search(line))
+        return reasons.classify(lines, exit_codes, restarts=restarts, failed=failed)
+
+
+def reason_record(reason) -> dict[str, Any] | None:
+    if reason is None:
+        return None
+    return {"code": reason.code, "text": reason.text, "fix": reason.fix, "permanent": reason.permanent}
+
+
 # -- the supervisor -----------------------------------------------------------------------------------------------
 class Supervisor:
     def __init__(self, home: Path):
@@ -216,6 +305,10 @@ class Supervisor:
         self.state = "Running"
         self.finished_at: float | None = None
         self.stopping = False
+        self.run_dir = run_dir(home, self.spec.get("run", ""))
+        self.scanner = LogScanner()
+        self.reason = None
+        self.scanned_at = 0.0
 
     def _log(self, message: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
@@ -225,7 +318,7 @@ class Supervisor:
 
         record = self.replicas.setdefault(index, {"restarts": -1, "state": "Pending", "exit_code": None})
         record["restarts"] += 1
-        folder = self.home / "replicas" / str(index)
+        folder = self.run_dir / "replicas" / str(index)
         folder.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec["env"], "DOEKS_REPLICA": str(index), "DOEKS_JOB_HOME": str(self.home)}
         log = open(folder / "agent.log", "ab")
@@ -258,13 +351,30 @@ class Supervisor:
         for index in sorted(self.replicas):
             record = dict(self.replicas[index])
             record["replica"] = index
-            record["progress"] = last_progress(self.home / "replicas" / str(index) / "agent.log")
+            record["progress"] = last_progress(self.run_dir / "replicas" / str(index) / "agent.log")
+            record["worker_restarts"] = self.scanner.worker_restarts.get(str(index), 0)
             replicas.append(record)
         status = {"name": self.spec["name"], "state": self.state, "desired": self.desired, "min": self.spec["min"],
-                  "max": self.spec["max"], "restarts": self.restarts_total, "replicas": replicas, "updated": time.time()}
+                  "max": self.spec["max"], "restarts": self.restarts_total + sum(self.scanner.worker_restarts.values()),
+                  "node_restarts": self.restarts_total, "replicas": replicas, "run": self.spec.get("run", ""),
+                  "reason": reason_record(self.reason), "updated": time.time()}
         tmp = self.home / ".status.json.tmp"
         tmp.write_text(json.dumps(status, indent=2))
         os.replace(tmp, self.home / "status.json")
+
+    def _scan(self) -> None:
+        """Read the replicas' new log lines: a permanent error (bad arguments, missing data, an import error) fails
+        the job now, without the restarts that cannot help; otherwise the reason, if the job is not training."""
+        self.scanned_at = time.time()
+        for index in sorted(self.replicas):
+            self.scanner.scan(str(index), self.run_dir / "replicas" / str(index) / "agent.log")
+        codes = [r.get("exit_code") for r in self.replicas.values()]
+        self.reason = self.scanner.reason(codes, failed=self.state == "Failed")
+        if self.scanner.permanent is not None and self.state == "Running" and self.finished_at is None:
+            self.state = "Failed"
+            self._log(f"permanent error, no restarts: {self.scanner.permanent.text}")
+            for index in list(self.agents):
+                self.stop_replica(index, "Failed")
 
     def _read_desired(self) -> None:
         try:
@@ -305,6 +415,10 @@ class Supervisor:
                     self.finished_at = self.finished_at or time.time()
                     self._log(f"replica {index} succeeded")
                 elif index < self.desired and self.finished_at is None:
+                    self._scan()  # what it logged before it died: a permanent error fails the job, no restart
+                    if self.state == "Failed":
+                        record["state"] = "Failed"
+                        continue
                     self.restarts_total += 1
                     if self.restarts_total > self.spec["backoff_limit"]:
                         record["state"] = "Failed"
@@ -317,6 +431,8 @@ class Supervisor:
                 else:
                     record["state"] = "Failed" if code else "Stopped"
             self._kill_orphans()
+            if time.time() - self.scanned_at > SCAN_EVERY or self.state == "Failed":
+                self._scan()
             if self.state == "Failed":
                 for index in list(self.agents):
                     self.stop_replica(index, "Stopped")
@@ -338,8 +454,9 @@ class Supervisor:
             self.write_status()
             time.sleep(0.1)
         self._kill_orphans()
+        self._scan()
         self.write_status()
-        self._log(f"job {self.state}")
+        self._log(f"job {self.state}" + (f": {self.reason.text}" if self.reason and self.state == "Failed" else ""))
         return 0 if self.state in ("Succeeded", "Stopped") else 1
 
 

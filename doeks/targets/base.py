@@ -105,7 +105,9 @@ class JobStatus:
     replicas: list[ReplicaStatus] = field(default_factory=list)
     desired: int | None = None
     restarts: int = 0
-    reason: str = ""
+    reason: str = ""       # why it is not training (doeks.targets.reasons), "" when nothing is wrong
+    fix: str = ""          # what to do about it
+    permanent: bool = False  # a restart cannot help (bad arguments, missing data, import error)
 
     @property
     def finished(self) -> bool:
@@ -135,10 +137,23 @@ class Target:
         raise NotSupported(self.name, "plan")
 
     def submit(self, plan: Plan, runner) -> None:
-        """Execute a plan's steps in order (each through the runner, so secrets stay masked)."""
+        """Execute a plan's steps in order (each through the runner, so secrets stay masked); then record the run."""
         for step in plan.steps:
             if step.run is not None:
                 runner.step(step.what, step.run)
+        if not getattr(runner, "dry_run", False):
+            self.record_run(plan)
+
+    def record_run(self, plan: Plan) -> None:
+        """Every submission is a run in STATE_DIR/runs/<job>.json (`elasticjob.history`), whoever submits it: a task,
+        the demo, the scaling runs, the pipeline."""
+        from . import runs
+
+        runs.start(plan.job.settings, self.name, self.run_name(plan), plan.job.train_args)
+
+    def run_name(self, plan: Plan) -> str:
+        """The id describe() will report for this submission's run (the rendezvous id; SageMaker: the job's name)."""
+        return plan.job.run
 
     def validate_scale(self, replicas: int) -> None:
         s = self.settings
@@ -149,8 +164,19 @@ class Target:
     def describe(self) -> JobStatus:
         raise NotSupported(self.name, "describe")
 
-    def logs(self, follow: bool = False, replica: int | None = None) -> Iterator[str]:
+    def logs(self, follow: bool = False, replica: int | None = None, run: str | None = None, tail: int | None = None,
+             since: float | None = None) -> Iterator[str]:
+        """Log lines of the current run (or `run`), prefixed by replica; `tail`: the last N lines first; `since`: a
+        time.time() value, lines from then on."""
         raise NotSupported(self.name, "logs")
+
+    def runs(self) -> list[str]:
+        """The runs whose logs this target can still show, oldest first."""
+        return []
+
+    def events(self) -> list[str]:
+        """What happened to the job's replicas, one line each, oldest first (starts, restarts, exits, k8s events)."""
+        return []
 
     def scale(self, replicas: int, runner) -> None:
         raise NotSupported(self.name, "scale")

@@ -19,13 +19,15 @@ from typing import Any, Iterator
 from .. import elastic, jobspec, trainimage
 from ..errors import DoeksError
 from ..local import runtime
-from ..local.jobs import parse_progress
+from ..local.jobs import GROUP_FAILED, parse_progress
 from ..local.services import etcd, free_port
 from ..runner import to_yaml_stream
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
                    Step, Target)
 from .follow import ContainerCursor, wait_with_progress
 from .local import start_rendezvous
+from . import reasons
+from .reasons import check_train_args
 
 PART_OF = "app.kubernetes.io/part-of"
 JOB, RUN, REPLICA, TARGET, STATE = "doeks/job", "doeks/run", "doeks/replica", "doeks/target", "doeks/state"
@@ -140,6 +142,7 @@ class DockerTarget(Target):
 
     # -- submission ---------------------------------------------------------------------------------------------------
     def plan(self, job: Job) -> Plan:
+        check_train_args(job.train_args)
         s = job.settings
         manifests = self.manifests(job)
         pytorchjob = manifests[-1]
@@ -175,8 +178,19 @@ class DockerTarget(Target):
             raise DoeksError(f"job {s.job_name} is already running ({len(live)} containers): `invoke elasticjob.status`, "
                              "or `invoke elasticjob.delete` first")
         for stale in self.containers():
+            self._archive(stale)
             stale.remove(force=True)
         elastic.check_data(s)
+
+    def _archive(self, container) -> None:
+        """Keep a finished run's logs (STATE_DIR/docker/<job>/runs/<run>/node-N.log) before its container goes."""
+        try:
+            data = container.logs(stdout=True, stderr=True)
+        except Exception:  # noqa: BLE001 - removed meanwhile
+            return
+        folder = self.home / "runs" / container.labels.get(RUN, "unknown")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"node-{container.labels.get(REPLICA)}.log").write_bytes(data)
 
     def _record(self, manifests, run) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -223,11 +237,29 @@ class DockerTarget(Target):
         return ContainerCursor(self.containers, lambda c: f"node-{c.labels.get(REPLICA)}",
                                None if replica is None else f"node-{replica}")
 
-    def logs(self, follow: bool = False, replica: int | None = None) -> Iterator[str]:
-        from .follow import check_replica, follow_until_done
+    def runs(self) -> list[str]:
+        """Runs whose logs were kept when their containers were removed (delete, the next deploy)."""
+        folder = self.home / "runs"
+        return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
+    def logs(self, follow: bool = False, replica: int | None = None, run: str | None = None, tail: int | None = None,
+             since: float | None = None) -> Iterator[str]:
+        from .follow import check_replica, check_run, follow_until_done, window
+
+        wanted = check_run(self, run)
+        live = [c for c in self.containers() if c.labels.get(RUN) == wanted]
+        if not live and (self.home / "runs" / wanted).is_dir():  # its containers are gone: the logs kept then
+            files = sorted((self.home / "runs" / wanted).glob("node-*.log"))
+            if replica is not None and f"node-{replica}.log" not in [f.name for f in files]:
+                raise DoeksError(f"--replica {replica}: run {wanted} of job {self.settings.job_name} has no such replica")
+            lines = [f"[{f.stem}] {line}" for f in files if replica is None or f.stem == f"node-{replica}"
+                     for line in f.read_text(errors="replace").splitlines()]
+            return iter(window(lines, tail, since))
         check_replica(self, replica)
-        return follow_until_done(self, self._cursor(replica), follow)
+        return follow_until_done(self, self._cursor(replica), follow, tail=tail, since=since)
+
+    def events(self) -> list[str]:
+        return container_events(self.containers())
 
     def wait(self, timeout: float | None = None, quiet: bool = False) -> JobStatus:
         return wait_with_progress(self, self._cursor(), timeout, quiet, poll=0.5)
@@ -268,6 +300,8 @@ class DockerTarget(Target):
             return False
         running = [c for c in containers if c.status in ("running", "restarting", "created")]
         for c in containers:
+            if not runner.dry_run:
+                self._archive(c)  # the run's logs outlive its containers (`invoke elasticjob.logs [--run]`)
             runner.step(f"docker rm -f {c.name}", c.remove, force=True)
         return bool(running)
 
@@ -277,17 +311,30 @@ class DockerTarget(Target):
                 "final": str(elastic.metrics_dir(s) / "final.json"), "manifests": str(self.home / "manifests.yaml")}
 
 
-def read_replica(container, name: str) -> ReplicaStatus | None:
-    """One container as a replica: its state in the targets' vocabulary, docker's restart count, its last step;
-    None when it was removed meanwhile (a scale down, a delete from another shell)."""
+def read_replica(container, name: str, seen: dict | None = None) -> ReplicaStatus | None:
+    """One container as a replica: its state in the targets' vocabulary, its restarts (docker's restarts of the
+    container plus torchrun's of its workers, from the logs), its last step; None when it was removed meanwhile (a
+    scale down, a delete from another shell). `seen` collects the lines since its last step (for the reason)."""
     import docker as sdk
+
+    from ..local.jobs import STEP_LINE, WORKER_RESTART
 
     try:
         container.reload()
-        tail = container.logs(tail=200).decode(errors="replace")
+        text = container.logs().decode(errors="replace")  # every start of the container, in order
     except sdk.errors.NotFound:
         return None
+    lines = text.splitlines()
+    # stock torchrun in the image: each failed worker group logs one GROUP_FAILED line; the one that ended a
+    # container's life is docker's restart (RestartCount) or its final exit, the others were torchrun's restarts
     state = container.attrs["State"]
+    node_failures = int(container.attrs.get("RestartCount", 0)) + (0 if state.get("Running") or not state.get("ExitCode") else 1)
+    worker_restarts = max(0, sum(1 for line in lines if GROUP_FAILED.search(line)) - node_failures) + sum(
+        1 for line in lines if WORKER_RESTART.search(line))
+    last_step = max((i for i, line in enumerate(lines) if STEP_LINE.search(line)), default=-1)
+    if seen is not None:
+        seen[name] = lines[last_step + 1:][-400:]
+    tail = "\n".join(lines[-200:])
     if state.get("Restarting"):
         replica_state = RESTARTING
     elif state.get("Running"):
@@ -299,8 +346,8 @@ def read_replica(container, name: str) -> ReplicaStatus | None:
     else:  # exited non-zero and docker is not restarting it: its restart policy is spent
         replica_state = FAILED
     progress = parse_progress(tail) or {}
-    return ReplicaStatus(name, replica_state, int(container.attrs.get("RestartCount", 0)), progress.get("step"),
-                         progress.get("samples_per_s"), progress.get("world"), container.short_id)
+    return ReplicaStatus(name, replica_state, int(container.attrs.get("RestartCount", 0)) + worker_restarts,
+                         progress.get("step"), progress.get("samples_per_s"), progress.get("world"), container.short_id)
 
 
 def container_job_status(target: str, job_name: str, run: str, containers: list, name_of) -> JobStatus:
@@ -308,7 +355,8 @@ def container_job_status(target: str, job_name: str, run: str, containers: list,
     Failed otherwise, with the first failed container as the reason; Stopped when there are none."""
     if not containers:
         return JobStatus(target, job_name, STOPPED, run=run, reason="no containers (not deployed, or deleted)")
-    read = [(c, read_replica(c, name_of(c))) for c in containers]
+    seen: dict[str, list[str]] = {}
+    read = [(c, read_replica(c, name_of(c), seen)) for c in containers]
     read = [(c, r) for c, r in read if r is not None]
     replicas = [r for _, r in read]
     if not replicas:
@@ -324,8 +372,38 @@ def container_job_status(target: str, job_name: str, run: str, containers: list,
         failed = next(c for c, r in read if r.state == FAILED)
         reason = (f"{failed.name} exited with {failed.attrs['State'].get('ExitCode')} after "
                   f"{failed.attrs.get('RestartCount', 0)} restarts")
+    fix, permanent = "", False
+    if job_state != SUCCEEDED:
+        lines = [line for name in sorted(seen) for line in seen[name]]
+        restarts = sum(1 for line in lines if GROUP_FAILED.search(line))  # since each replica's last step
+        events = ["OOMKilled" for c, _ in read if c.attrs["State"].get("OOMKilled")]
+        found = reasons.classify(lines, [c.attrs["State"].get("ExitCode") for c, r in read if r.state == FAILED],
+                                 events, restarts, failed=job_state == FAILED)
+        if found is not None:
+            reason, fix, permanent = found.text, found.fix, found.permanent
     return JobStatus(target, job_name, job_state, run=run, replicas=replicas, desired=len(replicas),
-                     restarts=sum(r.restarts for r in replicas), reason=reason)
+                     restarts=sum(r.restarts for r in replicas), reason=reason, fix=fix, permanent=permanent)
+
+
+def container_events(containers) -> list[str]:
+    """What docker knows of each container: created, started, restarts, how it exited (OOM-killed, exit code)."""
+    events = []
+    for c in containers:
+        try:
+            c.reload()
+        except Exception:  # noqa: BLE001 - removed meanwhile
+            continue
+        state = c.attrs.get("State", {})
+        events.append(f"{c.attrs.get('Created', '')[:19]} {c.name}: created (run {c.labels.get(RUN, '?')})")
+        if state.get("StartedAt", "").startswith("0001"):
+            continue
+        events.append(f"{state.get('StartedAt', '')[:19]} {c.name}: started (docker restarts so far: "
+                      f"{c.attrs.get('RestartCount', 0)})")
+        if not state.get("Running") and not state.get("FinishedAt", "").startswith("0001"):
+            how = "OOM-killed" if state.get("OOMKilled") else f"exited with {state.get('ExitCode')}"
+            events.append(f"{state.get('FinishedAt', '')[:19]} {c.name}: {how}" +
+                          (f" ({state['Error']})" if state.get("Error") else ""))
+    return sorted(events)
 
 
 def remove_all(settings, runner) -> int:

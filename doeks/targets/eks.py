@@ -10,6 +10,8 @@ from .. import jobspec, kube, trainimage
 from ..errors import DoeksError
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
                    Step, Target)
+from . import reasons
+from .reasons import check_train_args
 
 _CONDITIONS = {"Created": PENDING, "Running": RUNNING, "Restarting": RESTARTING, "Succeeded": SUCCEEDED,
                "Failed": FAILED, "Suspended": STOPPED}
@@ -24,6 +26,7 @@ class EksTarget(Target):
         return jobspec.manifests(job.settings, job.train_args, job.run, image=trainimage.reference(job.settings, False))
 
     def plan(self, job: Job) -> Plan:
+        check_train_args(job.train_args)
         manifests = self.manifests(job)
         image = manifests[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"]
         kinds = ", ".join(f"{m['kind']}/{m['metadata']['name']}" for m in manifests)
@@ -32,12 +35,18 @@ class EksTarget(Target):
                                f"namespace {job.settings.namespace})", lambda: None))
         return plan
 
+    def run_name(self, plan: Plan) -> str:
+        """What describe() reports as the run: the PyTorchJob's rendezvous id."""
+        return plan.manifests[-1]["spec"].get("elasticPolicy", {}).get("rdzvId") or plan.job.run
+
     def submit(self, plan: Plan, runner) -> None:
         from ..runner import to_yaml_stream
 
         trainimage.require_resolved(plan.image)
         kube.run(runner, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
                  input=to_yaml_stream(plan.manifests))
+        if not runner.dry_run:
+            self.record_run(plan)
 
     def _get(self, args: list[str]) -> dict[str, Any] | None:
         argv = [kube.kubectl(), "get"] + args + ["-o", "json"]
@@ -62,14 +71,24 @@ class EksTarget(Target):
         conditions = [c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"]
         state = _CONDITIONS.get(conditions[-1]["type"], RUNNING) if conditions else PENDING
         reason = conditions[-1].get("message", "") if conditions and state == FAILED else ""
-        pods = (self._get(["pods", "-n", s.namespace, "-l", f"doeks/job={s.job_name}"]) or {}).get("items", [])
+        pods = self._pods()
         replicas = []
-        for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
-            if "etcd" in pod["metadata"].get("labels", {}).get("app", ""):
-                continue
+        signals: list[str] = []     # container waiting / terminated reasons (CrashLoopBackOff, OOMKilled, ...)
+        exit_codes: list[int] = []
+        messages: list[str] = [reason] if reason else []
+        for pod in pods:
             statuses = pod.get("status", {}).get("containerStatuses", [])
             restarts = sum(c.get("restartCount", 0) for c in statuses)
             waiting = next((c["state"]["waiting"].get("reason") for c in statuses if "waiting" in c.get("state", {})), "")
+            for c in statuses:
+                # lastState stays after a recovery: it only explains a container that is not running again
+                for when in ("state", "lastState") if "running" not in c.get("state", {}) else ("state",):
+                    ended = c.get(when, {}).get("terminated")
+                    if ended and ended.get("exitCode"):
+                        exit_codes.append(ended["exitCode"])
+                        signals.append(ended.get("reason", ""))
+                        messages.append(ended.get("message", ""))
+            signals.append(waiting)
             phase = pod.get("status", {}).get("phase", "Pending")
             replica_state = {"Pending": PENDING, "Running": RUNNING, "Succeeded": SUCCEEDED, "Failed": FAILED}.get(phase, PENDING)
             if waiting in _POD_PROBLEMS:
@@ -78,14 +97,82 @@ class EksTarget(Target):
             replicas.append(ReplicaStatus(pod["metadata"]["name"], replica_state, restarts,
                                           detail=pod.get("spec", {}).get("nodeName", "")))
         desired = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas")
+        restarts = sum(r.restarts for r in replicas)
+        fix, permanent = "", False
+        if state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals)):
+            # what the kubelet and the operator said, then the pods' last log lines (only when something is wrong)
+            events = self._events([p["metadata"]["name"] for p in pods])
+            signals += [e.get("reason", "") for e in events]
+            found = reasons.classify(messages + [e.get("message", "") for e in events] + self._recent_logs(),
+                                     exit_codes, signals, restarts, failed=state == FAILED)
+            if found is not None:
+                reason, fix, permanent = found.text, found.fix, found.permanent
         return JobStatus(self.name, s.job_name, state, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
-                         replicas=replicas, desired=desired, restarts=sum(r.restarts for r in replicas), reason=reason)
+                         replicas=replicas, desired=desired, restarts=restarts, reason=reason, fix=fix,
+                         permanent=permanent)
 
-    def logs(self, follow: bool = False, replica: int | None = None) -> Iterator[str]:
+    def _pods(self) -> list[dict[str, Any]]:
         s = self.settings
+        pods = (self._get(["pods", "-n", s.namespace, "-l", f"doeks/job={s.job_name}"]) or {}).get("items", [])
+        return [p for p in sorted(pods, key=lambda p: p["metadata"]["name"])
+                if "etcd" not in p["metadata"].get("labels", {}).get("app", "")]
+
+    def _events(self, pods: list[str]) -> list[dict[str, Any]]:
+        """The namespace's events about the PyTorchJob and its pods, oldest first (kubectl get events -o json)."""
+        s = self.settings
+        try:
+            items = (self._get(["events", "-n", s.namespace]) or {}).get("items", [])
+        except DoeksError:
+            return []
+        names = set(pods) | {s.job_name}
+        mine = [e for e in items if e.get("involvedObject", {}).get("name") in names]
+        return sorted(mine, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+    def _recent_logs(self) -> list[str]:
+        """Each pod's last lines since its last training step (best effort: a pod may have none yet); an error that
+        training went on after is no reason."""
+        from ..local.jobs import STEP_LINE
+
+        s = self.settings
+        argv = [kube.kubectl(), "logs", "-n", s.namespace, "-l", f"doeks/job={s.job_name}", "--prefix",
+                "--tail=50", "--max-log-requests=64"]
+        result = subprocess.run(argv, capture_output=True, text=True)
+        if result.returncode != 0:
+            return []
+        by_pod: dict[str, list[str]] = {}
+        for line in result.stdout.splitlines():
+            lines = by_pod.setdefault(line.split("] ", 1)[0] if line.startswith("[") else "", [])
+            if STEP_LINE.search(line):
+                lines.clear()
+            else:
+                lines.append(line)
+        return [line for pod in sorted(by_pod) for line in by_pod[pod]]
+
+    def events(self) -> list[str]:
+        events = self._events([p["metadata"]["name"] for p in self._pods()])
+        return [f"{e.get('lastTimestamp') or e.get('eventTime') or ''} {e.get('type', '')} {e.get('reason', '')} "
+                f"{e.get('involvedObject', {}).get('kind', '')}/{e.get('involvedObject', {}).get('name', '')}: "
+                f"{e.get('message', '')}" + (f" (x{e['count']})" if e.get("count", 1) > 1 else "") for e in events]
+
+    def logs(self, follow: bool = False, replica: int | None = None, run: str | None = None, tail: int | None = None,
+             since: float | None = None) -> Iterator[str]:
+        import time
+
+        from .follow import check_run
+
+        s = self.settings
+        check_run(self, run)  # the cluster holds the current run's pods only
+        if replica is not None:
+            names = [r.name for r in self.describe().replicas]
+            if not any(n.endswith(f"-worker-{replica}") for n in names):
+                raise DoeksError(f"--replica {replica}: job {s.job_name} has pods {', '.join(names) or 'none'}")
         selector = f"doeks/job={s.job_name}" + (f",training.kubeflow.org/replica-index={replica}" if replica is not None else "")
         argv = [kube.kubectl(), "logs", "-n", s.namespace, "-l", selector, "--prefix", "--all-containers",
                 "--max-log-requests=64"] + (["-f"] if follow else [])
+        if tail is not None:
+            argv.append(f"--tail={tail}")
+        if since is not None:
+            argv.append(f"--since={max(1, int(time.time() - since) + 1)}s")
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert process.stdout is not None
         for line in process.stdout:
@@ -113,7 +200,17 @@ class EksTarget(Target):
                             ui.console().print(line, markup=False, highlight=False)
                 except DoeksError:
                     pass  # no pod to read yet
+            if status.permanent and not status.finished:
+                # a restart cannot help (bad arguments, missing data, an import error): end the job now, as the
+                # other targets' follow loop does, instead of letting the operator restart it to its backoff limit
+                from ..runner import Runner
+
+                self.cancel(Runner(echo=False))
+                status.state = FAILED
             if status.finished:
+                from .runs import settle
+
+                settle(self.settings, status)
                 return status
             if deadline and time.monotonic() > deadline:
                 raise DoeksError(f"job {self.settings.job_name} still running after {timeout:.0f}s")

@@ -2,6 +2,7 @@
 replica) and the wait loop with a progress bar that every target shares."""
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -67,13 +68,67 @@ def check_replica(target, replica: int | None) -> None:
                          f"{', '.join(n.removeprefix('node-') for n in names) or 'none'}")
 
 
-def follow_until_done(target, cursor: Callable[[], list[str]], follow: bool, poll: float = 0.5) -> Iterator[str]:
+def check_run(target, run: str | None) -> str:
+    """`--run ID` must name a run whose logs the target still has; None = the current run."""
+    current = target.describe().run
+    if run is None or run == current:
+        return current
+    known = target.runs()
+    if run not in known:
+        raise DoeksError(f"--run {run}: job {target.settings.job_name} has logs of runs "
+                         f"{', '.join(known) or 'none'} (`invoke elasticjob.history` lists them all)")
+    return run
+
+
+_CLOCK = re.compile(r"(?<!\d)(\d\d):(\d\d):(\d\d)(?!\d)")
+
+
+def line_time(line: str, now: float | None = None) -> float | None:
+    """When a log line was written, from the clock time it carries (the training script's `HH:MM:SS.mmm`, torch's
+    `I1122 21:18:34`, the supervisor's), as a time.time() value within the last day; None when it has none."""
+    text = line.split("] ", 1)[1] if line.startswith("[node-") and "] " in line else line
+    match = _CLOCK.search(text[:60])
+    if not match:
+        return None
+    now = time.time() if now is None else now
+    local = time.localtime(now)
+    hour, minute, second = (int(x) for x in match.groups())
+    stamp = time.mktime((local.tm_year, local.tm_mon, local.tm_mday, hour, minute, second, 0, 0, -1))
+    return stamp - 86400 if stamp > now + 60 else stamp
+
+
+def window(lines: list[str], tail: int | None = None, since: float | None = None) -> list[str]:
+    """`--since` (lines without a time of their own take the time of the line before) then `--tail`."""
+    if since is not None:
+        kept, stamp = [], None
+        for line in lines:
+            stamp = line_time(line) or stamp
+            if stamp is not None and stamp >= since:
+                kept.append(line)
+        lines = kept
+    if tail is not None:
+        lines = lines[-tail:] if tail > 0 else []
+    return lines
+
+
+def parse_since(value: str) -> float:
+    """`--since 90s / 5m / 2h / 1d` -> a time.time() value."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", str(value).strip())
+    if not match:
+        raise DoeksError(f"--since {value!r}: expected a duration such as 30s, 5m, 2h or 1d")
+    amount = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    return time.time() - amount
+
+
+def follow_until_done(target, cursor: Callable[[], list[str]], follow: bool, poll: float = 0.5,
+                      tail: int | None = None, since: float | None = None) -> Iterator[str]:
+    yield from window(cursor(), tail, since)  # what is there already, cut to --tail / --since
     while True:
-        yield from cursor()
         if not follow or target.describe().finished:
             yield from cursor()
             return
         time.sleep(poll)
+        yield from cursor()
 
 
 def expected_steps(settings) -> int:
@@ -99,7 +154,16 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
             steps = [r.step for r in status.replicas if r.step is not None]
             if steps:
                 bar.update(task_id, completed=min(max(steps), total))
+            if status.permanent and not status.finished:
+                # a restart cannot help (bad arguments, missing data, an import error): end the job now
+                from ..runner import Runner
+
+                target.cancel(Runner(echo=False))
+                status.state = "Failed"
             if status.finished:
+                from .runs import settle
+
+                settle(settings, status)
                 if not quiet:
                     for line in cursor():
                         bar.console.print(line, markup=False, highlight=False)

@@ -12,6 +12,7 @@ from ..local import runtime
 from ..local.services import etcd, free_port
 from .base import FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus, Step, Target
 from .follow import FileCursor, follow_until_done
+from .reasons import Reason, check_train_args
 
 
 class LocalTarget(Target):
@@ -28,6 +29,7 @@ class LocalTarget(Target):
         return jobspec.manifests(job.settings, job.train_args, job.run, image=trainimage.reference(job.settings, True))
 
     def plan(self, job: Job) -> Plan:
+        check_train_args(job.train_args)
         s = job.settings
         manifests = self.manifests(job)
         pytorchjob = manifests[-1]
@@ -66,8 +68,7 @@ class LocalTarget(Target):
         elastic.check_data(s)
 
     def _launch(self, s, pytorchjob, ctx, run) -> None:
-        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload)
-        (self.home / "run").write_text(run)
+        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run)
 
     def submit(self, plan: Plan, runner) -> None:
         try:
@@ -82,8 +83,9 @@ class LocalTarget(Target):
         status = local_jobs.read_status(self.home)
         run = _read(self.home / "run")
         if not status:
+            deployed = self.home.exists()
             return JobStatus(self.name, s.job_name, PENDING if local_jobs.is_active(self.home) else STOPPED, run=run,
-                             reason="not deployed" if not self.home.exists() else "")
+                             reason="" if deployed else "not deployed", fix="" if deployed else "`invoke elasticjob.deploy`")
         state = status["state"]
         if state == "Running" and not local_jobs.is_active(self.home):
             state = STOPPED  # the supervisor is gone without a final word
@@ -91,20 +93,42 @@ class LocalTarget(Target):
         for r in status["replicas"]:
             progress = r.get("progress") or {}
             replica_state = {"Removed": STOPPED}.get(r["state"], r["state"])
-            replicas.append(ReplicaStatus(f"node-{r['replica']}", replica_state, r["restarts"], progress.get("step"),
-                                          progress.get("samples_per_s"), progress.get("world"),
+            # restarts = the node's (the supervisor restarted its agent) + its workers' (torchrun restarted them)
+            replicas.append(ReplicaStatus(f"node-{r['replica']}", replica_state, r["restarts"] + r.get("worker_restarts", 0),
+                                          progress.get("step"), progress.get("samples_per_s"), progress.get("world"),
                                           f"pid {r['pid']}" if r.get("pid") else ""))
-        return JobStatus(self.name, s.job_name, state if state in (RUNNING, SUCCEEDED, FAILED, STOPPED) else RUNNING,
-                         run=run, replicas=replicas, desired=status.get("desired"), restarts=status.get("restarts", 0))
+        state = state if state in (RUNNING, SUCCEEDED, FAILED, STOPPED) else RUNNING
+        found = status.get("reason") if state in (RUNNING, FAILED) else None
+        reason = Reason(found["code"], found["text"], found["fix"], found["permanent"]) if found else None
+        return JobStatus(self.name, s.job_name, state, run=status.get("run") or run, replicas=replicas,
+                         desired=status.get("desired"), restarts=status.get("restarts", 0),
+                         reason=reason.text if reason else "", fix=reason.fix if reason else "",
+                         permanent=bool(reason and reason.permanent))
 
-    def _cursor(self, replica: int | None = None) -> FileCursor:
-        return FileCursor(self.home, "replicas/*/agent.log", replica)
+    def _cursor(self, replica: int | None = None, run: str | None = None) -> FileCursor:
+        return FileCursor(local_jobs.run_dir(self.home, run), "replicas/*/agent.log", replica)
 
-    def logs(self, follow: bool = False, replica: int | None = None) -> Iterator[str]:
-        from .follow import check_replica
+    def runs(self) -> list[str]:
+        return local_jobs.runs(self.home)
 
-        check_replica(self, replica)
-        return follow_until_done(self, self._cursor(replica), follow)
+    def logs(self, follow: bool = False, replica: int | None = None, run: str | None = None, tail: int | None = None,
+             since: float | None = None) -> Iterator[str]:
+        from .follow import check_replica, check_run
+
+        run = check_run(self, run)
+        if run == local_jobs.current_run(self.home):
+            check_replica(self, replica)
+        elif replica is not None and not (local_jobs.run_dir(self.home, run) / "replicas" / str(replica)).is_dir():
+            raise DoeksError(f"--replica {replica}: run {run} of job {self.settings.job_name} has no such replica")
+        return follow_until_done(self, self._cursor(replica, run), follow and run == local_jobs.current_run(self.home),
+                                 tail=tail, since=since)
+
+    def events(self) -> list[str]:
+        """The supervisor's record of the current run: starts, exits, restarts, scaling, the end."""
+        try:
+            return (local_jobs.run_dir(self.home) / "supervisor.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return []
 
     def wait(self, timeout: float | None = None, quiet: bool = False) -> JobStatus:
         from .follow import wait_with_progress
@@ -132,7 +156,7 @@ class LocalTarget(Target):
     def artifacts(self) -> dict[str, str]:
         s = self.settings
         return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
-                "final": str(elastic.metrics_dir(s) / "final.json"), "logs": str(self.home / "replicas")}
+                "final": str(elastic.metrics_dir(s) / "final.json"), "logs": str(local_jobs.run_dir(self.home) / "replicas")}
 
 
 def start_rendezvous(settings, ctx: dict) -> None:

@@ -26,6 +26,8 @@ from ..local.services import free_port
 from .base import (FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, NotSupported, Plan, ReplicaStatus,
                    Step, Target)
 from .follow import ContainerCursor, follow_until_done, wait_with_progress
+from . import reasons
+from .reasons import check_train_args
 
 _STATES = {"InProgress": RUNNING, "Completed": SUCCEEDED, "Failed": FAILED, "Stopping": RUNNING, "Stopped": STOPPED}
 LABEL = "doeks/target"
@@ -85,6 +87,7 @@ class SageMakerTarget(Target):
         s = job.settings
         role = f"arn:aws:iam::<account>:role/{s.sagemaker_role_name}"
         request = self.request(job, role)
+        check_train_args(job.train_args)  # after request(): its own one line for arguments that are not pairs
         source = request["HyperParameters"]["sagemaker_submit_directory"]
         bucket, key = source[len("s3://"):].split("/", 1)
         plan = Plan(self.name, job, requests=[{"service": "sagemaker", "operation": "CreateTrainingJob", "params": request}])
@@ -124,6 +127,11 @@ class SageMakerTarget(Target):
         from ..aws import client
 
         client(s, "s3").put_object(Bucket=bucket, Key=key, Body=sagemaker.source_archive())
+
+    def run_name(self, plan: Plan) -> str:
+        if self.local or not plan.requests:
+            return plan.job.run
+        return plan.requests[0]["params"]["TrainingJobName"]
 
     def _create(self, s, ctx, run: str) -> None:
         from ..aws import client
@@ -271,12 +279,24 @@ class SageMakerTarget(Target):
             state = PENDING
         count = job["ResourceConfig"]["InstanceCount"]
         replicas = [ReplicaStatus(f"algo-{i + 1}", state, 0, detail=job["ResourceConfig"]["InstanceType"]) for i in range(count)]
+        # FailureReason carries the script's output: "AlgorithmError: ExecuteUserScriptError:\nExitCode 2\nErrorMessage
+        # \"...\"\nCommand ..." (aws/sagemaker-training-toolkit src/sagemaker_training/errors.py, _CalledProcessError)
+        found = reasons.classify(job.get("FailureReason", "").splitlines(), failed=True) if state == FAILED else None
+        if found is not None and found.code != "failed":  # a known cause in SageMaker's FailureReason
+            return JobStatus(self.name, s.job_name, state, run=name, replicas=replicas, desired=count,
+                             reason=found.text, fix=found.fix, permanent=found.permanent)
         return JobStatus(self.name, s.job_name, state, run=name, replicas=replicas, desired=count,
                          reason=job.get("FailureReason", ""))
 
-    def logs(self, follow: bool = False, replica: int | None = None) -> Iterator[str]:
+    def logs(self, follow: bool = False, replica: int | None = None, run: str | None = None, tail: int | None = None,
+             since: float | None = None) -> Iterator[str]:
+        from .follow import check_run
+
+        check_run(self, run)  # one training job per run: only the current one's logs are read here
+        if replica is not None:
+            raise DoeksError(f"--replica {replica}: TARGET=sagemaker shows one training job's logs (all its hosts)")
         if self.local:
-            return follow_until_done(self, self._local_cursor(), follow)
+            return follow_until_done(self, self._local_cursor(), follow, tail=tail, since=since)
 
         def cursor():
             seen = getattr(cursor, "seen", 0)
@@ -284,7 +304,7 @@ class SageMakerTarget(Target):
             cursor.seen = len(lines)
             return lines[seen:]
 
-        return follow_until_done(self, cursor, follow, poll=10)
+        return follow_until_done(self, cursor, follow, poll=10, tail=tail, since=since)
 
     def _local_cursor(self) -> ContainerCursor:
         return ContainerCursor(self._containers, lambda c: c.labels.get("doeks/host", c.name))

@@ -43,9 +43,10 @@ def _workers(raw: str) -> int:
     return int(raw)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's arguments (doeks also parses --train-args with it before a job starts)."""
     env = os.environ
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="train.py", description=__doc__.splitlines()[0])
     p.add_argument("--data", default=env.get("SM_CHANNEL_TRAINING", "/fsx-shared/data"), help="folder with train/ and val/")
     p.add_argument("--arch", default="resnet18", help=f"torchvision model: {', '.join(ARCHES)}")
     p.add_argument("--epochs", type=int, default=3)
@@ -67,6 +68,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=5, help="log (and record metrics) every N steps")
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (tests: slow training down)")
     p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def parse_args(argv=None, p: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    p = p or build_parser()
     args = p.parse_args(argv)
     if args.arch not in ARCHES:
         p.error(f"unknown --arch {args.arch!r}: expected one of {', '.join(ARCHES)}")

@@ -1,0 +1,82 @@
+"""Every deploy is a run: an id (the rendezvous id the job's manifests carry), its target, when it started and ended,
+and how it ended. The index is STATE_DIR/runs/<job>.json on the machine that deployed; `elasticjob.history` shows it.
+
+A run's end is recorded when someone sees it (a status, a follow, a delete, the next deploy), from its target's
+JobStatus; a run replaced before anyone saw its end is recorded as such.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def index_path(settings) -> Path:
+    return settings.state_dir / "runs" / f"{settings.job_name}.json"
+
+
+def read(settings) -> list[dict[str, Any]]:
+    try:
+        records = json.loads(index_path(settings).read_text())
+    except (OSError, ValueError):
+        return []
+    return [r for r in records if isinstance(r, dict) and r.get("run")] if isinstance(records, list) else []
+
+
+def _write(settings, records: list[dict[str, Any]]) -> None:
+    path = index_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(records, indent=2))
+    os.replace(tmp, path)
+
+
+def start(settings, target: str, run: str, train_args: list[str] | None = None) -> None:
+    """Record a submitted run; any earlier run still open was replaced by it."""
+    records = read(settings)
+    now = time.time()
+    for record in records:
+        if record.get("end") is None:
+            record.update(end=now, result="Replaced", reason=f"run {run} was deployed before its end was seen")
+    records.append({"run": run, "target": target, "job": settings.job_name, "start": now, "end": None,
+                    "result": "Running", "reason": "", "train_args": list(train_args or [])})
+    _write(settings, records)
+
+
+def settle(settings, status) -> None:
+    """Record the end of the run a JobStatus describes, once it is final (Succeeded, Failed, Stopped)."""
+    if not status.run or not status.finished:
+        return
+    records = read(settings)
+    for record in records:
+        if record["run"] == status.run and record.get("end") is None:
+            record.update(end=time.time(), result=status.state, reason=status.reason)
+            _write(settings, records)
+            return
+
+
+def settle_quietly(target) -> None:
+    """settle() from the target's own describe(), ignoring a target that cannot be read now."""
+    from ..errors import DoeksError
+
+    try:
+        settle(target.settings, target.describe())
+    except DoeksError:
+        pass
+
+
+def rows(settings) -> list[list[str]]:
+    def when(t):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
+
+    out = []
+    for r in read(settings):
+        took = f"{r['end'] - r['start']:.0f}s" if r.get("end") and r.get("start") else ""
+        out.append([r["run"], r.get("target", ""), when(r.get("start")), when(r.get("end")), took,
+                    r.get("result", ""), r.get("reason", "")])
+    return out
+
+
+COLUMNS = ["run", "target", "start", "end", "took", "result", "reason"]

@@ -1,0 +1,28 @@
+"""The job's status as the tasks show it: the replica table, then the reason and its fix (`elasticjob.status`,
+`elasticjob.describe` and the root `invoke status`)."""
+from __future__ import annotations
+
+from .. import ui
+from .base import COLUMNS, FAILED, JobStatus
+from .runs import settle
+
+
+def status(target) -> JobStatus:
+    st = target.describe()
+    settle(target.settings, st)
+    title = f"job {st.name} on {st.target}: {st.state}"
+    if st.run:
+        title += f" (run {st.run})"
+    if st.desired is not None:
+        title += f", {st.desired} nodes wanted"
+    title += f", {st.restarts} restarts"
+    if st.replicas:
+        ui.table(title, COLUMNS, st.rows())
+    else:
+        ui.say(title)
+    if st.reason:
+        ui.say(f"reason: {st.reason}" + (" (permanent: restarts cannot help)" if st.permanent else ""),
+               style="red" if st.state == FAILED else "yellow")
+    if st.fix:
+        ui.say(f"fix: {st.fix}")
+    return st

@@ -1,0 +1,148 @@
+"""Status that explains itself on TARGET=eks, through the scripted kubectl (tests/kubectl_standin.py): the reason
+and fix come from the pods' container states, the namespace's events and the pods' last log lines; `describe` shows
+the events; `logs` validates --replica and passes --tail / --since to kubectl."""
+from __future__ import annotations
+
+import json
+
+
+from doeks import targets
+
+from .conftest import invoke
+from .test_targets import pod, pytorchjob_json, settings_for, world  # noqa: F401 - the fixture
+
+# Shapes as the API server returns them (kubernetes/api core/v1 types.go, v0.33: ContainerStatus.lastState.terminated
+# {exitCode, reason}; Event {type, reason, message, count, involvedObject, lastTimestamp}); the kubelet's words
+# (kubernetes/kubernetes v1.33): event reason "BackOff" pkg/kubelet/events/event.go, waiting reason "CrashLoopBackOff"
+# pkg/kubelet/container/sync_result.go; terminated reason "OOMKilled" from the container runtime (containerd CRI).
+
+
+def crashed_pod(name: str, restarts: int, exit_code: int, reason: str) -> dict:
+    p = pod(name, "Running", restarts, "CrashLoopBackOff")
+    p["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": exit_code, "reason": reason}}
+    return p
+
+
+def event(obj: str, reason: str, message: str, count: int = 1, kind: str = "Pod") -> dict:
+    return {"type": "Warning", "reason": reason, "message": message, "count": count,
+            "involvedObject": {"kind": kind, "name": obj, "namespace": "default"}, "lastTimestamp": "2026-11-22T21:00:00Z"}
+
+
+def script(world, pods, events, logs="", state="Running"):
+    world["script"].write_text(json.dumps([
+        {"match": ["get", "pytorchjob"], "stdout": pytorchjob_json(state)},
+        {"match": ["get", "pods"], "stdout": json.dumps({"items": pods})},
+        {"match": ["get", "events"], "stdout": json.dumps({"items": events})},
+        {"match": ["logs"], "stdout": logs}]))
+
+
+def test_bad_arguments_in_a_crash_loop_are_the_permanent_reason(world):  # noqa: F811
+    s = settings_for("eks")
+    script(world, [crashed_pod("imagenet-worker-0", 4, 2, "Error")],
+           [event("imagenet-worker-0", "BackOff", "Back-off restarting failed container pytorch", 7),
+            event("some-other-pod", "OOMKilled", "not ours")],
+           logs="[pod/imagenet-worker-0/pytorch] train.py: error: unrecognized arguments: --bogus 1\n")
+    status = targets.get(s).describe()
+    assert status.restarts == 4 and status.replicas[0].state == "Restarting"
+    assert status.permanent and status.reason == "bad arguments to the training script: unrecognized arguments: --bogus 1"
+    assert "--train-args" in status.fix
+    out = invoke("elasticjob.describe", env={"TARGET": "eks", "COLUMNS": "250"})
+    assert out.returncode == 0, out.stderr
+    assert "reason: bad arguments to the training script" in out.stderr and "fix: fix --train-args" in out.stderr
+    assert "BackOff Pod/imagenet-worker-0: Back-off restarting failed container pytorch (x7)" in out.stderr
+    assert "some-other-pod" not in out.stderr  # only the job's own events
+
+
+def test_oom_killed_and_crash_loop_without_a_log_line(world):  # noqa: F811
+    s = settings_for("eks")
+    script(world, [crashed_pod("imagenet-worker-0", 3, 137, "OOMKilled")], [])
+    status = targets.get(s).describe()
+    assert status.reason.startswith("out of memory") and "BATCH_SIZE" in status.fix and not status.permanent
+    script(world, [crashed_pod("imagenet-worker-0", 5, 1, "Error")], [], logs="RuntimeError: boom\n")
+    status = targets.get(s).describe()
+    assert status.reason.startswith("crash loop") and "RuntimeError: boom" in status.reason
+
+
+def test_healthy_job_has_no_reason_and_reads_no_events(world):  # noqa: F811
+    s = settings_for("eks")
+    script(world, [pod("imagenet-worker-0", "Running")], [event("imagenet-worker-0", "OOMKilled", "old")])
+    status = targets.get(s).describe()
+    assert status.reason == "" and status.fix == ""
+    calls = [json.loads(line)["argv"] for line in world["record"].read_text().splitlines()]
+    assert not any("events" in argv for argv in calls)  # a healthy job costs two kubectl calls, no more
+
+
+def test_logs_flags_reach_kubectl_and_replica_is_checked(world):  # noqa: F811
+    script(world, [pod("imagenet-worker-0", "Running"), pod("imagenet-worker-1", "Running")], [], logs="a\nb\n")
+    out = invoke("elasticjob.logs", "--tail", "5", "--since", "10m", "--replica", "1", env={"TARGET": "eks"})
+    assert out.returncode == 0 and out.stdout == "a\nb\n", out.stderr
+    argv = [json.loads(line)["argv"] for line in world["record"].read_text().splitlines()][-1]
+    assert "--tail=5" in argv and any(a.startswith("--since=60") for a in argv)
+    assert "doeks/job=imagenet,training.kubeflow.org/replica-index=1" in argv
+    bad = invoke("elasticjob.logs", "--replica", "7", env={"TARGET": "eks"})
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        "error: --replica 7: job imagenet has pods imagenet-worker-0, imagenet-worker-1"]
+    for flags, message in ((["--tail", "x"], "error: --tail 'x': expected an integer"),
+                           (["--since", "soon"], "error: --since 'soon': expected a duration"),
+                           (["--run", "nope"], "error: --run nope: job imagenet has logs of runs")):
+        out = invoke("elasticjob.logs", *flags, env={"TARGET": "eks"})
+        assert out.returncode == 1 and out.stderr.strip().startswith(message), (flags, out.stderr)
+
+
+def test_a_run_on_eks_is_recorded_and_its_end_seen_by_history(world):  # noqa: F811
+    import yaml
+
+    world["script"].write_text(json.dumps([{"match": ["apply"], "stdout": "pytorchjob.kubeflow.org/imagenet serverside-applied\n"},
+                                           {"match": ["get"], "stdout": ""}]))
+    assert invoke("elasticjob.deploy", env={"TARGET": "eks"}).returncode == 0
+    applied = [json.loads(line) for line in world["record"].read_text().splitlines() if "apply" in line][-1]
+    job = list(yaml.safe_load_all(applied["stdin"]))[-1]
+    run = job["spec"]["elasticPolicy"]["rdzvId"]
+    job["status"] = {"conditions": [{"type": "Failed", "status": "True", "message": "PyTorchJob imagenet has failed"}]}
+    failed = crashed_pod("imagenet-worker-0", 6, 1, "OOMKilled")
+    world["script"].write_text(json.dumps([
+        {"match": ["get", "pytorchjob"], "stdout": json.dumps(job)},
+        {"match": ["get", "pods"], "stdout": json.dumps({"items": [failed]})},
+        {"match": ["get", "events"], "stdout": json.dumps({"items": []})}, {"match": ["logs"], "stdout": ""}]))
+    history = invoke("elasticjob.history", env={"TARGET": "eks", "COLUMNS": "250"})
+    assert history.returncode == 0, history.stderr
+    row = next(line for line in history.stderr.splitlines() if run in line)
+    assert "eks" in row and "Failed" in row and "out of memory" in row
+
+
+def test_follow_ends_a_job_with_a_permanent_reason(world):  # noqa: F811
+    s = settings_for("eks")
+    script(world, [crashed_pod("imagenet-worker-0", 2, 2, "Error")], [],
+           logs="[pod/imagenet-worker-0/pytorch] train.py: error: unrecognized arguments: --bogus 1\n")
+    entries = json.loads(world["script"].read_text()) + [{"match": ["delete"], "stdout": ""}]
+    world["script"].write_text(json.dumps(entries))
+    status = targets.get(s).wait(timeout=60, quiet=True, poll=0)
+    assert status.state == "Failed" and status.permanent and "--bogus 1" in status.reason
+    calls = [json.loads(line)["argv"] for line in world["record"].read_text().splitlines()]
+    assert any(argv[0] == "delete" for argv in calls)  # the operator does not restart it to its backoff limit
+
+
+def test_a_submission_through_the_api_is_a_run_too(world):  # noqa: F811
+    """The demo, the scaling runs and the pipeline submit through the target, not the task: still a run each."""
+    from doeks.runner import Runner
+    from doeks.targets import runs
+
+    world["script"].write_text(json.dumps([{"match": ["apply"], "stdout": ""}]))
+    s = settings_for("eks")
+    target = targets.get(s)
+    plan = target.plan(targets.Job(s))
+    target.submit(plan, Runner(echo=False, dry_run=True))
+    assert runs.read(s) == []  # a dry run is no run
+    target.submit(plan, Runner(echo=False))
+    (record,) = runs.read(s)
+    assert record["run"] == plan.manifests[-1]["spec"]["elasticPolicy"]["rdzvId"] and record["target"] == "eks"
+
+
+def test_a_recovered_pod_has_no_reason(world):  # noqa: F811
+    """Kubernetes keeps a container's lastState (here OOMKilled) after it runs again: that is history, not a reason."""
+    s = settings_for("eks")
+    recovered = pod("imagenet-worker-0", "Running", 1)
+    recovered["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+    script(world, [recovered], [], logs="[pod/imagenet-worker-0/pytorch] step=9 epoch=0 loss=1.2 acc=0.5 samples/s=9.0 world=1\n")
+    status = targets.get(s).describe()
+    assert status.restarts == 1 and status.reason == "" and status.state == "Running"
