@@ -150,7 +150,7 @@ def describe(c):
 
 @task(help={"follow": "keep streaming until the job ends", "replica": "only this node (its index)",
             "run": "an earlier run's logs (ids: `invoke elasticjob.history`); default: the current run",
-            "tail": "only the last N lines (then new ones with --follow)",
+            "tail": "only the last N lines of each node (then new ones with --follow)",
             "since": "only lines from this long ago on: 30s, 5m, 2h, 1d"})
 def logs(c, follow=False, replica=None, run=None, tail=None, since=None):
     """Print the current run's logs with node prefixes (--follow to stream)."""

@@ -19,3 +19,19 @@ def test_history_run_ids_are_whole_when_piped(state_dir):
     assert run in result.stderr and "…" not in result.stderr, result.stderr
     line = next(line for line in result.stderr.splitlines() if run in line)
     assert "Running" in line and "local" in line
+
+
+def test_logs_tail_is_per_replica(state_dir):
+    # `logs --tail 2` after a run whose node-0 failed: the cursor lists node-0's lines, then node-1's, and the last 2
+    # of all were node-1's alone, so the failing node never showed (eks: kubectl's --tail is per container)
+    run = "20261122-221045-74c2"
+    home = state_dir / "jobs" / "imagenet"
+    for replica, last in ((0, "train.py: error: data folder is empty"), (1, "waiting for peers")):
+        folder = home / "runs" / run / "replicas" / str(replica)
+        folder.mkdir(parents=True)
+        (folder / "agent.log").write_text("".join(f"22:10:0{i}.000 line {i}\n" for i in range(5)) + f"22:10:09.000 {last}\n")
+    (home / "run").write_text(run)
+    result = invoke("elasticjob.logs", "--tail", "2", env={"TARGET": "local"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[node-0] 22:10:04.000 line 4", "[node-0] 22:10:09.000 train.py: error: data folder is empty",
+                                          "[node-1] 22:10:04.000 line 4", "[node-1] 22:10:09.000 waiting for peers"], result.stdout
