@@ -5,7 +5,7 @@ the training image, the EKS cluster, or SageMaker. A verb a target cannot do say
 """
 from invoke import Collection
 
-from doeks.taskkit import Unit, runner, settings, task
+from doeks.taskkit import Int, Unit, runner, settings, task
 
 _JOB_FLAGS = {
     "replicas": "nodes to start with (REPLICAS)",
@@ -262,7 +262,7 @@ def scaling(c, replicas="1,2", out=None, dry_run=False):
         ui.say(f"plot: {target_png}")
 
 
-@task(help={"port": "port to serve on"})
+@task(help={"port": "port to serve on"}, flags={"port": Int(1, 65535)})
 def tensorboard(c, port=6006):
     """Serve the job's TensorBoard event files (Ctrl-C to stop)."""
     import shutil

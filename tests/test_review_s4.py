@@ -35,3 +35,17 @@ def test_logs_tail_is_per_replica(state_dir):
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["[node-0] 22:10:04.000 line 4", "[node-0] 22:10:09.000 train.py: error: data folder is empty",
                                           "[node-1] 22:10:04.000 line 4", "[node-1] 22:10:09.000 waiting for peers"], result.stdout
+
+
+def test_steps_and_port_flags_are_checked_for_range(state_dir):
+    # `kubeflow.pipeline.run --steps -3 --dry-run` printed steps -3 (the script's --max-steps: 0 = all epochs) and
+    # `elasticjob.tensorboard --port 70000` ended 0 after TensorBoard's own "cannot bind" lines
+    env = {"TARGET": "local", "REGISTRY": "123456789012.dkr.ecr.us-west-2.amazonaws.com"}
+    for args, line in ((["kubeflow.pipeline.run", "--steps", "-3", "--dry-run"], "error: --steps -3: expected an integer from 0 to 1000000000"),
+                       (["kubeflow.pipeline.compile", "--steps", "-3"], "error: --steps -3: expected an integer from 0 to 1000000000"),
+                       (["elasticjob.tensorboard", "--port", "70000"], "error: --port 70000: expected an integer from 1 to 65535")):
+        result = invoke(*args, env=env, timeout=60)
+        assert result.returncode == 1 and result.stderr.strip().splitlines() == [line], (args, result.stdout, result.stderr)
+    assert not (state_dir / "pipelines").exists()  # nothing compiled
+    ok = invoke("kubeflow.pipeline.run", "--steps", "0", "--dry-run", env=env)
+    assert ok.returncode == 0 and '"steps": 0' in ok.stdout, ok.stderr
