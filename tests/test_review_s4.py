@@ -49,3 +49,28 @@ def test_steps_and_port_flags_are_checked_for_range(state_dir):
     assert not (state_dir / "pipelines").exists()  # nothing compiled
     ok = invoke("kubeflow.pipeline.run", "--steps", "0", "--dry-run", env=env)
     assert ok.returncode == 0 and '"steps": 0' in ok.stdout, ok.stderr
+
+
+# lines as doeks/workload/train.py writes them (copied from a local run: EPOCHS=1, 200 images, 2 nodes x 2)
+NODE0_LOG = """\
+22:10:04.534 [rank 0] start host=vm world_size=4 local_rank=0 device=cpu workers=0 crop=32 amp=off restart=0
+22:10:05.892 [rank 0] step=1 epoch=0 loss=1.3520 acc=0.375 samples/s=96.9 world=4 data_wait=0.0087s (1%) lr=0.02149
+22:10:06.860 [rank 0] epoch=0 val_acc=0.3000 val_top5=1.0000 step=3
+22:10:07.106 [rank 0] checkpoint step=3 stall=24.4ms
+22:10:07.107 [rank 0] done final_val_acc=0.3000 val_top5=1.0000 steps=3 checkpoint_stall_max=24.4ms
+"""
+
+
+def test_status_step_is_the_last_step_the_script_named(tmp_path):
+    # `elasticjob.status` after that run showed step 1 on both nodes (the only `step=` line; one is written every
+    # --log-every steps) though the job had ended at step 3; a resumed, finished job showed no step at all
+    from doeks.local.jobs import last_progress, parse_progress
+
+    log = tmp_path / "agent.log"
+    log.write_text(NODE0_LOG)
+    assert last_progress(log) == {"step": 3, "epoch": 0, "loss": 1.352, "samples_per_s": 96.9, "world": 4}
+    finished = ("22:10:50.672 [rank 3] training already finished at step=3 epoch=1: val_acc=0.3000 "
+                "(recorded in /x/checkpoints/imagenet/checkpoint.pt)\n")
+    assert parse_progress(finished) == {"step": 3}
+    assert parse_progress(NODE0_LOG.splitlines(keepends=True)[1])["step"] == 1
+    assert parse_progress("22:10:04 [rank 0] start host=vm world_size=4\n") is None

@@ -24,6 +24,7 @@ from .services import kill_group, pid_alive, reap_exited
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
 STEP_LINE = re.compile(r"step=(\d+) epoch=(\d+) loss=([\d.]+) acc=([\d.]+) samples/s=([\d.]+) world=(\d+)")
+LATER_STEP = re.compile(r"\[rank \d+\] (?:epoch=\d+ val_acc=.* |checkpoint |done .*|training already finished at |resumed from checkpoint )steps?=(\d+)")
 RESTART_DELAY = 1.0
 SCAN_EVERY = 0.5
 FINISH_GRACE = 30.0
@@ -166,12 +167,20 @@ def stop(home: Path, timeout: float = 30.0) -> bool:
 
 
 def parse_progress(text: str) -> dict[str, Any] | None:
-    """The last `step=...` line of a log text, parsed (the training script's own format)."""
-    matches = STEP_LINE.findall(text)
-    if not matches:
-        return None
-    step, epoch, loss, acc, rate, world = matches[-1]
-    return {"step": int(step), "epoch": int(epoch), "loss": float(loss), "samples_per_s": float(rate), "world": int(world)}
+    """The last `step=...` line of a log text, parsed (the training script's own format); the step is the latest the
+    script named after it: its validation, checkpoint, `done ... steps=N` and `training already finished at step=N`
+    lines (a step line is written every --log-every steps only, so a 3-step job showed step 1 when it had ended)."""
+    matches = list(STEP_LINE.finditer(text))
+    progress: dict[str, Any] | None = None
+    if matches:
+        step, epoch, loss, acc, rate, world = matches[-1].groups()
+        progress = {"step": int(step), "epoch": int(epoch), "loss": float(loss), "samples_per_s": float(rate),
+                    "world": int(world)}
+    later = [int(n) for n in LATER_STEP.findall(text[matches[-1].end():] if matches else text)]
+    if later:
+        progress = progress or {}
+        progress["step"] = max(later + ([progress["step"]] if "step" in progress else []))
+    return progress
 
 
 def last_progress(log: Path) -> dict[str, Any] | None:
