@@ -2,10 +2,15 @@
 fails without its fix."""
 from __future__ import annotations
 
+import os
+import signal
+
 from doeks import settings as S
+from doeks import targets
 from doeks.targets import runs
 
-from .conftest import invoke
+from .conftest import invoke, wait_for
+from .test_status_local import small, workers  # noqa: F401 - the fixture of a tiny local job, its workers' pids
 
 
 def test_history_run_ids_are_whole_when_piped(state_dir):
@@ -74,3 +79,16 @@ def test_status_step_is_the_last_step_the_script_named(tmp_path):
     assert parse_progress(finished) == {"step": 3}
     assert parse_progress(NODE0_LOG.splitlines(keepends=True)[1])["step"] == 1
     assert parse_progress("22:10:04 [rank 0] start host=vm world_size=4\n") is None
+
+
+def test_describe_shows_torchrun_restarting_workers(small, state_dir):
+    # a killed worker: status counted 1 restart on node-0, but describe's events (the supervisor's record) showed only
+    # "replica 0 started": the restart that status counts was nowhere among the events
+    assert invoke("elasticjob.deploy", "--train-args", "--step-delay 2 --log-every 1").returncode == 0
+    victim = wait_for(lambda: workers(small), 60, "a worker")[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: targets.get(small).describe().restarts >= 1, 30, "the restart counted")
+    shown = wait_for(lambda: (lambda r: r if "workers restarted by torchrun (1 so far)" in r.stderr else None)(
+        invoke("elasticjob.describe", env={"COLUMNS": "250"})), 10, "the restart among the events")
+    assert shown.returncode == 0 and "replica 0 started" in shown.stderr
+    assert invoke("elasticjob.delete").returncode == 0

@@ -376,7 +376,11 @@ class Supervisor:
         the job now, without the restarts that cannot help; otherwise the reason, if the job is not training."""
         self.scanned_at = time.time()
         for index in sorted(self.replicas):
+            before = self.scanner.worker_restarts.get(str(index), 0)
             self.scanner.scan(str(index), self.run_dir / "replicas" / str(index) / "agent.log")
+            after = self.scanner.worker_restarts.get(str(index), 0)
+            if after > before:  # an event for `describe`, as the node's own restarts are: status counts them both
+                self._log(f"replica {index} workers restarted by torchrun ({after} so far)")
         codes = [r.get("exit_code") for r in self.replicas.values()]
         self.reason = self.scanner.reason(codes, failed=self.state == "Failed")
         if self.scanner.permanent is not None and self.state == "Running" and self.finished_at is None:
