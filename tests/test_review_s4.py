@@ -10,6 +10,7 @@ from doeks import targets
 from doeks.targets import runs
 
 from .conftest import invoke, wait_for
+from .test_cli_errors import no_credentials, run_cli  # noqa: F401 - botocore's chain finding nothing
 from .test_status_local import small, workers  # noqa: F401 - the fixture of a tiny local job, its workers' pids
 
 
@@ -92,3 +93,18 @@ def test_describe_shows_torchrun_restarting_workers(small, state_dir):
         invoke("elasticjob.describe", env={"COLUMNS": "250"})), 10, "the restart among the events")
     assert shown.returncode == 0 and "replica 0 started" in shown.stderr
     assert invoke("elasticjob.delete").returncode == 0
+
+
+def test_no_registry_error_offers_a_fix_that_works_without_credentials(no_credentials, state_dir):
+    # `kubeflow.pipeline.compile` without credentials said "set them, or REGISTRY=<host> or REGISTRY=default"; with
+    # REGISTRY=default it said the very same: the fix it offered cannot work without credentials
+    for registry in ("", "default"):
+        result = run_cli("kubeflow.pipeline.compile", env={**no_credentials, "REGISTRY": registry})
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: cannot tell which ECR"), result.stderr
+        fix = lines[0].split("; ", 1)[1]
+        assert "REGISTRY=default" not in fix and "TRAIN_IMAGE=<image>" in fix, lines[0]
+    # the fix it names works: TRAIN_IMAGE, without credentials
+    ok = run_cli("kubeflow.pipeline.compile", env={**no_credentials, "TRAIN_IMAGE": "registry.example.com/train:1"})
+    compiled = state_dir / "pipelines" / "hybrid-kubernetes.yaml"
+    assert ok.returncode == 0 and "registry.example.com/train:1" in compiled.read_text(), ok.stderr
