@@ -136,7 +136,7 @@ def checks() -> list[tuple[str, bool, str]]:
 
     rows: list[tuple[str, bool, str]] = []
     for module, extra in (("invoke", ""), ("boto3", ""), ("torch", "train"), ("etcd", "train"), ("moto", "local"),
-                          ("kubernetes", "cloud"), ("kfp", "cloud"), ("sagemaker", "cloud"), ("docker", "cloud")):
+                          ("kubernetes", "cloud"), ("kfp", "cloud"), ("docker", "cloud")):  # SageMaker: boto3 alone
         ok = _module(module)
         rows.append((f"python: {module}", ok, "installed" if ok else f"pip install -e '.[{extra or 'dev'}]'"))
     ok = _module("torchvision") and torchvision_shim.torchvision_imports()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from doeks import settings as S
 from doeks import targets
 from doeks.targets import runs
@@ -108,3 +110,28 @@ def test_no_registry_error_offers_a_fix_that_works_without_credentials(no_creden
     ok = run_cli("kubeflow.pipeline.compile", env={**no_credentials, "TRAIN_IMAGE": "registry.example.com/train:1"})
     compiled = state_dir / "pipelines" / "hybrid-kubernetes.yaml"
     assert ok.returncode == 0 and "registry.example.com/train:1" in compiled.read_text(), ok.stderr
+
+
+def test_doctor_checks_only_python_modules_the_project_installs():
+    # `invoke doctor` listed "python: sagemaker" with the fix `pip install -e '.[cloud]'` although the sagemaker
+    # dependency was dropped (issue 12: SageMaker via boto3 alone): on a fresh install that fix installs nothing
+    import re
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    from importlib.metadata import packages_distributions
+    from pathlib import Path
+
+    from doeks import preflight
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    extras = {"": project["dependencies"], **project["optional-dependencies"]}
+    providers = packages_distributions()
+    rows = [row for row in preflight.checks() if row[0].startswith("python: ")]
+    assert rows
+    for what, ok, detail in rows:
+        module = what.removeprefix("python: ")
+        extra = re.search(r"\.\[(\w+)\]", detail).group(1) if "pip install" in detail else None
+        declared = {re.split(r"[<>=!\[ ;]", req, maxsplit=1)[0].lower() for reqs in extras.values() for req in reqs}
+        assert {d.lower() for d in providers.get(module, [module])} & declared, (module, "not a dependency of doeks")
+        if extra is not None:
+            named = {re.split(r"[<>=!\[ ;]", req, maxsplit=1)[0].lower() for req in extras[extra]}
+            assert {d.lower() for d in providers.get(module, [module])} & named, (module, extra)
