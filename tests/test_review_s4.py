@@ -135,3 +135,17 @@ def test_doctor_checks_only_python_modules_the_project_installs():
         if extra is not None:
             named = {re.split(r"[<>=!\[ ;]", req, maxsplit=1)[0].lower() for req in extras[extra]}
             assert {d.lower() for d in providers.get(module, [module])} & named, (module, extra)
+
+
+def test_doctor_names_where_botocore_looked_for_credentials(no_credentials):
+    # `TARGET=eks invoke doctor` with AWS_SHARED_CREDENTIALS_FILE / AWS_CONFIG_FILE set and IMDS off said botocore
+    # reads "~/.aws/credentials or ~/.aws/config ... then a container or instance role": neither where it looked
+    # (botocore/configprovider.py: credentials_file <- AWS_SHARED_CREDENTIALS_FILE, config_file <- AWS_CONFIG_FILE)
+    # nor what the tasks' own error says
+    result = run_cli("doctor", env=no_credentials)
+    assert result.returncode == 1, result.stderr
+    row = next(line for line in result.stderr.splitlines() if "AWS credentials" in line and "│" in line)
+    for where in (no_credentials["AWS_SHARED_CREDENTIALS_FILE"], no_credentials["AWS_CONFIG_FILE"],
+                  "disabled by AWS_EC2_METADATA_DISABLED"):
+        assert where in row, (where, row)
+    assert "~/.aws" not in row
