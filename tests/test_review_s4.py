@@ -149,3 +149,17 @@ def test_doctor_names_where_botocore_looked_for_credentials(no_credentials):
                   "disabled by AWS_EC2_METADATA_DISABLED"):
         assert where in row, (where, row)
     assert "~/.aws" not in row
+
+
+def test_sagemaker_teardown_dry_run_without_credentials_plans_and_exits_0(no_credentials):
+    # `TARGET=sagemaker invoke down --dry-run` without credentials ended "error: the teardown plan failed for
+    # elasticjob" (exit 1), and `elasticjob.delete --dry-run` with the credentials error: the job to stop is a lookup
+    # a dry run shows as unknown, as the eks units' are
+    env = {**no_credentials, "TARGET": "sagemaker"}
+    down = run_cli("down", "--dry-run", env=env)
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert "unknown: SageMaker training job of imagenet <unknown: no credentials>" in down.stderr
+    assert "would stop the SageMaker training job of imagenet if it is InProgress" in down.stderr
+    assert "== down: eks" in down.stderr and "error:" not in down.stderr
+    delete = run_cli("elasticjob.delete", "--dry-run", env=env)
+    assert delete.returncode == 0 and "unknown: SageMaker training job of imagenet" in delete.stderr, delete.stderr
