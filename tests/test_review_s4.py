@@ -163,3 +163,16 @@ def test_sagemaker_teardown_dry_run_without_credentials_plans_and_exits_0(no_cre
     assert "== down: eks" in down.stderr and "error:" not in down.stderr
     delete = run_cli("elasticjob.delete", "--dry-run", env=env)
     assert delete.returncode == 0 and "unknown: SageMaker training job of imagenet" in delete.stderr, delete.stderr
+
+
+def test_sagemaker_role_dry_runs_without_credentials_plan_the_requests(no_credentials):
+    # `sagemaker.role --dry-run` / `sagemaker.role-delete --dry-run` without credentials ended with the credentials
+    # error (exit 1) instead of the IAM requests they would send, the role's existence shown as unknown
+    env = {**no_credentials, "TARGET": "sagemaker"}
+    role = run_cli("sagemaker.role", "--dry-run", env=env)
+    assert role.returncode == 0, role.stderr
+    assert "unknown: IAM role doeks-sagemaker-execution <unknown: no credentials>" in role.stderr
+    assert "would call: iam.create_role" in role.stderr and "would call: iam.put_role_policy" in role.stderr
+    gone = run_cli("sagemaker.role-delete", "--dry-run", env=env)
+    assert gone.returncode == 0, gone.stderr
+    assert "would call: iam.delete_role_policy" in gone.stderr and "would call: iam.delete_role" in gone.stderr
