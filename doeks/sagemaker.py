@@ -248,9 +248,11 @@ def latest_job(settings) -> str:
 
 
 def stop(settings, runner, name: str) -> None:
-    from .aws import client
+    from .aws import client, lookup
 
-    status = describe(settings, name)["TrainingJobStatus"]
+    # a dry run without credentials: the status is unknown and the stop is planned
+    status = lookup(runner, f"status of training job {name}", lambda: describe(settings, name)["TrainingJobStatus"],
+                    unknown="InProgress")
     if status not in ("InProgress",):
         ui.say(f"training job {name} is {status}: nothing to stop")
         return

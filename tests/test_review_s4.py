@@ -165,8 +165,8 @@ def test_sagemaker_teardown_dry_run_without_credentials_plans_and_exits_0(no_cre
     assert delete.returncode == 0 and "unknown: SageMaker training job of imagenet" in delete.stderr, delete.stderr
 
 
-def test_sagemaker_role_dry_runs_without_credentials_plan_the_requests(no_credentials):
-    # `sagemaker.role --dry-run` / `sagemaker.role-delete --dry-run` without credentials ended with the credentials
+def test_sagemaker_role_and_stop_dry_runs_without_credentials_plan_the_requests(no_credentials):
+    # `sagemaker.role` / `role-delete` / `stop --dry-run` without credentials ended with the credentials
     # error (exit 1) instead of the IAM requests they would send, the role's existence shown as unknown
     env = {**no_credentials, "TARGET": "sagemaker"}
     role = run_cli("sagemaker.role", "--dry-run", env=env)
@@ -176,3 +176,8 @@ def test_sagemaker_role_dry_runs_without_credentials_plan_the_requests(no_creden
     gone = run_cli("sagemaker.role-delete", "--dry-run", env=env)
     assert gone.returncode == 0, gone.stderr
     assert "would call: iam.delete_role_policy" in gone.stderr and "would call: iam.delete_role" in gone.stderr
+    stop = run_cli("sagemaker.stop", "--dry-run", env=env)
+    assert stop.returncode == 0, stop.stderr
+    assert "unknown: latest SageMaker training job of imagenet" in stop.stderr
+    named = run_cli("sagemaker.stop", "--name", "imagenet-20261122-220836", "--dry-run", env=env)
+    assert named.returncode == 0 and "would call: sagemaker.stop_training_job" in named.stderr, named.stderr
