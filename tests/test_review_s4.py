@@ -181,3 +181,16 @@ def test_sagemaker_role_and_stop_dry_runs_without_credentials_plan_the_requests(
     assert "unknown: latest SageMaker training job of imagenet" in stop.stderr
     named = run_cli("sagemaker.stop", "--name", "imagenet-20261122-220836", "--dry-run", env=env)
     assert named.returncode == 0 and "would call: sagemaker.stop_training_job" in named.stderr, named.stderr
+
+
+def test_local_nodes_write_nothing_outside_state_dir(small, state_dir, tmp_path):
+    # every local node start left a /tmp/torchelastic_* folder (torchrun's log dir, a mkdtemp when --log-dir is
+    # unset): 536 of them on this machine after a day; now they are the run's, under STATE_DIR
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    result = invoke("elasticjob.deploy", "--follow", "--train-args", "--max-steps 1 --log-every 1",
+                    env={"TMPDIR": str(tmp)}, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not list(tmp.glob("torchelastic_*")), list(tmp.iterdir())
+    run = targets.get(small).describe().run
+    assert list((state_dir / "jobs" / "imagenet" / "runs" / run / "replicas" / "0" / "torchelastic").iterdir())

@@ -329,7 +329,10 @@ class Supervisor:
         record["restarts"] += 1
         folder = self.run_dir / "replicas" / str(index)
         folder.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.spec["env"], "DOEKS_REPLICA": str(index), "DOEKS_JOB_HOME": str(self.home)}
+        env = {**os.environ, **self.spec["env"], "DOEKS_REPLICA": str(index), "DOEKS_JOB_HOME": str(self.home),
+               # torchrun's --log-dir (its error files): unset, every node start left a /tmp/torchelastic_* folder
+               # (torch/distributed/elastic/multiprocessing/api.py DefaultLogsSpecs: tempfile.mkdtemp when empty)
+               "PET_LOG_DIR": str(folder / "torchelastic")}
         log = open(folder / "agent.log", "ab")
         log.write(f"==== doeks: replica {index} start #{record['restarts']} at {time.strftime('%H:%M:%S')}\n".encode())
         log.flush()
