@@ -240,6 +240,7 @@ def scaling(c, replicas="1,2", out=None, dry_run=False):
         raise DoeksError(f"--replicas {replicas!r}: expected comma-separated integers such as 1,2") from None
     base = settings()
     _local_metrics(base)
+    target_png = plots.plot_path(base, f"{base.job_name}-scaling.png", out)  # a bad --out before any run
     points = []
     for size in sizes:
         s = base.with_overrides(replicas=size, min_replicas=size, max_replicas=size, epochs=1,
@@ -255,7 +256,6 @@ def scaling(c, replicas="1,2", out=None, dry_run=False):
         points.append((size * s.nproc_per_node, seconds))
         ui.say(f"{size} nodes x {s.nproc_per_node} processes: epoch {seconds:.1f}s")
     if points:
-        target_png = plots.plot_path(base, f"{base.job_name}-scaling.png", out)
         plots.scaling(points, target_png)
         ui.table("scaling", ["processes", "epoch s", "ideal s"],
                  [[n, f"{t:.1f}", f"{points[0][1] * points[0][0] / n:.1f}"] for n, t in points])

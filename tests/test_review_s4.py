@@ -3,6 +3,7 @@ fails without its fix."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import signal
 
 import pytest
@@ -194,3 +195,21 @@ def test_local_nodes_write_nothing_outside_state_dir(small, state_dir, tmp_path)
     assert not list(tmp.glob("torchelastic_*")), list(tmp.iterdir())
     run = targets.get(small).describe().run
     assert list((state_dir / "jobs" / "imagenet" / "runs" / run / "replicas" / "0" / "torchelastic").iterdir())
+
+
+def test_plot_out_with_another_suffix_is_one_error_line(state_dir, tmp_path):
+    # `elasticjob.plot --out chart.jpg` (or `efa.report F --out x.txt`) made a folder named chart.jpg and wrote
+    # imagenet-training.png into it; the help says "PNG path or folder"
+    log = tmp_path / "nccl.txt"
+    log.write_text((Path(__file__).parent / "fixtures" / "nccl-tests-2.13-efa-na.txt").read_text())
+    for args in (["efa.report", str(log), "--out", str(tmp_path / "x.txt")],
+                 ["elasticjob.plot", "--out", str(tmp_path / "chart.jpg")],
+                 ["elasticjob.scaling", "--dry-run", "--out", str(tmp_path / "s.svg")]):
+        result = invoke(*args, env={"TARGET": "local"})
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and lines[-1].startswith("error: --out ") and "expected a .png file or a folder" in lines[-1], (args, result.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nccl.txt"]  # nothing made
+    folder = tmp_path / "charts.v2"
+    folder.mkdir()
+    ok = invoke("efa.report", str(log), "--out", str(folder), env={"TARGET": "local"})
+    assert ok.returncode == 0 and (folder / "nccl-busbw.png").is_file(), ok.stderr
