@@ -213,3 +213,13 @@ def test_plot_out_with_another_suffix_is_one_error_line(state_dir, tmp_path):
     folder.mkdir()
     ok = invoke("efa.report", str(log), "--out", str(folder), env={"TARGET": "local"})
     assert ok.returncode == 0 and (folder / "nccl-busbw.png").is_file(), ok.stderr
+
+
+def test_a_check_across_keys_names_the_flags_typed(state_dir):
+    # `elasticjob.deploy --min-replicas 3 --max-replicas 2` ended "error: REPLICAS='2' is not accepted: ...", naming
+    # .env's REPLICAS, which the user did not touch, and neither flag typed
+    result = invoke("elasticjob.deploy", "--dry-run", "--min-replicas", "3", "--max-replicas", "2", env={"TARGET": "local"})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: --min-replicas 3, --max-replicas 2: ") and "MIN_REPLICAS <= REPLICAS" in lines[0], lines[0]
+    assert result.stdout == ""
