@@ -223,3 +223,10 @@ def test_a_check_across_keys_names_the_flags_typed(state_dir):
     assert result.returncode == 1 and len(lines) == 1, result.stderr
     assert lines[0].startswith("error: --min-replicas 3, --max-replicas 2: ") and "MIN_REPLICAS <= REPLICAS" in lines[0], lines[0]
     assert result.stdout == ""
+
+
+def test_logs_of_a_job_never_deployed_say_so(state_dir):
+    # `elasticjob.logs` on a fresh checkout printed nothing and exited 0 (as `--replica 7` did before issue 15)
+    result = invoke("elasticjob.logs", env={"TARGET": "local"})
+    assert result.returncode == 1 and result.stdout == "", result.stdout
+    assert result.stderr.strip().splitlines() == ["error: job imagenet has no runs on local yet: `invoke elasticjob.deploy` starts one"]
