@@ -230,3 +230,10 @@ def test_logs_of_a_job_never_deployed_say_so(state_dir):
     result = invoke("elasticjob.logs", env={"TARGET": "local"})
     assert result.returncode == 1 and result.stdout == "", result.stdout
     assert result.stderr.strip().splitlines() == ["error: job imagenet has no runs on local yet: `invoke elasticjob.deploy` starts one"]
+
+
+def test_doctor_help_says_it_checks_per_target():
+    # `invoke --help doctor` said "check every tool and service doeks uses" (the same whatever the target, as before
+    # issue 15); it checks per TARGET and exits 1 when a needed check fails
+    result = invoke("--help", "doctor")
+    assert result.returncode == 0 and "TARGET" in result.stdout and "exit 1" in result.stdout, result.stdout
