@@ -189,7 +189,8 @@ def setup(c, docker=False, dry_run=False):
 
 @task
 def doctor(c):
-    """Preflight: check every tool and service doeks uses and say how to fix what is missing."""
+    """Preflight for TARGET: what it needs (local/docker: tools and services; eks: credentials, cluster,
+    kubeconfig, tools; sagemaker: role, bucket, image); exit 1 when a needed check fails."""
     from doeks import preflight
 
     preflight.doctor()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from .errors import DoeksError
+from .errors import DoeksError, FlagError
 
 
 def _pyplot():
@@ -39,7 +39,11 @@ def plot_path(settings, name: str, out: str | Path | None = None) -> Path:
     """Where a chart goes: `--out` (a .png file, or a folder to put `name` in), else STATE_DIR/plots/name."""
     if out:
         out = Path(out)
-        return out if out.suffix.lower() == ".png" else out / name
+        if out.suffix.lower() == ".png":
+            return out
+        if out.suffix and not out.is_dir():  # `--out chart.jpg` became a folder named chart.jpg with `name` inside
+            raise FlagError(f"--out {str(out)!r}: expected a .png file or a folder")
+        return out / name
     return settings.state_dir / "plots" / name
 
 

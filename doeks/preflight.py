@@ -136,7 +136,7 @@ def checks() -> list[tuple[str, bool, str]]:
 
     rows: list[tuple[str, bool, str]] = []
     for module, extra in (("invoke", ""), ("boto3", ""), ("torch", "train"), ("etcd", "train"), ("moto", "local"),
-                          ("kubernetes", "cloud"), ("kfp", "cloud"), ("sagemaker", "cloud"), ("docker", "cloud")):
+                          ("kubernetes", "cloud"), ("kfp", "cloud"), ("docker", "cloud")):  # SageMaker: boto3 alone
         ok = _module(module)
         rows.append((f"python: {module}", ok, "installed" if ok else f"pip install -e '.[{extra or 'dev'}]'"))
     ok = _module("torchvision") and torchvision_shim.torchvision_imports()
@@ -179,9 +179,12 @@ CREDENTIAL_METHODS = {
     "container-role": "container credentials (ECS / EKS Pod Identity endpoint)", "iam-role": "EC2 instance profile (IMDS)",
     "login": "~/.aws/config login session",
 }
-CREDENTIALS_FIX = ("no AWS credentials: botocore reads AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (environment or "
-                   ".env.local), then AWS_PROFILE's entry in ~/.aws/credentials or ~/.aws/config (SSO, assume-role), "
-                   "then a container or instance role: set one (e.g. `aws configure` or `aws sso login`)")
+def credentials_fix() -> str:
+    """Where botocore looked, as the tasks' one-line error says it (the files AWS_SHARED_CREDENTIALS_FILE and
+    AWS_CONFIG_FILE name, IMDS switched off), and what to do."""
+    from .errors import no_credentials_message
+
+    return no_credentials_message("no AWS credentials") + ": set one (e.g. `aws configure` or `aws sso login`)"
 
 
 def credentials(settings) -> tuple[bool, str]:
@@ -197,7 +200,7 @@ def credentials(settings) -> tuple[bool, str]:
     except Exception as error:  # noqa: BLE001 - a broken ~/.aws/config, an expired SSO token, ...
         return False, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     if found is None:
-        return False, CREDENTIALS_FIX
+        return False, credentials_fix()
     where = CREDENTIAL_METHODS.get(found.method, found.method)
     return True, where + (f", profile {settings.aws_profile}" if settings.aws_profile else "")
 

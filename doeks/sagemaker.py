@@ -54,12 +54,21 @@ def role_policy(settings) -> dict[str, Any]:
 def ensure_role(settings, runner) -> str:
     from .aws import client
 
+    from .aws import lookup
+
     iam = client(settings, "iam")
     name = settings.sagemaker_role_name
-    try:
-        arn = iam.get_role(RoleName=name)["Role"]["Arn"]
+
+    def existing() -> str:
+        try:
+            return iam.get_role(RoleName=name)["Role"]["Arn"]
+        except iam.exceptions.NoSuchEntityException:
+            return ""
+
+    arn = lookup(runner, f"IAM role {name}", existing, unknown="")  # a dry run without credentials: planned as new
+    if arn:
         ui.say(f"role {name} exists")
-    except iam.exceptions.NoSuchEntityException:
+    else:
         created = runner.call(iam, "create_role", RoleName=name, AssumeRolePolicyDocument=json.dumps(TRUST),
                               Description="doeks: SageMaker training execution role", Tags=[{"Key": "doeks", "Value": "true"}])
         arn = created["Role"]["Arn"] if created else f"arn:aws:iam::<account>:role/{name}"
@@ -70,10 +79,14 @@ def ensure_role(settings, runner) -> str:
 def delete_role(settings, runner) -> None:
     from .aws import client
 
+    from .aws import lookup
+
     iam = client(settings, "iam")
     name = settings.sagemaker_role_name
     try:
-        for policy in iam.list_role_policies(RoleName=name)["PolicyNames"]:
+        policies = lookup(runner, f"inline policies of IAM role {name}",  # a dry run without credentials: ensure_role's
+                          lambda: iam.list_role_policies(RoleName=name)["PolicyNames"], unknown=["doeks-training"])
+        for policy in policies:
             runner.call(iam, "delete_role_policy", RoleName=name, PolicyName=policy)
         runner.call(iam, "delete_role", RoleName=name)
     except iam.exceptions.NoSuchEntityException:
@@ -235,9 +248,11 @@ def latest_job(settings) -> str:
 
 
 def stop(settings, runner, name: str) -> None:
-    from .aws import client
+    from .aws import client, lookup
 
-    status = describe(settings, name)["TrainingJobStatus"]
+    # a dry run without credentials: the status is unknown and the stop is planned
+    status = lookup(runner, f"status of training job {name}", lambda: describe(settings, name)["TrainingJobStatus"],
+                    unknown="InProgress")
     if status not in ("InProgress",):
         ui.say(f"training job {name} is {status}: nothing to stop")
         return

@@ -117,6 +117,12 @@ def settings(**overrides):
             prefix = f"{name.upper()}="
             if value is not None and str(error).startswith(prefix):
                 raise FlagError(f"{_flag(name)} {str(error)[len(prefix):]}") from None
+        # a check across keys (MIN_REPLICAS <= REPLICAS <= MAX_REPLICAS) that names a .env key: say which flags
+        # typed took part, else `--min-replicas 3 --max-replicas 2` read as a complaint about .env's REPLICAS=2
+        typed = [f"{_flag(name)} {value}" for name, value in overrides.items()
+                 if value is not None and re.search(rf"\b{name.upper()}\b", str(error))]
+        if typed:
+            raise FlagError(f"{', '.join(typed)}: {error}") from None
         raise
 
 

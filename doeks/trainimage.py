@@ -102,8 +102,11 @@ def registry_host(settings) -> str | None:
 
 def require_resolved(ref: str) -> str:
     if PLACEHOLDER_ACCOUNT in ref:
-        raise DoeksError(f"cannot tell which ECR registry the cluster pulls {ref.split('/', 1)[1]} from: no AWS credentials "
-                         "configured (AWS_PROFILE, AWS_ACCESS_KEY_ID or ~/.aws); set them, or REGISTRY=<host> or REGISTRY=default")
+        # REGISTRY=default reads the account with whatever credentials botocore finds (an instance or container role
+        # too); offered as the fix, it failed the same way where there are none (REGISTRY=default gives this error)
+        raise DoeksError(f"cannot tell which ECR registry the cluster pulls {ref.split('/', 1)[1]} from: no working AWS "
+                         "credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID or ~/.aws, or an instance role with REGISTRY=default); "
+                         "set them, or name the image: REGISTRY=<host> or TRAIN_IMAGE=<image>")
     return ref
 
 

@@ -30,6 +30,16 @@ def stdout_console():
     return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=wide)
 
 
+def stderr_table_console():
+    """The console tables on stderr print to: piped (not a terminal), as wide as the content needs, as on stdout, so
+    an id a later command takes (`elasticjob.history`'s run for `logs --run`) or a path is never cut to `…`."""
+    if sys.stderr.isatty():
+        return console()
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True, width=100_000)
+
+
 def table(title: str, columns: list[str], rows: list[list[object]], stdout: bool = False) -> None:
     from rich.table import Table
 
@@ -38,7 +48,7 @@ def table(title: str, columns: list[str], rows: list[list[object]], stdout: bool
         t.add_column(column, overflow="fold" if stdout else "ellipsis")
     for row in rows:
         t.add_row(*["" if cell is None else str(cell) for cell in row])
-    (stdout_console() if stdout else console()).print(t)
+    (stdout_console() if stdout else stderr_table_console()).print(t)
 
 
 def progress(transient: bool = False):

@@ -5,7 +5,7 @@ the training image, the EKS cluster, or SageMaker. A verb a target cannot do say
 """
 from invoke import Collection
 
-from doeks.taskkit import Unit, runner, settings, task
+from doeks.taskkit import Int, Unit, runner, settings, task
 
 _JOB_FLAGS = {
     "replicas": "nodes to start with (REPLICAS)",
@@ -150,7 +150,7 @@ def describe(c):
 
 @task(help={"follow": "keep streaming until the job ends", "replica": "only this node (its index)",
             "run": "an earlier run's logs (ids: `invoke elasticjob.history`); default: the current run",
-            "tail": "only the last N lines (then new ones with --follow)",
+            "tail": "only the last N lines of each node (then new ones with --follow)",
             "since": "only lines from this long ago on: 30s, 5m, 2h, 1d"})
 def logs(c, follow=False, replica=None, run=None, tail=None, since=None):
     """Print the current run's logs with node prefixes (--follow to stream)."""
@@ -240,6 +240,7 @@ def scaling(c, replicas="1,2", out=None, dry_run=False):
         raise DoeksError(f"--replicas {replicas!r}: expected comma-separated integers such as 1,2") from None
     base = settings()
     _local_metrics(base)
+    target_png = plots.plot_path(base, f"{base.job_name}-scaling.png", out)  # a bad --out before any run
     points = []
     for size in sizes:
         s = base.with_overrides(replicas=size, min_replicas=size, max_replicas=size, epochs=1,
@@ -255,14 +256,13 @@ def scaling(c, replicas="1,2", out=None, dry_run=False):
         points.append((size * s.nproc_per_node, seconds))
         ui.say(f"{size} nodes x {s.nproc_per_node} processes: epoch {seconds:.1f}s")
     if points:
-        target_png = plots.plot_path(base, f"{base.job_name}-scaling.png", out)
         plots.scaling(points, target_png)
         ui.table("scaling", ["processes", "epoch s", "ideal s"],
                  [[n, f"{t:.1f}", f"{points[0][1] * points[0][0] / n:.1f}"] for n, t in points])
         ui.say(f"plot: {target_png}")
 
 
-@task(help={"port": "port to serve on"})
+@task(help={"port": "port to serve on"}, flags={"port": Int(1, 65535)})
 def tensorboard(c, port=6006):
     """Serve the job's TensorBoard event files (Ctrl-C to stop)."""
     import shutil

@@ -73,8 +73,15 @@ def stop(c, name=None, dry_run=False):
     """Stop a running training job; a finished one is left alone."""
     from doeks import sagemaker
 
+    from doeks.aws import lookup
+
     s = settings()
-    sagemaker.stop(s, runner(dry_run), name or sagemaker.latest_job(s))
+    r = runner(dry_run)
+    name = name or lookup(r, f"latest SageMaker training job of {s.job_name}", lambda: sagemaker.latest_job(s))
+    if name is None:  # a dry run without credentials
+        r.note(f"would stop the latest SageMaker training job of {s.job_name} if it is InProgress")
+        return
+    sagemaker.stop(s, r, name)
 
 
 @task(name="s3-endpoint", help={"vpc": "VPC id (default: the cluster's)", "dry_run": "print the request"})

@@ -129,7 +129,8 @@ def trainjob_delete(c, dry_run=False):
 
 @task(name="compile", help={"out": "IR YAML path (default STATE_DIR/pipelines/hybrid-<runtime>.yaml)",
                             "runtime": "default for training_runtime: kubernetes, sagemaker or local",
-                            "steps": "training steps (every branch)"})
+                            "steps": "training steps (every branch; 0 = all epochs)"},
+      flags={"steps": Int(0, 1_000_000_000)})  # the script's --max-steps: 0 = all epochs, below 0 meaningless
 def pipeline_compile(c, out=None, runtime="kubernetes", steps=5):
     """Compile the hybrid pipeline to KFP v2 IR YAML with every parameter from .env (namespace, image, identity)."""
     from pathlib import Path
@@ -148,7 +149,8 @@ def pipeline_compile(c, out=None, runtime="kubernetes", steps=5):
 
 
 @task(name="run", help={"runtime": "kubernetes, sagemaker or local", "local": "execute here with kfp.local",
-                        "steps": "training steps", "dry_run": "print the arguments; change nothing"})
+                        "steps": "training steps (0 = all epochs)", "dry_run": "print the arguments; change nothing"},
+      flags={"steps": Int(0, 1_000_000_000)})
 def pipeline_run(c, runtime="local", local=False, steps=5, dry_run=False):
     """Run the pipeline: on the (multi-user) Kubeflow Pipelines API at KFP_ENDPOINT, or here with --local."""
     import json

@@ -54,7 +54,8 @@ def test_eks_without_credentials_says_where_they_are_read_from(state_dir, tmp_pa
     result = doctor({"TARGET": "eks", "PATH": f"{tools}:{os.environ['PATH']}"}, tmp_path)
     assert result.returncode == 1
     assert error_line(result) == "error: TARGET=eks cannot work here: AWS credentials (see the fixes above)"
-    assert "no AWS credentials: botocore reads AWS_ACCESS_KEY_ID" in result.stderr and "~/.aws/credentials" in result.stderr
+    assert "no AWS credentials: doeks reads them (botocore's chain, in order) from AWS_ACCESS_KEY_ID" in result.stderr
+    assert "~/.aws/credentials" in result.stderr and "disabled by AWS_EC2_METADATA_DISABLED" in result.stderr
     assert "unknown: no working AWS credentials" in result.stderr  # the cluster is not claimed absent
     assert "Client Version: v1.33.4" in result.stderr and "v3.18.6+gb76a950" in result.stderr and "0.215.0" in result.stderr
 

@@ -24,6 +24,7 @@ from .services import kill_group, pid_alive, reap_exited
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
 STEP_LINE = re.compile(r"step=(\d+) epoch=(\d+) loss=([\d.]+) acc=([\d.]+) samples/s=([\d.]+) world=(\d+)")
+LATER_STEP = re.compile(r"\[rank \d+\] (?:epoch=\d+ val_acc=.* |checkpoint |done .*|training already finished at |resumed from checkpoint )steps?=(\d+)")
 RESTART_DELAY = 1.0
 SCAN_EVERY = 0.5
 FINISH_GRACE = 30.0
@@ -166,12 +167,20 @@ def stop(home: Path, timeout: float = 30.0) -> bool:
 
 
 def parse_progress(text: str) -> dict[str, Any] | None:
-    """The last `step=...` line of a log text, parsed (the training script's own format)."""
-    matches = STEP_LINE.findall(text)
-    if not matches:
-        return None
-    step, epoch, loss, acc, rate, world = matches[-1]
-    return {"step": int(step), "epoch": int(epoch), "loss": float(loss), "samples_per_s": float(rate), "world": int(world)}
+    """The last `step=...` line of a log text, parsed (the training script's own format); the step is the latest the
+    script named after it: its validation, checkpoint, `done ... steps=N` and `training already finished at step=N`
+    lines (a step line is written every --log-every steps only, so a 3-step job showed step 1 when it had ended)."""
+    matches = list(STEP_LINE.finditer(text))
+    progress: dict[str, Any] | None = None
+    if matches:
+        step, epoch, loss, acc, rate, world = matches[-1].groups()
+        progress = {"step": int(step), "epoch": int(epoch), "loss": float(loss), "samples_per_s": float(rate),
+                    "world": int(world)}
+    later = [int(n) for n in LATER_STEP.findall(text[matches[-1].end():] if matches else text)]
+    if later:
+        progress = progress or {}
+        progress["step"] = max(later + ([progress["step"]] if "step" in progress else []))
+    return progress
 
 
 def last_progress(log: Path) -> dict[str, Any] | None:
@@ -320,7 +329,10 @@ class Supervisor:
         record["restarts"] += 1
         folder = self.run_dir / "replicas" / str(index)
         folder.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.spec["env"], "DOEKS_REPLICA": str(index), "DOEKS_JOB_HOME": str(self.home)}
+        env = {**os.environ, **self.spec["env"], "DOEKS_REPLICA": str(index), "DOEKS_JOB_HOME": str(self.home),
+               # torchrun's --log-dir (its error files): unset, every node start left a /tmp/torchelastic_* folder
+               # (torch/distributed/elastic/multiprocessing/api.py DefaultLogsSpecs: tempfile.mkdtemp when empty)
+               "PET_LOG_DIR": str(folder / "torchelastic")}
         log = open(folder / "agent.log", "ab")
         log.write(f"==== doeks: replica {index} start #{record['restarts']} at {time.strftime('%H:%M:%S')}\n".encode())
         log.flush()
@@ -367,7 +379,11 @@ class Supervisor:
         the job now, without the restarts that cannot help; otherwise the reason, if the job is not training."""
         self.scanned_at = time.time()
         for index in sorted(self.replicas):
+            before = self.scanner.worker_restarts.get(str(index), 0)
             self.scanner.scan(str(index), self.run_dir / "replicas" / str(index) / "agent.log")
+            after = self.scanner.worker_restarts.get(str(index), 0)
+            if after > before:  # an event for `describe`, as the node's own restarts are: status counts them both
+                self._log(f"replica {index} workers restarted by torchrun ({after} so far)")
         codes = [r.get("exit_code") for r in self.replicas.values()]
         self.reason = self.scanner.reason(codes, failed=self.state == "Failed")
         if self.scanner.permanent is not None and self.state == "Running" and self.finished_at is None:

@@ -98,7 +98,9 @@ def line_time(line: str, now: float | None = None) -> float | None:
 
 
 def window(lines: list[str], tail: int | None = None, since: float | None = None) -> list[str]:
-    """`--since` (lines without a time of their own take the time of the line before) then `--tail`."""
+    """`--since` (lines without a time of their own take the time of the line before) then `--tail`: the last N
+    lines of each replica (its `[prefix]`), as `kubectl logs --tail` is per container on eks. The cursors list one
+    replica's lines after another's, so N of all lines were the last replica's alone (node-0's failure hidden)."""
     if since is not None:
         kept, stamp = [], None
         for line in lines:
@@ -107,7 +109,13 @@ def window(lines: list[str], tail: int | None = None, since: float | None = None
                 kept.append(line)
         lines = kept
     if tail is not None:
-        lines = lines[-tail:] if tail > 0 else []
+        kept, seen = [], {}
+        for line in reversed(lines):
+            replica = line.split("] ", 1)[0] if line.startswith("[") else ""
+            if seen.get(replica, 0) < tail:
+                seen[replica] = seen.get(replica, 0) + 1
+                kept.append(line)
+        lines = kept[::-1]
     return lines
 
 

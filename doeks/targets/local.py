@@ -116,6 +116,9 @@ class LocalTarget(Target):
         from .follow import check_replica, check_run
 
         run = check_run(self, run)
+        if not run:  # never deployed here: it printed nothing and exited 0
+            raise DoeksError(f"job {self.settings.job_name} has no runs on {self.name} yet: `invoke elasticjob.deploy` "
+                             "starts one")
         if run == local_jobs.current_run(self.home):
             check_replica(self, replica)
         elif replica is not None and not (local_jobs.run_dir(self.home, run) / "replicas" / str(replica)).is_dir():

@@ -333,10 +333,15 @@ class SageMakerTarget(Target):
             if not containers:
                 runner.note(f"no local SageMaker containers of {self.settings.job_name}: nothing to stop")
             return bool(containers)
-        try:
-            name = self._name()
+        from ..aws import lookup
+
+        try:  # a dry run without credentials plans the stop with the job unknown (`down --dry-run` exits 0)
+            name = lookup(runner, f"SageMaker training job of {self.settings.job_name}", self._name)
         except DoeksError:
             runner.note("no SageMaker training job to stop")
+            return False
+        if name is None:
+            runner.note(f"would stop the SageMaker training job of {self.settings.job_name} if it is InProgress")
             return False
         before = sagemaker.describe(self.settings, name)["TrainingJobStatus"]
         sagemaker.stop(self.settings, runner, name)
