@@ -278,28 +278,35 @@ def logs(settings, name: str) -> list[str]:
 
 def ensure_s3_endpoint(settings, runner, vpc_id: str) -> str | None:
     """The S3 gateway endpoint for a VPC (so training in that VPC reaches S3); idempotent."""
-    from .aws import client
+    from .aws import client, lookup
 
     ec2 = client(settings, "ec2")
     service = f"com.amazonaws.{settings.aws_region}.s3"
-    found = ec2.describe_vpc_endpoints(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "service-name", "Values": [service]}])["VpcEndpoints"]
-    live = [e for e in found if e.get("State", "").lower() not in ("deleted", "deleting")]
+    live = lookup(runner, f"S3 gateway endpoint in {vpc_id}", lambda: _s3_endpoints(settings, ec2, vpc_id), unknown=[])
     if live:
-        ui.say(f"S3 gateway endpoint {live[0]['VpcEndpointId']} exists in {vpc_id}")
-        return live[0]["VpcEndpointId"]
-    tables = [t["RouteTableId"] for t in ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}])["RouteTables"]]
+        ui.say(f"S3 gateway endpoint {live[0]} exists in {vpc_id}")
+        return live[0]
+    tables = lookup(runner, f"route tables of {vpc_id}", lambda: [
+        t["RouteTableId"] for t in ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}])["RouteTables"]],
+        unknown=["<route tables of the VPC>"])
     created = runner.call(ec2, "create_vpc_endpoint", VpcEndpointType="Gateway", VpcId=vpc_id, ServiceName=service,
                           RouteTableIds=tables, TagSpecifications=[{"ResourceType": "vpc-endpoint", "Tags": [{"Key": "doeks", "Value": "s3"}]}])
     return created["VpcEndpoint"]["VpcEndpointId"] if created else None
 
 
-def delete_s3_endpoint(settings, runner, vpc_id: str) -> int:
-    from .aws import client
-
-    ec2 = client(settings, "ec2")
+def _s3_endpoints(settings, ec2, vpc_id: str) -> list[str]:
+    """The live S3 gateway endpoints of a VPC."""
     service = f"com.amazonaws.{settings.aws_region}.s3"
     found = ec2.describe_vpc_endpoints(Filters=[{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "service-name", "Values": [service]}])["VpcEndpoints"]
-    ids = [e["VpcEndpointId"] for e in found if e.get("State", "").lower() not in ("deleted", "deleting")]
+    return [e["VpcEndpointId"] for e in found if e.get("State", "").lower() not in ("deleted", "deleting")]
+
+
+def delete_s3_endpoint(settings, runner, vpc_id: str) -> int:
+    from .aws import client, lookup
+
+    ec2 = client(settings, "ec2")
+    ids = lookup(runner, f"S3 gateway endpoints in {vpc_id}", lambda: _s3_endpoints(settings, ec2, vpc_id),
+                 unknown=["<S3 gateway endpoint>"])
     if ids:
         runner.call(ec2, "delete_vpc_endpoints", VpcEndpointIds=ids)
     else:

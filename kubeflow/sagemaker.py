@@ -89,9 +89,12 @@ def s3_endpoint(c, vpc=None, dry_run=False):
     """Create the S3 gateway VPC endpoint so training in that VPC reaches S3; idempotent."""
     from doeks import eks, sagemaker
 
+    from doeks.aws import lookup
+
     s = settings()
-    vpc = vpc or _cluster_vpc(s, eks)
-    sagemaker.ensure_s3_endpoint(s, runner(dry_run), vpc)
+    r = runner(dry_run)
+    vpc = vpc or lookup(r, f"VPC of cluster {s.cluster_name}", lambda: _cluster_vpc(s, eks), unknown="<cluster VPC>")
+    sagemaker.ensure_s3_endpoint(s, r, vpc)
 
 
 @task(name="s3-endpoint-delete", help={"vpc": "VPC id (default: the cluster's)", "dry_run": "print the request"})
@@ -99,8 +102,12 @@ def s3_endpoint_delete(c, vpc=None, dry_run=False):
     """Delete the S3 gateway VPC endpoint; safe to run twice."""
     from doeks import eks, sagemaker
 
+    from doeks.aws import lookup
+
     s = settings()
-    sagemaker.delete_s3_endpoint(s, runner(dry_run), vpc or _cluster_vpc(s, eks))
+    r = runner(dry_run)
+    vpc = vpc or lookup(r, f"VPC of cluster {s.cluster_name}", lambda: _cluster_vpc(s, eks), unknown="<cluster VPC>")
+    sagemaker.delete_s3_endpoint(s, r, vpc)
 
 
 def _cluster_vpc(s, eks):

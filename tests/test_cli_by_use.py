@@ -237,3 +237,17 @@ def test_doctor_help_says_it_checks_per_target():
     # issue 15); it checks per TARGET and exits 1 when a needed check fails
     result = invoke("--help", "doctor")
     assert result.returncode == 0 and "TARGET" in result.stdout and "exit 1" in result.stdout, result.stdout
+
+
+def test_s3_endpoint_dry_runs_without_credentials_plan_the_requests(no_credentials):
+    # `sagemaker.s3-endpoint --dry-run` / `s3-endpoint-delete --dry-run` without credentials ended with the
+    # credentials error (exit 1): the cluster's VPC, its endpoints and route tables are lookups a dry run shows as unknown
+    env = {**no_credentials, "TARGET": "sagemaker"}
+    create = run_cli("sagemaker.s3-endpoint", "--dry-run", env=env)
+    assert create.returncode == 0, create.stderr
+    assert "unknown: VPC of cluster doeks <unknown: no credentials>" in create.stderr
+    assert "would call: ec2.create_vpc_endpoint" in create.stderr
+    delete = run_cli("sagemaker.s3-endpoint-delete", "--dry-run", "--vpc", "vpc-0123", env=env)
+    assert delete.returncode == 0, delete.stderr
+    assert "unknown: S3 gateway endpoints in vpc-0123" in delete.stderr
+    assert "would call: ec2.delete_vpc_endpoints" in delete.stderr and "error:" not in delete.stderr
