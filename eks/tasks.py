@@ -32,7 +32,8 @@ def create(c, dry_run=False):
 
     s = settings()
     if s.on_this_machine:
-        ui.say("TARGET=local/docker: no cluster; starting the local runtime (etcd, AWS-API endpoint, volume folder)")
+        ui.say(f"TARGET=local/docker: no cluster; {'the plan for' if dry_run else 'starting'} the local runtime "
+               "(etcd, AWS-API endpoint, volume folder)")
         runtime.up(s, runner(dry_run))
         return
     eks.create(s, runner(dry_run))
