@@ -136,6 +136,25 @@ class Target:
     def plan(self, job: Job) -> Plan:
         raise NotSupported(self.name, "plan")
 
+    def manifests(self, job: Job) -> list[dict]:
+        """The job's Kubernetes manifests (etcd, PyTorchJob) naming the training image as this target pulls it: from
+        REGISTRY/ECR on eks, the local tag on this machine. The local target does not run the image (its script runs
+        from this checkout's doeks/workload, which the image's /workspace holds), so there it need not be built."""
+        from .. import jobspec, trainimage
+
+        return jobspec.manifests(job.settings, job.train_args, job.run,
+                                 image=trainimage.reference(job.settings, self.on_this_machine))
+
+    def manifest_plan(self, job: Job) -> Plan:
+        """A plan's start for the targets that run the manifests (eks) or interpret them (local, docker): the training
+        arguments checked against the script's own parser, the manifests, and the image their workers run."""
+        from .. import jobspec
+        from .reasons import check_train_args
+
+        check_train_args(job.train_args)
+        manifests = self.manifests(job)
+        return Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(manifests[-1])["containers"][0]["image"])
+
     def submit(self, plan: Plan, runner) -> None:
         """Execute a plan's steps in order (each through the runner, so secrets stay masked); then record the run."""
         for step in plan.steps:

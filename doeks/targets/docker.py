@@ -27,7 +27,6 @@ from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job
 from .follow import ContainerCursor, wait_with_progress
 from .local import start_rendezvous
 from . import reasons
-from .reasons import check_train_args
 
 PART_OF = "app.kubernetes.io/part-of"
 JOB, RUN, REPLICA, TARGET, STATE = "doeks/job", "doeks/run", "doeks/replica", "doeks/target", "doeks/state"
@@ -132,9 +131,6 @@ class DockerTarget(Target):
     def home(self):
         return self.settings.state_dir / "docker" / self.settings.job_name
 
-    def manifests(self, job: Job) -> list[dict]:
-        return jobspec.manifests(job.settings, job.train_args, job.run, image=trainimage.reference(job.settings, True))
-
     def containers(self) -> list:
         found = client().containers.list(all=True, filters={"label": [f"{JOB}={self.settings.job_name}", f"{TARGET}=docker",
                                                                       f"{STATE}={state_label(self.settings)}"]})
@@ -142,11 +138,9 @@ class DockerTarget(Target):
 
     # -- submission ---------------------------------------------------------------------------------------------------
     def plan(self, job: Job) -> Plan:
-        check_train_args(job.train_args)
         s = job.settings
-        manifests = self.manifests(job)
-        pytorchjob = manifests[-1]
-        plan = Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(pytorchjob)["containers"][0]["image"])
+        plan = self.manifest_plan(job)
+        pytorchjob = plan.manifests[-1]
         ctx: dict[str, Any] = {"endpoint": None, "started_etcd": False}
         plan.context = ctx
         plan.steps.append(Step(f"check: docker daemon, image {plan.image}, job {s.job_name} not running, data in "
@@ -163,7 +157,7 @@ class DockerTarget(Target):
         if job.fresh:
             plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: elastic.clear_outputs(s)))
         plan.steps.append(Step(f"record the manifests in {self.home / 'manifests.yaml'}",
-                               lambda: self._record(manifests, job.run)))
+                               lambda: self._record(plan.manifests, job.run)))
         volumes = runtime.volumes_dir(s)
         for replica in range(s.replicas):
             spec = container_spec(pytorchjob, replica, shown, volumes, job.run, state_label(s))

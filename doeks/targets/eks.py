@@ -11,7 +11,6 @@ from ..errors import DoeksError
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
                    Step, Target)
 from . import reasons
-from .reasons import check_train_args
 
 _CONDITIONS = {"Created": PENDING, "Running": RUNNING, "Restarting": RESTARTING, "Succeeded": SUCCEEDED,
                "Failed": FAILED, "Suspended": STOPPED}
@@ -22,15 +21,9 @@ class EksTarget(Target):
     name = "eks"
     on_this_machine = False
 
-    def manifests(self, job: Job) -> list[dict]:
-        return jobspec.manifests(job.settings, job.train_args, job.run, image=trainimage.reference(job.settings, False))
-
     def plan(self, job: Job) -> Plan:
-        check_train_args(job.train_args)
-        manifests = self.manifests(job)
-        image = manifests[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"]
-        kinds = ", ".join(f"{m['kind']}/{m['metadata']['name']}" for m in manifests)
-        plan = Plan(self.name, job, manifests=manifests, image=image)
+        plan = self.manifest_plan(job)
+        kinds = ", ".join(f"{m['kind']}/{m['metadata']['name']}" for m in plan.manifests)
         plan.steps.append(Step(f"kubectl apply --server-side --field-manager=doeks --force-conflicts -f - ({kinds} in "
                                f"namespace {job.settings.namespace})", lambda: None))
         return plan

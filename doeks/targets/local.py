@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 from typing import Iterator
 
-from .. import elastic, jobspec, trainimage
+from .. import elastic
 from ..errors import DoeksError
 from ..local import jobs as local_jobs
 from ..local import runtime
 from ..local.services import etcd, free_port
 from .base import FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus, Step, Target
 from .follow import FileCursor, follow_until_done
-from .reasons import Reason, check_train_args
+from .reasons import Reason
 
 
 class LocalTarget(Target):
@@ -23,17 +23,10 @@ class LocalTarget(Target):
     def home(self):
         return elastic.home(self.settings)
 
-    def manifests(self, job: Job) -> list[dict]:
-        # The same manifests as the docker target; here the image is not run (the script runs from this checkout's
-        # doeks/workload, which the image's /workspace holds), so it need not be built.
-        return jobspec.manifests(job.settings, job.train_args, job.run, image=trainimage.reference(job.settings, True))
-
     def plan(self, job: Job) -> Plan:
-        check_train_args(job.train_args)
         s = job.settings
-        manifests = self.manifests(job)
-        pytorchjob = manifests[-1]
-        plan = Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(pytorchjob)["containers"][0]["image"])
+        plan = self.manifest_plan(job)
+        pytorchjob = plan.manifests[-1]
         ctx: dict = {"endpoint": None, "started_etcd": False}
         plan.context = ctx
         plan.steps.append(Step(f"check that job {s.job_name} is not running and its data is in {elastic.data_root(s)}",
