@@ -183,15 +183,11 @@ def pipeline_deploy(c, dry_run=False):
     """What the pipeline's pods need in the profile namespace: RBAC on TrainJobs/PyTorchJobs, Pod Identity for SageMaker."""
     from doeks import identity, kube, pipeline
 
-    s = settings()
-    if s.on_this_machine:
-        from doeks import ui
+    def step(s, r):
+        kube.apply(r, pipeline.rbac(s))
+        identity.ensure(s, r, identity.get("pipeline-runner"))
 
-        ui.say("TARGET=local/docker: nothing to deploy; `invoke kubeflow.pipeline.run --local` runs the pipeline here")
-        return
-    r = runner(dry_run)
-    kube.apply(r, pipeline.rbac(s))
-    identity.ensure(s, r, identity.get("pipeline-runner"))
+    _on_the_cluster(step, "nothing to deploy; `invoke kubeflow.pipeline.run --local` runs the pipeline here", dry_run)
 
 
 @task(name="delete", help={"dry_run": "print what would be deleted; change nothing"})
@@ -199,15 +195,11 @@ def pipeline_delete(c, dry_run=False):
     """Remove what kubeflow.pipeline.deploy made (association and role, Role and RoleBinding); safe to run twice."""
     from doeks import identity, kube, pipeline
 
-    s = settings()
-    if s.on_this_machine:
-        from doeks import ui
+    def step(s, r):
+        identity.remove(s, r, identity.get("pipeline-runner"))
+        kube.delete(r, pipeline.rbac(s))
 
-        ui.say("TARGET=local/docker: nothing to delete")
-        return
-    r = runner(dry_run)
-    identity.remove(s, r, identity.get("pipeline-runner"))
-    kube.delete(r, pipeline.rbac(s))
+    _on_the_cluster(step, "nothing to delete", dry_run)
 
 
 @task(name="deploy", help={"dry_run": "print the commands; change nothing"})

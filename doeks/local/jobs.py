@@ -261,17 +261,14 @@ class LogScanner:
 
     def scan(self, key: str, log: Path) -> None:
         from ..targets import reasons
+        from ..targets.follow import new_lines
 
         try:
-            with open(log, "rb") as f:
-                f.seek(self.offsets.get(log, 0))
-                chunk = f.read()
+            lines = new_lines(log, self.offsets)
         except OSError:
             return
-        complete = chunk.rfind(b"\n") + 1
-        self.offsets[log] = self.offsets.get(log, 0) + complete
         recent = self.since_step.setdefault(key, [])
-        for line in chunk[:complete].decode(errors="replace").splitlines():
+        for line in lines:
             if WORKER_RESTART.search(line):
                 self.worker_restarts[key] = self.worker_restarts.get(key, 0) + 1
             if STEP_LINE.search(line):

@@ -11,6 +11,17 @@ from .. import ui
 from ..errors import DoeksError
 
 
+def new_lines(path: Path, offsets: dict[Path, int]) -> list[str]:
+    """The complete lines appended to `path` since the offset kept in `offsets` (a partial last line waits for the
+    next call); advances the offset. OSError (a file not there yet) is the caller's to handle."""
+    with open(path, "rb") as f:
+        f.seek(offsets.get(path, 0))
+        chunk = f.read()
+    complete = chunk.rfind(b"\n") + 1
+    offsets[path] = offsets.get(path, 0) + complete
+    return chunk[:complete].decode(errors="replace").splitlines()
+
+
 class FileCursor:
     """New complete lines of log files matching `pattern` under `root` (replica = the file's parent folder name)."""
 
@@ -24,12 +35,7 @@ class FileCursor:
             node = log.parent.name
             if self.replica is not None and node != str(self.replica):
                 continue
-            with open(log, "rb") as f:
-                f.seek(self.offsets.get(log, 0))
-                chunk = f.read()
-            complete = chunk.rfind(b"\n") + 1
-            self.offsets[log] = self.offsets.get(log, 0) + complete
-            lines += [f"[node-{node}] {line}" for line in chunk[:complete].decode(errors="replace").splitlines()]
+            lines += [f"[node-{node}] {line}" for line in new_lines(log, self.offsets)]
         return lines
 
 
