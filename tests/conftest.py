@@ -33,6 +33,36 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def training_processes(*roots: int) -> list[int]:
+    """Pids of the training script's processes (workers) under these processes: a local node's agent, or a container's
+    init; a process that ends while it is being read is left out."""
+    from doeks.local import jobs
+
+    found = []
+    for root in roots:
+        for pid in jobs.descendants(root):
+            try:
+                if "train.py" in open(f"/proc/{pid}/cmdline").read():
+                    found.append(pid)
+            except OSError:
+                pass
+    return found
+
+
+def job_settings(values: dict[str, str], monkeypatch):
+    """Settings of a small job (its .env keys set in the environment) with its synthetic data made."""
+    from doeks import elastic
+    from doeks import settings as S
+    from doeks.runner import Runner
+
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    S.reset()
+    s = S.current()
+    elastic.make_data(s, Runner(echo=False))
+    return s
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     """The local docker daemon with the base image `invoke setup --docker` makes (what every image here builds on).

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import select
-import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 from doeks.taskkit import Choice, Duration, Float, Int, Size
 
 from .conftest import ROOT, invoke
+from .test_teardown import account, calls  # noqa: F401 - moto as the account, the stand-ins eksctl/kubectl/helm; their record
 
 UNITS = ("elasticjob", "kubeflow", "gpu-metrics", "efa", "csi", "eks")  # teardown order
 
@@ -201,36 +201,14 @@ def test_a_dry_run_plans_the_units_after_one_that_fails(no_credentials):
     assert one_line_error(result) == "error: the up plan failed for eks: see the warnings above"
 
 
-@pytest.fixture
-def account(state_dir, tmp_path):
-    """moto (with tests/moto_eks.py's add-ons) as the account; eksctl/kubectl/helm: tests/cluster_standins.py."""
-    from . import moto_eks
-
-    server = moto_eks.server(state_dir)
-    server.start()
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in ("eksctl", "kubectl", "helm"):
-        shutil.copy(ROOT / "tests" / "cluster_standins.py", bin_dir / tool)
-        os.chmod(bin_dir / tool, 0o755)
-    env = {"TARGET": "eks", "AWS_ENDPOINT_URL": server.endpoint(), "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_REGION": "us-west-2", "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(tmp_path / "record.jsonl"),
-           "PODS": str(tmp_path / "pods.json"), "COLUMNS": "200", "GPU_NODES_MAX": "1", "GPU_NODES": "1",
-           "GPU_INSTANCE_TYPE": "g5.xlarge"}
-    yield {"env": env, "tmp": tmp_path, "endpoint": server.endpoint()}
-    server.stop()
-
-
 def _clusters(account):
     import boto3
 
-    return boto3.client("eks", endpoint_url=account["endpoint"], region_name="us-west-2", aws_access_key_id="testing",
-                        aws_secret_access_key="testing").list_clusters()["clusters"]
+    return boto3.client("eks", **account["kw"]).list_clusters()["clusters"]
 
 
 def _recorded(account) -> list[list[str]]:
-    path = account["tmp"] / "record.jsonl"
-    return [json.loads(line)["argv"] for line in path.read_text().splitlines()] if path.exists() else []
+    return [call["argv"] for call in calls(account)]
 
 
 def test_down_without_yes_and_no_terminal_deletes_nothing(account):

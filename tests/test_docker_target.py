@@ -15,7 +15,7 @@ import pytest
 
 from doeks import trainimage
 
-from .conftest import invoke, wait_for
+from .conftest import invoke, training_processes, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
@@ -140,7 +140,6 @@ def test_restarts_reasons_and_runs_in_containers(client, job_env, state_dir):
     """Stock torchrun in the image restarts a node's killed workers inside the container: those restarts count
     (docker's RestartCount does not see them), three with no step between are a crash loop; a permanent error ends
     the job at once from the follow loop; each deploy is a run whose logs stay apart."""
-    from doeks.local import jobs
 
     assert invoke("elasticjob.build", timeout=1800).returncode == 0
     assert invoke("elasticjob.data").returncode == 0
@@ -150,14 +149,7 @@ def test_restarts_reasons_and_runs_in_containers(client, job_env, state_dir):
 
     def workers():
         node.reload()
-        found = []
-        for p in jobs.descendants(node.attrs["State"]["Pid"]):
-            try:
-                if "train.py" in open(f"/proc/{p}/cmdline").read():
-                    found.append(p)
-            except OSError:
-                pass
-        return found
+        return training_processes(node.attrs["State"]["Pid"])
 
     stop = threading.Event()
 

@@ -7,11 +7,10 @@ import signal
 import pytest
 
 from doeks import elastic, targets
-from doeks import settings as S
 from doeks.local import jobs, services
 from doeks.runner import Runner
 
-from .conftest import invoke, wait_for
+from .conftest import invoke, job_settings, training_processes, wait_for
 
 SMALL = {"DATA_TRAIN_PER_CLASS": "200", "DATA_VAL_PER_CLASS": "25", "REPLICAS": "2", "NPROC_PER_NODE": "1",
          "EPOCHS": "4", "CHECKPOINT_EVERY": "5", "BATCH_SIZE": "16", "MIN_REPLICAS": "1", "MAX_REPLICAS": "3"}
@@ -19,12 +18,7 @@ SMALL = {"DATA_TRAIN_PER_CLASS": "200", "DATA_VAL_PER_CLASS": "25", "REPLICAS": 
 
 @pytest.fixture
 def small(state_dir, monkeypatch):
-    for key, value in SMALL.items():
-        monkeypatch.setenv(key, value)
-    S.reset()
-    s = S.current()
-    elastic.make_data(s, Runner(echo=False))
-    return s
+    return job_settings(SMALL, monkeypatch)
 
 
 def deploy(s, extra_args=None):
@@ -44,8 +38,7 @@ def max_step(s) -> int:
 
 def workers_of(s, replica: int) -> list[int]:
     status = jobs.read_status(elastic.home(s))
-    agent = next(r["pid"] for r in status["replicas"] if r["replica"] == replica)
-    return [p for p in jobs.descendants(agent) if "train.py" in open(f"/proc/{p}/cmdline").read()]
+    return training_processes(next(r["pid"] for r in status["replicas"] if r["replica"] == replica))
 
 
 def leftover_processes(state_dir) -> list[str]:

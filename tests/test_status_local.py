@@ -11,12 +11,10 @@ import time
 import pytest
 
 from doeks import elastic, targets
-from doeks import settings as S
 from doeks.local import jobs, services
-from doeks.runner import Runner
 from doeks.targets import reasons, runs
 
-from .conftest import invoke, wait_for
+from .conftest import invoke, job_settings, training_processes, wait_for
 from .test_elasticjob_local import leftover_processes
 
 SMALL = {"DATA_TRAIN_PER_CLASS": "40", "DATA_VAL_PER_CLASS": "8", "REPLICAS": "1", "NPROC_PER_NODE": "1",
@@ -71,11 +69,7 @@ def test_bogus_train_args_fail_at_once_with_argparse_message(state_dir):
 
 @pytest.fixture
 def small(state_dir, monkeypatch):
-    for key, value in SMALL.items():
-        monkeypatch.setenv(key, value)
-    S.reset()
-    s = S.current()
-    elastic.make_data(s, Runner(echo=False))
+    s = job_settings(SMALL, monkeypatch)
     yield s
     jobs.stop(elastic.home(s))
     services.etcd(state_dir).stop()
@@ -138,16 +132,7 @@ def deploy_and_wait(s, args, timeout=120) -> str:
 
 def workers(s) -> list[int]:
     status = jobs.read_status(elastic.home(s)) or {"replicas": []}
-    pids = [r["pid"] for r in status["replicas"] if r.get("pid")]
-    found = []
-    for agent in pids:
-        for p in jobs.descendants(agent):
-            try:
-                if "train.py" in open(f"/proc/{p}/cmdline").read():
-                    found.append(p)
-            except OSError:
-                pass
-    return found
+    return training_processes(*(r["pid"] for r in status["replicas"] if r.get("pid")))
 
 
 def test_killed_workers_in_a_crash_loop_are_counted_and_named(small, state_dir):
