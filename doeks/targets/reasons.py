@@ -22,6 +22,8 @@ from typing import Iterable
 # "OOMKilled" is the container runtime's terminated reason (containerd's CRI plugin).
 CRASH_LOOP_RESTARTS = 3
 OOM_EXIT = 137  # SIGKILL, what the kernel's OOM killer sends (128 + 9)
+OOM_FIX = "lower BATCH_SIZE or DATA_WORKERS, or use a larger instance type"
+IMAGE_FIX = "`invoke elasticjob.push`, or set TRAIN_IMAGE to an image the nodes can pull"
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ _LINE_RULES = [
     ("missing-file", True, re.compile(r"(?P<m>FileNotFoundError: .+|can't open file .+No such file or directory.*)"),
      "missing file: {m}", "check the paths in --train-args and the shared volume (SHARED_PVC, SHARED_MOUNT)"),
     ("oom", False, re.compile(r"(?P<m>(torch\.)?(cuda\.)?OutOfMemoryError.*|CUDA out of memory.*|Cannot allocate memory.*)"),
-     "out of memory: {m}", "lower BATCH_SIZE or DATA_WORKERS, or use a larger instance type"),
+     "out of memory: {m}", OOM_FIX),
     # torch.distributed.elastic.rendezvous.etcd_rendezvous / python-etcd when the etcd server is gone
     # (python-etcd 0.4.5 etcd/client.py: "No more machines in the cluster", "Could not get the list of servers")
     ("rendezvous", False, re.compile(r"(?P<m>.*(EtcdConnectionFailed|RendezvousConnectionError|Could not get the list of "
@@ -62,9 +64,9 @@ _LINE_RULES = [
 
 # Kubernetes event / container waiting reasons
 _EVENT_RULES = {
-    "OOMKilled": ("oom", False, "out of memory: a container was OOM-killed", "lower BATCH_SIZE or DATA_WORKERS, or use a larger instance type"),
-    "ErrImagePull": ("image", False, "the training image cannot be pulled", "`invoke elasticjob.push`, or set TRAIN_IMAGE to an image the nodes can pull"),
-    "ImagePullBackOff": ("image", False, "the training image cannot be pulled", "`invoke elasticjob.push`, or set TRAIN_IMAGE to an image the nodes can pull"),
+    "OOMKilled": ("oom", False, "out of memory: a container was OOM-killed", OOM_FIX),
+    "ErrImagePull": ("image", False, "the training image cannot be pulled", IMAGE_FIX),
+    "ImagePullBackOff": ("image", False, "the training image cannot be pulled", IMAGE_FIX),
     "FailedScheduling": ("unschedulable", False, "pods cannot be scheduled", "check node capacity: `invoke eks.status`, `invoke eks.scale`"),
     "FailedMount": ("volume", False, "the shared volume cannot be mounted", "`invoke csi.fsx.deploy` (or csi.efs.deploy) and check SHARED_PVC"),
 }
@@ -111,7 +113,7 @@ def classify(lines: Iterable[str] = (), exit_codes: Iterable[int | None] = (), e
     codes = [c for c in exit_codes if c is not None]
     if OOM_EXIT in codes or -9 in codes:
         return Reason("oom", "a process was killed (exit 137, SIGKILL: out of memory, or killed by hand)",
-                      "if nobody killed it: lower BATCH_SIZE or DATA_WORKERS, or use a larger instance type", False)
+                      "if nobody killed it: " + OOM_FIX, False)
     if "CrashLoopBackOff" in set(events) or restarts >= CRASH_LOOP_RESTARTS:
         last = last_error(lines)
         return Reason("crash-loop", f"crash loop: {restarts} restarts" + (f", last error: {last}" if last else ""),
