@@ -49,6 +49,11 @@ def up(c, dry_run=False):
             ui.warn(f"{unit.name}: {error.message}")  # a dry run goes on: the whole plan, every unit
             failed.append(unit.name)
     _plan_summary(dry_run, failed, "up")
+    s = settings()
+    if s.target == "kubernetes" and not dry_run:
+        from doeks import kube
+
+        print(f"export KUBECONFIG={kube.kubeconfig_path(s)}")
 
 
 def _plan_summary(dry_run, failed, verb):
@@ -115,7 +120,7 @@ def down(c, dry_run=False, yes=False, force=False):
     from doeks import ui
 
     s = settings()
-    cluster = not s.on_this_machine
+    cluster = s.target == "eks"   # a cluster that costs money and is asked for; kubernetes: doeks' own or the user's
     units = list(reversed(_ordered_units()))
     if cluster and not dry_run and not yes:
         _confirm_teardown(s, units)
@@ -179,12 +184,14 @@ def config(c, json=False, key=None):
 
 
 @task(help={"docker": "also install and start a local docker daemon (Debian docker.io) and make a base image",
-            "dry_run": "print what would be installed"})
-def setup(c, docker=False, dry_run=False):
-    """Install what pip cannot (torchvision CPU shim, etcd check, optional docker daemon); idempotent."""
+            "kubernetes": "also build doeks' own single-node Kubernetes (once per version, cached outside the repo; "
+                          "implies --docker) and its images",
+            "dry_run": "print what would be installed and built"})
+def setup(c, docker=False, kubernetes=False, dry_run=False):
+    """Install what pip cannot (torchvision CPU shim, etcd check, optional docker daemon, optional cluster); idempotent."""
     from doeks import preflight
 
-    preflight.setup(runner(dry_run), docker=docker)
+    preflight.setup(runner(dry_run), docker=docker or kubernetes, kubernetes=kubernetes)
 
 
 @task

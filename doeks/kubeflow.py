@@ -244,26 +244,45 @@ def operator_kustomization(base: str = TRAINING_OPERATOR_BASE, drop_mpijob: bool
                            "resources": [base], "patches": patches}, sort_keys=False)
 
 
-def write_operator_kustomization(settings) -> Path:
+def write_operator_kustomization(settings, base: str = TRAINING_OPERATOR_BASE) -> Path:
     folder = operator_dir(settings)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "kustomization.yaml").write_text(operator_kustomization())
+    (folder / "kustomization.yaml").write_text(operator_kustomization(base))
     return folder
+
+
+def operator_base(settings) -> str:
+    """The standalone overlay the kustomization builds on: upstream's on GitHub, or, on doeks' own cluster (no
+    network), the same overlay inside the operator's Go module at the pinned version."""
+    if settings.own_cluster:
+        from .cluster import operators
+
+        op = operators.TRAINING_OPERATOR
+        return str(operators.module_dir(op) / op.overlay)
+    return TRAINING_OPERATOR_BASE
 
 
 def operator_deploy(settings, runner) -> None:
     from . import kube
 
     folder = operator_dir(settings)
+    base = operator_base(settings)
+    if settings.own_cluster:
+        from .cluster import operators
+
+        operators.ensure_images(operators.TRAINING_OPERATOR, runner)
     if runner.dry_run:
         import yaml
 
         runner.step(f"write {folder}/kustomization.yaml (printed on stdout)", lambda: None)
-        runner.emit([yaml.safe_load(operator_kustomization())])
+        runner.emit([yaml.safe_load(operator_kustomization(base))])
         kube.run(runner, ["apply", "--server-side", "-k", str(folder)])
+        kube.run(runner, ["rollout", "status", "-n", "kubeflow", "deployment/training-operator", "--timeout=300s"])
         return
-    write_operator_kustomization(settings)
+    write_operator_kustomization(settings, base)
     kube.run(runner, ["apply", "--server-side", "-k", str(folder)])
+    # its webhook validates every PyTorchJob (failurePolicy Fail): a job applied before it serves is refused
+    kube.run(runner, ["rollout", "status", "-n", "kubeflow", "deployment/training-operator", "--timeout=300s"])
 
 
 def operator_delete(settings, runner) -> None:
@@ -272,7 +291,7 @@ def operator_delete(settings, runner) -> None:
 
     folder = operator_dir(settings)
     if not runner.dry_run:
-        write_operator_kustomization(settings)
+        write_operator_kustomization(settings, operator_base(settings))
     kube.run(runner, ["delete", "--ignore-not-found", "-k", str(folder)])
 
 

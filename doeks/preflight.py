@@ -42,7 +42,7 @@ def docker_reachable() -> bool:
         return False
 
 
-def setup(runner, docker: bool = False) -> None:
+def setup(runner, docker: bool = False, kubernetes: bool = False) -> None:
     from .local import torchvision_shim
 
     result = runner.step("torchvision CPU shim (CUDA stub libraries + rpath)", torchvision_shim.ensure)
@@ -58,6 +58,19 @@ def setup(runner, docker: bool = False) -> None:
     if docker:
         ensure_docker(runner)
         ensure_base_image(runner)
+    if kubernetes:
+        setup_kubernetes(runner)
+
+
+def setup_kubernetes(runner) -> None:
+    """doeks' own cluster: the host packages its node needs (Debian's containerd, runc, CNI plugins, iptables), then
+    Kubernetes, etcd and CoreDNS built from the Go module proxy (once per version, in the user cache folder)."""
+    from .cluster import build, node
+
+    missing = node.host_tools_missing()
+    if missing:
+        _apt(runner, missing)
+    build.build(runner)
 
 
 def _apt(runner, packages: list[str]) -> None:

@@ -17,7 +17,7 @@ from .errors import SettingsError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-TARGETS = ("local", "docker", "eks", "sagemaker")
+TARGETS = ("local", "docker", "kubernetes", "eks", "sagemaker")
 RDZV_BACKENDS = ("etcd", "etcd-v2", "c10d")
 ARCHES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "efficientnet_b7", "mobilenet_v3_small")
 EKS_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34")
@@ -191,7 +191,7 @@ def _key(name, unit, default, help, parser) -> Key:
 
 KEYS: tuple[Key, ...] = (
     # core
-    _key("TARGET", "core", "local", "Where jobs run: local (processes on this machine), docker (containers of the training image on this machine), eks (the cluster) or sagemaker", _choice(TARGETS)),
+    _key("TARGET", "core", "local", "Where jobs run: local (processes on this machine), docker (containers of the training image on this machine), kubernetes (the cluster in KUBECONFIG, or doeks' own on this machine), eks (the EKS cluster) or sagemaker", _choice(TARGETS)),
     _key("AWS_REGION", "core", "us-west-2", "AWS region for every AWS call", _pattern(_REGION, "an AWS region name such as us-west-2")),
     _key("AWS_PROFILE", "core", "", "Named profile from ~/.aws to use (empty = default credentials chain)", _text),
     _key("AWS_ENDPOINT_URL", "core", "", "AWS-API endpoint for every boto3 client (empty = real AWS; on TARGET=local the toolkit's moto server)", _url),
@@ -204,6 +204,11 @@ KEYS: tuple[Key, ...] = (
     _key("BASE_IMAGE", "container", "debian:bookworm-slim", "Base image of the management container (build arg)", _pattern(_IMAGE_REF, "an image reference")),
     _key("CONTAINER_DOWNLOADS", "container", "true", "Download aws cli, eksctl, kubectl, helm, kubectx during the build (false = offline build)", _bool),
     # eks
+    # kubernetes (TARGET=kubernetes: any conformant cluster, or doeks' own single-node cluster on this machine)
+    _key("KUBECONFIG", "kubernetes", "", "Kubeconfig of the cluster TARGET=kubernetes uses (empty = doeks' own single-node cluster, started by `invoke up`)", _path(True)),
+    _key("KUBE_CONTEXT", "kubernetes", "", "Context in KUBECONFIG to use (empty = its current context)", _text),
+    _key("STORAGE_CLASS", "kubernetes", "", "StorageClass of SHARED_PVC on TARGET=kubernetes (empty = on doeks' cluster a volume in a folder of this machine; elsewhere the cluster's default class)", _text),
+    _key("KUBE_GPUS", "kubernetes", "0", "nvidia.com/gpu each training pod asks for on TARGET=kubernetes (0 = train on CPU)", _int(0, 64)),
     _key("CLUSTER_NAME", "eks", "doeks", "EKS cluster name", _pattern(_CLUSTER_NAME, "a cluster name: a letter, then letters, digits and '-', at most 100")),
     _key("EKS_VERSION", "eks", "1.33", "Kubernetes version of the cluster", _choice(EKS_VERSIONS)),
     _key("EKS_ZONES", "eks", "", "Availability zones for the cluster (empty = eksctl picks)", _zones),
@@ -339,12 +344,20 @@ class Settings:
         return self.target in ("local", "docker")
 
     @property
+    def own_cluster(self) -> bool:
+        """TARGET=kubernetes on doeks' own single-node cluster (KUBECONFIG empty): it runs on this machine's CPU."""
+        from .kube import own_cluster
+
+        return own_cluster(self)
+
+    @property
     def crop(self) -> int:
         """CROP_SIZE, or ImageNet's 224 where GPUs train (eks, SageMaker) and 32 where this machine's CPU trains (local,
         docker, SageMaker local mode), so the local demo takes about a minute."""
         if self.crop_size:
             return self.crop_size
-        return 32 if self.on_this_machine or (self.target == "sagemaker" and self.sagemaker_local) else 224
+        cpu = self.on_this_machine or self.own_cluster or (self.target == "kubernetes" and not self.kube_gpus)
+        return 32 if cpu or (self.target == "sagemaker" and self.sagemaker_local) else 224
 
     @property
     def state_dir(self) -> Path:

@@ -37,6 +37,9 @@ def deploy(c, dry_run=False):
     if s.on_this_machine:
         ui.say("TARGET=local/docker: no EFA devices here; nothing to deploy (efa.test runs a local all-reduce sweep)")
         return
+    if s.target == "kubernetes":
+        ui.say("TARGET=kubernetes: EFA is an AWS network adapter; no device plugin to deploy on this cluster")
+        return
     r = runner(dry_run)
     kube.apply(r, efa.device_plugin(s))
     kube.run(r, ["apply", "--server-side", "-f", efa.MPI_OPERATOR_MANIFEST])
@@ -48,8 +51,8 @@ def delete(c, dry_run=False):
     from doeks import efa, kube, ui
 
     s = settings()
-    if s.on_this_machine:
-        ui.say("TARGET=local/docker: no EFA device plugin here; nothing to delete")
+    if s.on_this_machine or s.target == "kubernetes":
+        ui.say(f"TARGET={s.target}: no EFA device plugin was deployed; nothing to delete")
         return
     r = runner(dry_run)
     kube.run(r, ["delete", "--ignore-not-found", "-f", efa.MPI_OPERATOR_MANIFEST])
@@ -62,8 +65,8 @@ def status(c):
     from doeks import eks, kube, ui
 
     s = settings()
-    if s.on_this_machine:
-        ui.say("TARGET=local/docker: no EFA devices")
+    if s.on_this_machine or s.target == "kubernetes":
+        ui.say(f"TARGET={s.target}: no EFA devices")
         return
     kube.show(runner(), ["daemonset", "-n", "kube-system", "aws-efa-k8s-device-plugin-daemonset"])
     ui.table("nodes", ["node", "instance type", "ready", "nvidia.com/gpu", "vpc.amazonaws.com/efa"], eks.node_rows())

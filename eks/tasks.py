@@ -1,7 +1,8 @@
 """eks: the cluster, made, scaled and removed by eksctl from `.env`; read back with boto3 and kubernetes.
 
 On TARGET=local/docker, create/delete bring the local runtime (etcd, the moto AWS-API endpoint, the volume folder) up and
-down instead, so the same setup and teardown order works everywhere.
+down instead, so the same setup and teardown order works everywhere. On TARGET=kubernetes they start and stop doeks'
+own single-node cluster (KUBECONFIG empty), or check the user's cluster is reachable and leave it as it is.
 """
 from invoke import Collection
 
@@ -36,7 +37,28 @@ def create(c, dry_run=False):
                "(etcd, AWS-API endpoint, volume folder)")
         runtime.up(s, runner(dry_run))
         return
+    if s.target == "kubernetes":
+        _kubernetes_up(s, runner(dry_run))
+        return
     eks.create(s, runner(dry_run))
+
+
+def _kubernetes_up(s, r):
+    """doeks' own cluster started (KUBECONFIG empty), or the user's cluster checked; the KUBECONFIG line to export."""
+    from doeks import cluster, kube, ui
+
+    if s.own_cluster:
+        ui.say(f"TARGET=kubernetes, KUBECONFIG empty: {'the plan for' if r.dry_run else 'starting'} doeks' own "
+               f"single-node cluster (Kubernetes v{cluster.versions.KUBERNETES})")
+        path = cluster.up(r)
+    else:
+        path = kube.kubeconfig_path(s)
+        ui.say(f"TARGET=kubernetes: using the cluster in {s.kubeconfig}"
+               + (f" (context {s.kube_context})" if s.kube_context else "") + "; nothing to create")
+        if not r.dry_run:
+            kube.use(s)
+            r.run([kube.kubectl(), "get", "nodes"], mutating=False)
+    print(f"export KUBECONFIG={path}")
 
 
 @task(help={"dry_run": "print the eksctl command; change nothing", "yes": "do not ask for confirmation"})
@@ -50,6 +72,17 @@ def delete(c, dry_run=False, yes=False):
     if s.on_this_machine:
         ui.say("TARGET=local/docker: stopping the local runtime (jobs, etcd, AWS-API endpoint); volumes are kept")
         runtime.down(s, runner(dry_run))
+        return
+    if s.target == "kubernetes":
+        from doeks import cluster
+
+        if not s.own_cluster:
+            ui.say(f"TARGET=kubernetes: the cluster in {s.kubeconfig} is the user's; it keeps running")
+            return
+        ui.say("TARGET=kubernetes: stopping doeks' own cluster (every process, mount, network namespace, iptables "
+               "rule, bridge and cgroup it made); built binaries and images stay cached")
+        if not cluster.down(runner(dry_run)) and not dry_run:
+            ui.say("doeks' cluster was not running")
         return
     if not dry_run and not yes:
         import sys
@@ -71,6 +104,15 @@ def status(c):
     s = settings()
     if s.on_this_machine:
         ui.table("local runtime (TARGET=local/docker)", ["server", "state", "endpoint", "pid"], runtime.rows(s))
+        return
+    if s.target == "kubernetes":
+        from doeks import cluster
+
+        if s.own_cluster:
+            ui.table(f"doeks' cluster (Kubernetes v{cluster.versions.KUBERNETES})", ["component", "state", "pid", "log"],
+                     cluster.status_rows())
+            ui.say(f"network guard: {'installed' if cluster.guard.installed() else 'not installed'}, "
+                   f"{cluster.guard.dropped()} packets dropped")
         return
     head, groups = eks.status_rows(s)
     ui.table(f"EKS cluster ({s.aws_region})", ["cluster", "status", "version", "endpoint", "platform"], head)

@@ -23,6 +23,9 @@ def deploy(c, interval=60, agent=False, dry_run=False):
     if not 1 <= interval <= 3600:
         raise DoeksError(f"--interval {interval}: expected 1 to 3600 seconds")
     r = runner(dry_run)
+    if s.target == "kubernetes":
+        ui.say("TARGET=kubernetes: GPU metrics go to CloudWatch, which is AWS's; nothing to deploy on this cluster")
+        return
     if not s.on_this_machine:
         from doeks import identity, storage
 
@@ -56,6 +59,9 @@ def delete(c, dry_run=False):
 
     s = settings()
     r = runner(dry_run)
+    if s.target == "kubernetes":
+        ui.say("TARGET=kubernetes: no GPU-metrics agent was deployed; nothing to delete")
+        return
     if not s.on_this_machine:
         from doeks import identity, storage
 
@@ -78,6 +84,9 @@ def status(c):
     from doeks.local import services
 
     s = settings()
+    if s.target == "kubernetes":
+        ui.say("TARGET=kubernetes: no GPU-metrics agent (CloudWatch is AWS's)")
+        return
     if not s.on_this_machine:
         kube.show(runner(), ["daemonset", "-n", gpumetrics.K8S_NAMESPACE, "-o", "wide"])  # add-on's and agent's
         return

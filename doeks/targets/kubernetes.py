@@ -1,0 +1,252 @@
+"""TARGET=kubernetes: the manifests applied with kubectl (server-side apply) to the cluster in KUBECONFIG (KUBE_CONTEXT),
+or to doeks' own single-node cluster when KUBECONFIG is empty; the Kubeflow training operator runs the PyTorchJob.
+Status from the PyTorchJob's conditions and its pods; logs from `kubectl logs`.
+
+TARGET=eks is this target plus what AWS adds (doeks.targets.eks): the image in ECR, GPUs and EFA of the node type,
+artifacts copied to S3. Nothing here knows about AWS.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any, Iterator
+
+from .. import jobspec, kube, trainimage
+from ..errors import DoeksError
+from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
+                   Step, Target)
+from . import reasons
+
+_CONDITIONS = {"Created": PENDING, "Running": RUNNING, "Restarting": RESTARTING, "Succeeded": SUCCEEDED,
+               "Failed": FAILED, "Suspended": STOPPED}
+_POD_PROBLEMS = ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError", "OOMKilled")
+
+
+class KubernetesTarget(Target):
+    name = "kubernetes"
+    builds_image = True
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        kube.use(settings)
+
+    @property
+    def on_this_machine(self) -> bool:
+        """doeks' own cluster runs here: the image is built and imported here, the claim's folder is on this disk."""
+        return kube.own_cluster(self.settings)
+
+    def plan(self, job: Job) -> Plan:
+        plan = self.manifest_plan(job)
+        kinds = ", ".join(f"{m['kind']}/{m['metadata']['name']}" for m in plan.manifests)
+        plan.steps.append(Step(f"kubectl apply --server-side --field-manager=doeks --force-conflicts -f - ({kinds} in "
+                               f"namespace {job.settings.namespace})", lambda: None))
+        return plan
+
+    def run_name(self, plan: Plan) -> str:
+        """What describe() reports as the run: the PyTorchJob's rendezvous id."""
+        return plan.manifests[-1]["spec"].get("elasticPolicy", {}).get("rdzvId") or plan.job.run
+
+    def submit(self, plan: Plan, runner) -> None:
+        from ..runner import to_yaml_stream
+
+        self.check_image(plan.image, runner)
+        kube.run(runner, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
+                 input=to_yaml_stream(plan.manifests))
+        if not runner.dry_run:
+            self.record_run(plan)
+
+    def check_image(self, image: str, runner) -> None:
+        """On doeks' own cluster the image must be built and imported here (no registry to pull from)."""
+        if self.on_this_machine and not runner.dry_run:
+            from ..cluster import images
+
+            refs = [image]
+            if self.settings.rdzv_backend.startswith("etcd"):
+                images.etcd_job_image(self.settings)
+                refs.append(self.settings.etcd_image)
+            images.ensure(runner, refs)
+
+    def _get(self, args: list[str]) -> dict[str, Any] | None:
+        argv = [kube.kubectl(), "get"] + args + ["-o", "json"]
+        result = subprocess.run(argv, capture_output=True, text=True)
+        if result.returncode != 0:
+            if "NotFound" in result.stderr or "not found" in result.stderr:
+                return None
+            first = (result.stderr.strip().splitlines() or ["kubectl failed"])[-1]
+            raise DoeksError(f"cannot read the cluster ({first}): run `invoke eks.connect` to write the kubeconfig")
+        if not result.stdout.strip():
+            return None
+        try:
+            return json.loads(result.stdout)
+        except ValueError:
+            raise DoeksError(f"kubectl get {' '.join(args)} answered something that is not JSON") from None
+
+    def describe(self) -> JobStatus:
+        s = self.settings
+        job = self._get(["pytorchjob", s.job_name, "-n", s.namespace])
+        if job is None:
+            return JobStatus(self.name, s.job_name, STOPPED, reason=f"no PyTorchJob {s.job_name} in namespace {s.namespace}")
+        conditions = [c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"]
+        state = _CONDITIONS.get(conditions[-1]["type"], RUNNING) if conditions else PENDING
+        reason = conditions[-1].get("message", "") if conditions and state == FAILED else ""
+        pods = self._pods()
+        replicas = []
+        signals: list[str] = []     # container waiting / terminated reasons (CrashLoopBackOff, OOMKilled, ...)
+        exit_codes: list[int] = []
+        messages: list[str] = [reason] if reason else []
+        for pod in pods:
+            statuses = pod.get("status", {}).get("containerStatuses", [])
+            restarts = sum(c.get("restartCount", 0) for c in statuses)
+            waiting = next((c["state"]["waiting"].get("reason") for c in statuses if "waiting" in c.get("state", {})), "")
+            for c in statuses:
+                # lastState stays after a recovery: it only explains a container that is not running again
+                for when in ("state", "lastState") if "running" not in c.get("state", {}) else ("state",):
+                    ended = c.get(when, {}).get("terminated")
+                    if ended and ended.get("exitCode"):
+                        exit_codes.append(ended["exitCode"])
+                        signals.append(ended.get("reason", ""))
+                        messages.append(ended.get("message", ""))
+            signals.append(waiting)
+            phase = pod.get("status", {}).get("phase", "Pending")
+            replica_state = {"Pending": PENDING, "Running": RUNNING, "Succeeded": SUCCEEDED, "Failed": FAILED}.get(phase, PENDING)
+            if waiting in _POD_PROBLEMS:
+                replica_state = RESTARTING if waiting == "CrashLoopBackOff" else PENDING
+                reason = reason or f"{pod['metadata']['name']}: {waiting}"
+            replicas.append(ReplicaStatus(pod["metadata"]["name"], replica_state, restarts,
+                                          detail=pod.get("spec", {}).get("nodeName", "")))
+        desired = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas")
+        restarts = sum(r.restarts for r in replicas)
+        fix, permanent = "", False
+        if state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals)):
+            # what the kubelet and the operator said, then the pods' last log lines (only when something is wrong)
+            events = self._events([p["metadata"]["name"] for p in pods])
+            signals += [e.get("reason", "") for e in events]
+            found = reasons.classify(messages + [e.get("message", "") for e in events] + self._recent_logs(),
+                                     exit_codes, signals, restarts, failed=state == FAILED)
+            if found is not None:
+                reason, fix, permanent = found.text, found.fix, found.permanent
+        return JobStatus(self.name, s.job_name, state, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
+                         replicas=replicas, desired=desired, restarts=restarts, reason=reason, fix=fix,
+                         permanent=permanent)
+
+    def _pods(self) -> list[dict[str, Any]]:
+        s = self.settings
+        pods = (self._get(["pods", "-n", s.namespace, "-l", f"doeks/job={s.job_name}"]) or {}).get("items", [])
+        return [p for p in sorted(pods, key=lambda p: p["metadata"]["name"])
+                if "etcd" not in p["metadata"].get("labels", {}).get("app", "")]
+
+    def _events(self, pods: list[str]) -> list[dict[str, Any]]:
+        """The namespace's events about the PyTorchJob and its pods, oldest first (kubectl get events -o json)."""
+        s = self.settings
+        try:
+            items = (self._get(["events", "-n", s.namespace]) or {}).get("items", [])
+        except DoeksError:
+            return []
+        names = set(pods) | {s.job_name}
+        mine = [e for e in items if e.get("involvedObject", {}).get("name") in names]
+        return sorted(mine, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+    def _recent_logs(self) -> list[str]:
+        """Each pod's last lines since its last training step (best effort: a pod may have none yet); an error that
+        training went on after is no reason."""
+        from ..local.jobs import STEP_LINE
+
+        s = self.settings
+        argv = [kube.kubectl(), "logs", "-n", s.namespace, "-l", f"doeks/job={s.job_name}", "--prefix",
+                "--tail=50", "--max-log-requests=64"]
+        result = subprocess.run(argv, capture_output=True, text=True)
+        if result.returncode != 0:
+            return []
+        by_pod: dict[str, list[str]] = {}
+        for line in result.stdout.splitlines():
+            lines = by_pod.setdefault(line.split("] ", 1)[0] if line.startswith("[") else "", [])
+            if STEP_LINE.search(line):
+                lines.clear()
+            else:
+                lines.append(line)
+        return [line for pod in sorted(by_pod) for line in by_pod[pod]]
+
+    def events(self) -> list[str]:
+        events = self._events([p["metadata"]["name"] for p in self._pods()])
+        return [f"{e.get('lastTimestamp') or e.get('eventTime') or ''} {e.get('type', '')} {e.get('reason', '')} "
+                f"{e.get('involvedObject', {}).get('kind', '')}/{e.get('involvedObject', {}).get('name', '')}: "
+                f"{e.get('message', '')}" + (f" (x{e['count']})" if e.get("count", 1) > 1 else "") for e in events]
+
+    def logs(self, follow: bool = False, replica: int | None = None, run: str | None = None, tail: int | None = None,
+             since: float | None = None) -> Iterator[str]:
+        import time
+
+        from .follow import check_run
+
+        s = self.settings
+        check_run(self, run)  # the cluster holds the current run's pods only
+        if replica is not None:
+            names = [r.name for r in self.describe().replicas]
+            if not any(n.endswith(f"-worker-{replica}") for n in names):
+                raise DoeksError(f"--replica {replica}: job {s.job_name} has pods {', '.join(names) or 'none'}")
+        selector = f"doeks/job={s.job_name}" + (f",training.kubeflow.org/replica-index={replica}" if replica is not None else "")
+        argv = [kube.kubectl(), "logs", "-n", s.namespace, "-l", selector, "--prefix", "--all-containers",
+                "--max-log-requests=64"] + (["-f"] if follow else [])
+        if tail is not None:
+            argv.append(f"--tail={tail}")
+        if since is not None:
+            argv.append(f"--since={max(1, int(time.time() - since) + 1)}s")
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert process.stdout is not None
+        for line in process.stdout:
+            yield line.rstrip("\n")
+        if process.wait() != 0:
+            error = (process.stderr.read().strip().splitlines() or ["kubectl logs failed"])[-1] if process.stderr else ""
+            raise DoeksError(f"cannot read logs from the cluster ({error}): `invoke eks.connect` writes the kubeconfig")
+
+    def wait(self, timeout: float | None = None, quiet: bool = False, poll: float = 10) -> JobStatus:
+        """Until the PyTorchJob is final: its logs as they come (best effort: there may be no pod yet, or a pod still
+        creating), then its status."""
+        import time
+
+        from .. import ui
+
+        deadline = time.monotonic() + timeout if timeout else None
+        seen: set[str] = set()
+        while True:
+            status = self.describe()
+            if not quiet:
+                try:
+                    for line in self.logs():
+                        if line not in seen:
+                            seen.add(line)
+                            ui.console().print(line, markup=False, highlight=False)
+                except DoeksError:
+                    pass  # no pod to read yet
+            if status.permanent and not status.finished:
+                # a restart cannot help (bad arguments, missing data, an import error): end the job now, as the
+                # other targets' follow loop does, instead of letting the operator restart it to its backoff limit
+                from ..runner import Runner
+
+                self.cancel(Runner(echo=False))
+                status.state = FAILED
+            if status.finished:
+                from .runs import settle
+
+                settle(self.settings, status)
+                return status
+            if deadline and time.monotonic() > deadline:
+                raise DoeksError(f"job {self.settings.job_name} still running after {timeout:.0f}s")
+            time.sleep(poll)
+
+    def scale(self, replicas: int, runner) -> None:
+        self.validate_scale(replicas)
+        kube.patch_replicas(runner, self.settings, replicas)
+
+    def cancel(self, runner) -> bool:
+        s = self.settings
+        existed = False if runner.dry_run else self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is not None
+        kube.delete(runner, list(reversed(jobspec.manifests(s, image="-"))))
+        return existed
+
+    def artifacts(self) -> dict[str, str]:
+        s = self.settings
+        base = f"pvc://{s.namespace}/{s.shared_pvc}"
+        return {"metrics": f"{base}/metrics/{s.job_name}", "checkpoints": f"{base}/checkpoints/{s.job_name}",
+                "final": f"{base}/metrics/{s.job_name}/final.json",
+                "copy": "kubectl cp from a pod that mounts the claim" if not self.on_this_machine else ""}
