@@ -198,9 +198,16 @@ def setup(c, docker=False, kubernetes=False, dry_run=False):
 def doctor(c):
     """Preflight for TARGET: what it needs (local/docker: tools and services; eks: credentials, cluster,
     kubeconfig, tools; sagemaker: role, bucket, image); exit 1 when a needed check fails."""
-    from doeks import preflight
+    from doeks import targets, ui
+    from doeks.errors import DoeksError
 
-    preflight.doctor()
+    s = settings()
+    rows = targets.get(s).checks()  # each target owns its checks
+    ui.table(f"doeks doctor (TARGET={s.target})", ["check", "ok", "detail / fix", "needed"],
+             [[w, "yes" if ok else ("NO" if required else "no"), d, "yes" if required else ""] for w, ok, d, required in rows])
+    missing = [w for w, ok, _, required in rows if required and not ok]
+    if missing:
+        raise DoeksError(f"TARGET={s.target} cannot work here: {', '.join(missing)} (see the fixes above)")
 
 
 @task(help={"keep": "leave etcd and the job's files running/in place at the end",

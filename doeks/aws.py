@@ -72,3 +72,18 @@ def lookup(runner, what: str, read, unknown=None):
             raise
         runner.unknown(what)
         return unknown
+
+
+def describe_cluster(settings, runner=None) -> dict[str, Any] | None:
+    """The EKS cluster as EKS reports it, or None when there is no such cluster (or, in a dry run without
+    credentials, when it cannot be known: the runner says so). Here, below eks/storage/identity, so they need not
+    import each other for it."""
+    eks = client(settings, "eks")
+
+    def read():
+        try:
+            return eks.describe_cluster(name=settings.cluster_name)["cluster"]
+        except eks.exceptions.ResourceNotFoundException:
+            return None
+
+    return lookup(runner, f"cluster {settings.cluster_name} in {settings.aws_region}", read)

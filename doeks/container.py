@@ -13,6 +13,8 @@ from . import ui
 from .errors import DoeksError
 from .settings import PROJECT_ROOT
 
+BASE_IMAGE = "doeks-base:bookworm"  # Debian bookworm made here (invoke setup --docker), for builds with no registry
+
 
 def _client():
     try:

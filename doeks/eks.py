@@ -160,19 +160,10 @@ def _client(settings, service: str = "eks"):
 
 
 def describe(settings, runner=None) -> dict[str, Any] | None:
-    """The cluster as EKS reports it, or None when there is no such cluster (or, in a dry run without
-    credentials, when it cannot be known: the runner says so)."""
-    from .aws import lookup
+    """The cluster as EKS reports it (doeks.aws.describe_cluster, which the lower layers use)."""
+    from .aws import describe_cluster
 
-    eks = _client(settings)
-
-    def read():
-        try:
-            return eks.describe_cluster(name=settings.cluster_name)["cluster"]
-        except eks.exceptions.ResourceNotFoundException:
-            return None
-
-    return lookup(runner, f"cluster {settings.cluster_name} in {settings.aws_region}", read)
+    return describe_cluster(settings, runner)
 
 
 def nodegroups(settings) -> list[dict[str, Any]]:

@@ -76,10 +76,27 @@ def policy_name(workload: Workload) -> str:
 
 
 # -- policies -----------------------------------------------------------------------------------------------------
-def fsx_policy(settings) -> dict[str, Any]:
-    from .storage import fsx_policy as policy
+def fsx_driver_policy(settings) -> dict[str, Any]:
+    """What the FSx CSI driver needs, scoped to FSx and to the import bucket (no fsx:* on everything else)."""
+    statements = [
+        {"Effect": "Allow", "Action": ["fsx:CreateFileSystem", "fsx:DeleteFileSystem", "fsx:DescribeFileSystems",
+                                       "fsx:UpdateFileSystem", "fsx:TagResource", "fsx:CreateDataRepositoryAssociation",
+                                       "fsx:DescribeDataRepositoryAssociations"], "Resource": "*"},
+        {"Effect": "Allow", "Action": ["iam:CreateServiceLinkedRole", "iam:AttachRolePolicy", "iam:PutRolePolicy"],
+         "Resource": "arn:aws:iam::*:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/*"},
+        {"Effect": "Allow", "Action": "iam:CreateServiceLinkedRole", "Resource": "*",
+         "Condition": {"StringLike": {"iam:AWSServiceName": ["fsx.amazonaws.com"]}}},
+        {"Effect": "Allow", "Action": ["ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:DescribeNetworkInterfaces"], "Resource": "*"},
+    ]
+    if settings.fsx_import_path:
+        bucket = settings.fsx_import_path[len("s3://"):].split("/", 1)[0]
+        statements.append({"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:GetBucketPolicy",
+                                                         "s3:PutBucketPolicy"], "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]})
+    return {"Version": "2012-10-17", "Statement": statements}
 
-    return policy(settings)
+
+def fsx_policy(settings) -> dict[str, Any]:
+    return fsx_driver_policy(settings)
 
 
 def bucket_and_prefix(settings) -> tuple[str, str]:
@@ -279,12 +296,12 @@ def ensure(settings, runner, workload: Workload) -> str:
 
 def remove(settings, runner, workload: Workload) -> None:
     """The association(s) first, then the role with its policies; what is gone already is fine."""
-    from . import eks as cluster
+    from . import aws as cluster
 
     if runner.dry_run:
         runner.call(_client(settings, "eks"), "delete_pod_identity_association", clusterName=settings.cluster_name,
                     associationId=f"<{workload.ns(settings)}/{workload.sa(settings)}>")
-    elif cluster.describe(settings) is not None:
+    elif cluster.describe_cluster(settings) is not None:
         eks = _client(settings, "eks")
         for association in associations(settings, workload):
             try:

@@ -62,11 +62,7 @@ def wheel_kubectl() -> str | None:
 
 def own_cluster(settings) -> bool:
     """TARGET=kubernetes with no KUBECONFIG of the user's: doeks' own single-node cluster on this machine."""
-    if settings.target != "kubernetes":
-        return False
-    from .cluster import versions
-
-    return not settings.kubeconfig or Path(settings.kubeconfig).resolve() == versions.kubeconfig().resolve()
+    return settings.own_cluster
 
 
 def kubeconfig_path(settings) -> str:
@@ -168,9 +164,7 @@ def shared_claim(settings) -> list[dict[str, Any]]:
         if settings.storage_class:
             claim["spec"]["storageClassName"] = settings.storage_class
         return [claim]
-    from .local.runtime import shared_volume
-
-    folder = shared_volume(settings).resolve()
+    folder = (settings.state_dir / "volumes" / settings.shared_pvc).resolve()  # doeks.local.runtime.shared_volume
     volume_name = f"{settings.namespace}-{settings.shared_pvc}"[:63]
     claim["spec"].update(storageClassName=LOCAL_CLASS, volumeName=volume_name)
     return [

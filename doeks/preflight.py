@@ -111,7 +111,7 @@ def ensure_docker(runner, state_dir: Path | None = None) -> None:
     raise DoeksError(f"dockerd did not come up with any of {', '.join(STORAGE_DRIVERS)}: see {log}")
 
 
-BASE_IMAGE = "doeks-base:bookworm"
+from .container import BASE_IMAGE  # noqa: E402 - the name lives below the image builders
 
 
 def ensure_base_image(runner, name: str = BASE_IMAGE) -> None:
@@ -354,27 +354,85 @@ def sagemaker_checks(settings, client=None) -> list[Check]:
     return rows
 
 
-def doctor() -> None:
-    """One table per target; exit 1 (one line) when something the target needs is missing."""
-    from .settings import current
+def local_checks(settings) -> list[Check]:
+    """TARGET=local/docker: the tools and services this machine runs the job with."""
+    needed = {"python: invoke", "python: boto3", "python: torch", "torchvision imports", "etcd (v2 API)"}
+    if settings.target == "docker":
+        needed |= {"docker daemon", "python: docker"}
+    return [(w, ok, d, w in needed) for w, ok, d in checks()]
 
-    settings = current()
-    if settings.target == "eks":
-        rows = eks_checks(settings)
-        cluster = cluster_checks(settings) if rows[0][1] and all(ok for w, ok, _, r in rows[:2] if r) else []
-        rows += [(w, ok, d, True) for w, ok, d in cluster if w not in {row[0] for row in rows}]
-    elif settings.target == "sagemaker":
-        rows = sagemaker_checks(settings)
-    else:
-        needed = {"python: invoke", "python: boto3", "python: torch", "torchvision imports", "etcd (v2 API)"}
-        if settings.target == "docker":
-            needed |= {"docker daemon", "python: docker"}
-        rows = [(w, ok, d, w in needed) for w, ok, d in checks()]
-    ui.table(f"doeks doctor (TARGET={settings.target})", ["check", "ok", "detail / fix", "needed"],
-             [[w, "yes" if ok else ("NO" if required else "no"), d, "yes" if required else ""] for w, ok, d, required in rows])
-    missing = [w for w, ok, _, required in rows if required and not ok]
-    if missing:
-        raise DoeksError(f"TARGET={settings.target} cannot work here: {', '.join(missing)} (see the fixes above)")
+
+def eks_doctor_checks(settings) -> list[Check]:
+    rows = eks_checks(settings)
+    cluster = cluster_checks(settings) if rows[0][1] and all(ok for w, ok, _, r in rows[:2] if r) else []
+    return rows + [(w, ok, d, True) for w, ok, d in cluster if w not in {row[0] for row in rows}]
+
+
+def kubernetes_checks(settings) -> list[Check]:
+    """TARGET=kubernetes: the API server reachable, nodes Ready, CoreDNS answering, each operator available and its
+    webhook serving, the training image on the node (doeks' own cluster); each failure with its fix."""
+    import json
+
+    from . import kube
+
+    kube.use(settings)
+    own = settings.own_cluster
+    where = "doeks' own cluster" if own else f"the cluster in {settings.kubeconfig}"
+    rows: list[Check] = []
+    if own:
+        from .cluster import build
+
+        missing = build.missing()
+        rows.append(("cluster built", not missing, "yes" if not missing else
+                     f"{', '.join(missing)} missing: `invoke setup --kubernetes`", True))
+
+    def get(*args: str) -> tuple[dict | None, str]:
+        result = subprocess.run([kube.kubectl(), *args, "-o", "json"], capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            return None, (result.stderr.strip().splitlines() or ["kubectl failed"])[-1][:200]
+        return json.loads(result.stdout), ""
+
+    nodes, error = get("get", "nodes")
+    fix = "`TARGET=kubernetes invoke up` starts it" if own else "check KUBECONFIG / KUBE_CONTEXT"
+    rows.append((f"API server ({where})", nodes is not None, "reachable" if nodes is not None else f"{error}: {fix}", True))
+    if nodes is None:
+        return rows
+    ready = [n["metadata"]["name"] for n in nodes["items"]
+             if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))]
+    rows.append(("nodes Ready", bool(ready), f"{len(ready)} of {len(nodes['items'])} ({', '.join(ready)})" if ready else
+                 "no node is Ready: see the kubelet log (`invoke eks.status`)", True))
+    dns, error = get("-n", "kube-system", "get", "endpointslices", "-l", "kubernetes.io/service-name=kube-dns")
+    ready_dns = sum(1 for item in (dns or {}).get("items", []) for e in item.get("endpoints") or []
+                    if e.get("conditions", {}).get("ready"))
+    rows.append(("CoreDNS answering", ready_dns > 0, f"{ready_dns} ready endpoint(s)" if ready_dns else
+                 "no ready kube-dns endpoint: `kubectl -n kube-system get pods -l k8s-app=kube-dns`", True))
+    operator, error = get("-n", "kubeflow", "get", "deployment", "training-operator")
+    available = bool(operator) and (operator.get("status", {}).get("availableReplicas") or 0) > 0
+    rows.append(("training operator available", available, "yes" if available else
+                 "not deployed or not available: `invoke kubeflow.training-operator.deploy`", True))
+    hooks, error = get("get", "validatingwebhookconfigurations")
+    served = []
+    for hook in (hooks or {}).get("items", []):
+        for entry in hook.get("webhooks", []):
+            svc = entry.get("clientConfig", {}).get("service")
+            if svc and svc.get("namespace") == "kubeflow" and entry.get("clientConfig", {}).get("caBundle"):
+                endpoints, _ = get("-n", svc["namespace"], "get", "endpointslices", "-l",
+                                   f"kubernetes.io/service-name={svc['name']}")
+                if any(e.get("conditions", {}).get("ready") for item in (endpoints or {}).get("items", [])
+                       for e in item.get("endpoints") or []):
+                    served.append(hook["metadata"]["name"])
+    rows.append(("training operator webhook serving", bool(served), ", ".join(sorted(set(served))) if served else
+                 "no ready endpoint behind a kubeflow webhook with a CA bundle: `invoke kubeflow.training-operator.deploy`",
+                 True))
+    if own:
+        from .cluster import images
+        from .trainimage import reference
+
+        image = reference(settings, on_this_machine=True)
+        present = images.in_containerd(image)
+        rows.append((f"training image {image} on the node", present, "imported" if present else
+                     "not on the node: `invoke elasticjob.build`, then `invoke elasticjob.deploy` imports it", False))
+    return rows
 
 
 # -- TARGET=eks: what a real account needs before `invoke up` ---------------------------------------------------------

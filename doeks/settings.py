@@ -345,10 +345,12 @@ class Settings:
 
     @property
     def own_cluster(self) -> bool:
-        """TARGET=kubernetes on doeks' own single-node cluster (KUBECONFIG empty): it runs on this machine's CPU."""
-        from .kube import own_cluster
+        """TARGET=kubernetes on doeks' own single-node cluster (KUBECONFIG empty, or its own kubeconfig): it runs here."""
+        if self.target != "kubernetes":
+            return False
+        from .cluster.versions import kubeconfig
 
-        return own_cluster(self)
+        return not self.kubeconfig or Path(self.kubeconfig).resolve() == kubeconfig().resolve()
 
     @property
     def crop(self) -> int:

@@ -30,9 +30,9 @@ def _client(settings, service):
 def cluster_network(settings, runner=None) -> dict[str, Any]:
     """VPC, CIDR, cluster security group and the private subnets (one per AZ) of *this* cluster. A dry run of a
     cluster that does not exist yet (`up --dry-run`) or cannot be read (no credentials) plans with placeholders."""
-    from . import eks
+    from .aws import describe_cluster
 
-    cluster = eks.describe(settings, runner)
+    cluster = describe_cluster(settings, runner)
     if cluster is None and runner is not None and runner.dry_run:
         zone = settings.eks_zones[0] if settings.eks_zones else f"{settings.aws_region}a"
         return {"vpc": f"<vpc of cluster {settings.cluster_name}>", "cidr": settings.vpc_cidr,
@@ -167,9 +167,9 @@ def efs_destroy(settings, runner) -> bool:
         runner.call(efs, "delete_file_system", FileSystemId="<the cluster's EFS>")
     else:
         ui.say(f"no EFS for cluster {settings.cluster_name}: nothing to destroy")
-    from . import eks
+    from .aws import describe_cluster
 
-    cluster = eks.describe(settings, runner)
+    cluster = describe_cluster(settings, runner)
     if runner.dry_run and not cluster:
         delete_security_group(settings, runner, "<vpc>", f"doeks-efs-{settings.cluster_name}")
     elif cluster:
@@ -231,13 +231,13 @@ def addon_exists(settings, name: str) -> bool:
 
 def delete_addon(settings, runner, name: str, timeout: float = 600) -> None:
     """Delete an EKS add-on (and the associations it made) and wait until it is gone; gone already is fine."""
-    from . import eks as cluster
+    from . import aws as cluster
 
     eks = _client(settings, "eks")
     if runner.dry_run:
         runner.call(eks, "delete_addon", clusterName=settings.cluster_name, addonName=name)
         return
-    if cluster.describe(settings) is None or not addon_exists(settings, name):
+    if cluster.describe_cluster(settings) is None or not addon_exists(settings, name):
         ui.say(f"add-on {name} is gone already")
         return
     runner.call(eks, "delete_addon", clusterName=settings.cluster_name, addonName=name)
@@ -284,22 +284,10 @@ def delete_driver_role(settings, runner, driver: str) -> None:
 
 # -- FSx for Lustre -----------------------------------------------------------------------------------------------
 def fsx_policy(settings) -> dict[str, Any]:
-    """What the FSx CSI driver needs, scoped to FSx and to the import bucket (no fsx:* on everything else)."""
-    statements = [
-        {"Effect": "Allow", "Action": ["fsx:CreateFileSystem", "fsx:DeleteFileSystem", "fsx:DescribeFileSystems",
-                                       "fsx:UpdateFileSystem", "fsx:TagResource", "fsx:CreateDataRepositoryAssociation",
-                                       "fsx:DescribeDataRepositoryAssociations"], "Resource": "*"},
-        {"Effect": "Allow", "Action": ["iam:CreateServiceLinkedRole", "iam:AttachRolePolicy", "iam:PutRolePolicy"],
-         "Resource": "arn:aws:iam::*:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/*"},
-        {"Effect": "Allow", "Action": "iam:CreateServiceLinkedRole", "Resource": "*",
-         "Condition": {"StringLike": {"iam:AWSServiceName": ["fsx.amazonaws.com"]}}},
-        {"Effect": "Allow", "Action": ["ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:DescribeNetworkInterfaces"], "Resource": "*"},
-    ]
-    if settings.fsx_import_path:
-        bucket = settings.fsx_import_path[len("s3://"):].split("/", 1)[0]
-        statements.append({"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:GetBucketPolicy",
-                                                         "s3:PutBucketPolicy"], "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]})
-    return {"Version": "2012-10-17", "Statement": statements}
+    """The FSx CSI driver's policy: defined with the other workloads' policies in doeks.identity."""
+    from .identity import fsx_driver_policy
+
+    return fsx_driver_policy(settings)
 
 
 def fsx_subnet(settings, net) -> str:
@@ -393,14 +381,15 @@ def fsx_delete(settings, runner, force: bool = False, in_use: list[str] | None =
     """Reverse fsx.deploy in dependency order, waiting for each step: the claim (refused while pods use it, not
     because it is Bound), the file system the driver made for it (its DeleteVolume needs the controller and its
     role), the driver, its association and role, then the security group."""
-    from . import eks, identity, kube
+    from . import identity, kube
+    from .aws import describe_cluster
 
     if in_use is None and not runner.dry_run and not force:
         in_use = pods_using_claim(settings)
     if in_use and not force:
         raise DoeksError(f"PVC {settings.shared_pvc} is used by pod(s) {', '.join(in_use[:5])}: delete the job first "
                          f"(invoke elasticjob.delete), or pass --force")
-    cluster = eks.describe(settings, runner)
+    cluster = describe_cluster(settings, runner)
     if settings.fsx_import_path:  # only then did deploy make one (unset it only after csi.fsx.delete)
         fsx_dissociate(settings, runner)
     subnet = group = "-"

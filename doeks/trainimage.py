@@ -20,6 +20,7 @@ from .errors import DoeksError
 from .settings import PROJECT_ROOT
 
 REPOSITORY = "doeks-train"
+WORKDIR = "/workspace"  # where elasticjob/Dockerfile puts the workload (the folder of jobspec.CONTAINER_SCRIPT)
 TORCH_VERSION = "2.13.0"
 TORCHVISION_VERSION = "0.28.0"
 SHIM = PROJECT_ROOT / "doeks" / "local" / "torchvision_shim.py"
@@ -146,9 +147,9 @@ def _ca_bundle() -> Path | None:
 def build_cpu_base(settings, runner, client) -> str:
     """The CPU torch base (elasticjob/Dockerfile.torch-cpu): torch and torchvision wheels fetched by pip on the host
     (Python 3.11, manylinux x86_64, the versions doeks pins), the torchvision shim module, the CA bundle pip uses."""
-    from . import preflight
+    from .container import BASE_IMAGE
 
-    os_base = preflight.BASE_IMAGE if _has_image(client, preflight.BASE_IMAGE) else settings.base_image
+    os_base = BASE_IMAGE if _has_image(client, BASE_IMAGE) else settings.base_image
     context = settings.state_dir / "build" / "torch-cpu"
     shutil.rmtree(context, ignore_errors=True)
     (context / "wheels").mkdir(parents=True)
@@ -175,12 +176,10 @@ def build_cpu_base(settings, runner, client) -> str:
 def build(settings, runner, on_this_machine: bool) -> str:
     """Build the training image (and the CPU base first when it is the base and missing); returns the reference the
     manifests name. Idempotent: an image with the same content tag is not built again."""
-    from .jobspec import CONTAINER_SCRIPT
-
     base = base_image(settings, on_this_machine)
     ref = local_ref(base)
     named = reference(settings, on_this_machine) if not settings.train_image else ref
-    workdir = str(Path(CONTAINER_SCRIPT).parent)
+    workdir = WORKDIR
     if runner.dry_run:
         if base == CPU_BASE:
             runner.step(f"docker build {CPU_BASE} from {BASE_DOCKERFILE.relative_to(PROJECT_ROOT)} (if missing)", lambda: None)

@@ -45,12 +45,13 @@ def create(c, dry_run=False):
 
 def _kubernetes_up(s, r):
     """doeks' own cluster started (KUBECONFIG empty), or the user's cluster checked; the KUBECONFIG line to export."""
-    from doeks import cluster, kube, ui
+    from doeks import kube, ui
+    from doeks.cluster import lifecycle, versions
 
     if s.own_cluster:
         ui.say(f"TARGET=kubernetes, KUBECONFIG empty: {'the plan for' if r.dry_run else 'starting'} doeks' own "
-               f"single-node cluster (Kubernetes v{cluster.versions.KUBERNETES})")
-        path = cluster.up(r)
+               f"single-node cluster (Kubernetes v{versions.KUBERNETES})")
+        path = lifecycle.up(r)
     else:
         path = kube.kubeconfig_path(s)
         ui.say(f"TARGET=kubernetes: using the cluster in {s.kubeconfig}"
@@ -74,14 +75,14 @@ def delete(c, dry_run=False, yes=False):
         runtime.down(s, runner(dry_run))
         return
     if s.target == "kubernetes":
-        from doeks import cluster
+        from doeks.cluster import lifecycle
 
         if not s.own_cluster:
             ui.say(f"TARGET=kubernetes: the cluster in {s.kubeconfig} is the user's; it keeps running")
             return
         ui.say("TARGET=kubernetes: stopping doeks' own cluster (every process, mount, network namespace, iptables "
                "rule, bridge and cgroup it made); built binaries and images stay cached")
-        if not cluster.down(runner(dry_run)) and not dry_run:
+        if not lifecycle.down(runner(dry_run)) and not dry_run:
             ui.say("doeks' cluster was not running")
         return
     if not dry_run and not yes:
@@ -106,13 +107,13 @@ def status(c):
         ui.table("local runtime (TARGET=local/docker)", ["server", "state", "endpoint", "pid"], runtime.rows(s))
         return
     if s.target == "kubernetes":
-        from doeks import cluster
+        from doeks.cluster import guard, lifecycle, versions
 
         if s.own_cluster:
-            ui.table(f"doeks' cluster (Kubernetes v{cluster.versions.KUBERNETES})", ["component", "state", "pid", "log"],
-                     cluster.status_rows())
-            ui.say(f"network guard: {'installed' if cluster.guard.installed() else 'not installed'}, "
-                   f"{cluster.guard.dropped()} packets dropped")
+            ui.table(f"doeks' cluster (Kubernetes v{versions.KUBERNETES})", ["component", "state", "pid", "log"],
+                     lifecycle.status_rows())
+            ui.say(f"network guard: {'installed' if guard.installed() else 'not installed'}, "
+                   f"{guard.dropped()} packets dropped")
         return
     head, groups = eks.status_rows(s)
     ui.table(f"EKS cluster ({s.aws_region})", ["cluster", "status", "version", "endpoint", "platform"], head)

@@ -95,8 +95,10 @@ def trainjob_submit(c, replicas=None, dry_run=False):
     from doeks.errors import DoeksError
 
     s = settings(replicas=replicas)
-    if s.target != "eks" and not dry_run:
-        raise DoeksError(f"TARGET={s.target}: TrainJobs run on the cluster (TARGET=eks); locally use `invoke elasticjob.deploy`")
+    if s.on_this_machine and not dry_run:
+        raise DoeksError(f"TARGET={s.target}: TrainJobs run on a cluster (TARGET=kubernetes or eks); here use "
+                         "`invoke elasticjob.deploy`")
+    kube.use(s)
     kube.apply(runner(dry_run), [trainjob.trainjob(s)])
 
 

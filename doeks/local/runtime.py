@@ -53,7 +53,7 @@ def down(settings, runner) -> None:
     for home in sorted(jobs.iterdir()) if jobs.exists() else []:
         runner.step(f"stop local job {home.name} (checkpoints kept)", stop_job, home)
     if (settings.state_dir / "docker").exists() or (settings.state_dir / "sagemaker").exists():
-        from ..targets.docker import remove_all
+        from .containers import remove_all
 
         remove_all(settings, runner)  # containers of the docker target and SageMaker local mode
     for server in reversed(services.services(settings.state_dir)):

@@ -21,7 +21,7 @@ _CLASSES = {
 }
 # The KFP pipeline's training_runtime values (the seed's kubernetes and sagemaker, and doeks' own) -> targets.
 RUNTIMES = {"kubernetes": "eks", "eks": "eks", "sagemaker": "sagemaker", "local": "local", "docker": "docker"}
-VERBS = ("plan", "submit", "describe", "logs", "scale", "cancel", "artifacts")
+VERBS = ("checks", "plan", "submit", "describe", "logs", "scale", "cancel", "artifacts")
 
 
 def names() -> tuple[str, ...]:

@@ -132,6 +132,11 @@ class Target:
     def __init__(self, settings):
         self.settings = settings
 
+    # -- preflight --------------------------------------------------------------------------------------------------
+    def checks(self) -> list[tuple[str, bool, str, bool]]:
+        """What `invoke doctor` shows: (check, ok, detail or fix, needed) for this target."""
+        raise NotSupported(self.name, "checks")
+
     # -- submission -------------------------------------------------------------------------------------------------
     def plan(self, job: Job) -> Plan:
         raise NotSupported(self.name, "plan")

@@ -28,22 +28,9 @@ from .follow import ContainerCursor, wait_with_progress
 from .local import start_rendezvous
 from . import reasons
 
-PART_OF = "app.kubernetes.io/part-of"
-JOB, RUN, REPLICA, TARGET, STATE = "doeks/job", "doeks/run", "doeks/replica", "doeks/target", "doeks/state"
+from ..local.containers import JOB, PART_OF, REPLICA, RUN, STATE, TARGET, client, remove_all, state_label  # noqa: F401
+
 SHM_SIZE = "2g"
-
-
-def client():
-    from ..container import _client
-
-    return _client()
-
-
-def state_label(settings) -> str:
-    """Which checkout's STATE_DIR a container belongs to (two checkouts may share one docker daemon)."""
-    import hashlib
-
-    return hashlib.sha256(str(settings.state_dir.resolve()).encode()).hexdigest()[:12]
 
 
 def container_name(job_name: str, replica: int) -> str:
@@ -126,6 +113,11 @@ class DockerTarget(Target):
     name = "docker"
     on_this_machine = True
     builds_image = True
+
+    def checks(self):
+        from ..preflight import local_checks
+
+        return local_checks(self.settings)
 
     @property
     def home(self):
@@ -398,16 +390,3 @@ def container_events(containers) -> list[str]:
             events.append(f"{state.get('FinishedAt', '')[:19]} {c.name}: {how}" +
                           (f" ({state['Error']})" if state.get("Error") else ""))
     return sorted(events)
-
-
-def remove_all(settings, runner) -> int:
-    """Every container doeks labelled for any job (used by `down`)."""
-    try:
-        found = [c for c in client().containers.list(all=True, filters={"label": [f"{PART_OF}=doeks",
-                                                                                    f"{STATE}={state_label(settings)}"]})
-                 if c.labels.get(TARGET) in ("docker", "sagemaker-local")]
-    except DoeksError:
-        return 0
-    for c in found:
-        runner.step(f"docker rm -f {c.name}", c.remove, force=True)
-    return len(found)

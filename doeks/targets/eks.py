@@ -11,6 +11,11 @@ class EksTarget(KubernetesTarget):
     name = "eks"
     builds_image = False
 
+    def checks(self):
+        from ..preflight import eks_doctor_checks
+
+        return eks_doctor_checks(self.settings)
+
     @property
     def on_this_machine(self) -> bool:
         return False

@@ -26,6 +26,11 @@ class KubernetesTarget(Target):
     name = "kubernetes"
     builds_image = True
 
+    def checks(self):
+        from ..preflight import kubernetes_checks
+
+        return kubernetes_checks(self.settings)
+
     def __init__(self, settings):
         super().__init__(settings)
         kube.use(settings)

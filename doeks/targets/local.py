@@ -19,6 +19,11 @@ class LocalTarget(Target):
     name = "local"
     on_this_machine = True
 
+    def checks(self):
+        from ..preflight import local_checks
+
+        return local_checks(self.settings)
+
     @property
     def home(self):
         return elastic.home(self.settings)

@@ -60,6 +60,11 @@ def script_args(hyperparameters: dict[str, str]) -> list[str]:
 class SageMakerTarget(Target):
     name = "sagemaker"
 
+    def checks(self):
+        from ..preflight import sagemaker_checks
+
+        return sagemaker_checks(self.settings)
+
     def __init__(self, settings):
         super().__init__(settings)
         self.local = settings.sagemaker_local

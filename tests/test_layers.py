@@ -1,0 +1,75 @@
+"""Layers import downward only: no import cycle between doeks' modules (imports inside functions count too, since
+they are how a cycle hides). On the commit before this test there were two: eks <-> identity <-> storage, and
+jobspec <-> trainimage <-> preflight."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "doeks"
+
+
+def import_graph() -> dict[str, set[str]]:
+    raw: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        module = ".".join(("doeks",) + path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+                found |= {f"{target}.{a.name}" for a in node.names} if node.module is None else {target}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("doeks"):
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("doeks")}
+        raw[module] = found
+    modules = set(raw)
+
+    def known(name: str) -> str | None:
+        while name not in modules and "." in name:
+            name = name.rsplit(".", 1)[0]
+        return name if name in modules else None
+
+    # a module importing its own package (or a parent) is Python's, not a layer crossing
+    return {m: {k for d in deps if (k := known(d)) and k != m and not m.startswith(k + ".")} for m, deps in raw.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_between_doeks_modules():
+    assert cycles(import_graph()) == []
+
+
+def test_the_checker_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
