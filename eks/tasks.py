@@ -59,7 +59,10 @@ def _kubernetes_up(s, r):
         if not r.dry_run:
             kube.use(s)
             r.run([kube.kubectl(), "get", "nodes"], mutating=False)
-    print(f"export KUBECONFIG={path}")
+    if r.dry_run:
+        ui.say(f"kubeconfig: {path}")   # stdout stays the plan's YAML stream
+    else:
+        print(f"export KUBECONFIG={path}")
 
 
 @task(help={"dry_run": "print the eksctl command; change nothing", "yes": "do not ask for confirmation"})

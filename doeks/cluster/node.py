@@ -71,6 +71,8 @@ def containerd_config() -> str:
         f"[{cri}]",
         f'  sandbox_image = "{versions.PAUSE_IMAGE}"',
         "  enable_cdi = false",
+        # no CAP_SYS_RESOURCE here: a pod's oom_score_adj cannot go below this process's; keep the higher value
+        "  restrict_oom_score_adj = true",
         f"[{cri}.containerd]",
         '  snapshotter = "overlayfs"',
         '  default_runtime_name = "runc"',
@@ -349,11 +351,30 @@ def _sysctl(key: str, value: str) -> None:
 
 
 def prepare_host() -> None:
-    if subprocess.run(["modprobe", "br_netfilter"], capture_output=True).returncode != 0 and \
-            not Path("/proc/sys/net/bridge").exists():
-        raise DoeksError("the br_netfilter kernel module is not loaded and cannot be: Services need it")
+    if not Path("/proc/sys/net/bridge").exists():
+        modprobe = shutil.which("modprobe") or shutil.which("modprobe", path="/usr/sbin:/sbin")
+        if modprobe:
+            subprocess.run([modprobe, "br_netfilter"], capture_output=True)
+        if not Path("/proc/sys/net/bridge").exists():
+            raise DoeksError("the br_netfilter kernel module is not loaded and cannot be (modprobe br_netfilter): "
+                             "Services between pods on the bridge need it")
     _sysctl("net.ipv4.ip_forward", "1")
     _sysctl("net.bridge.bridge-nf-call-iptables", "1")
+    make_cgroups()
+
+
+def make_cgroups() -> None:
+    """The kubelet's cgroup root (/doeks) in every cgroup v1 hierarchy: the kubelet refuses a root that does not exist.
+    A new cpuset cgroup has no CPUs or memory nodes until given its parent's."""
+    root = Path("/sys/fs/cgroup")
+    for hierarchy in sorted(root.iterdir()) if root.exists() else []:
+        if not hierarchy.is_dir() or hierarchy.name == "unified" or not (hierarchy / "cgroup.procs").exists():
+            continue
+        mine = hierarchy / CGROUP_ROOT.strip("/")
+        mine.mkdir(exist_ok=True)
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            if (mine / name).exists() and not (mine / name).read_text().strip():
+                (mine / name).write_text((hierarchy / name).read_text())
 
 
 # -- up / down -------------------------------------------------------------------------------------------------------
