@@ -44,21 +44,25 @@ def go() -> str:
     return found
 
 
-def _env() -> dict[str, str]:
+def _env(static: bool = True) -> dict[str, str]:
+    """Go's environment: static binaries (CGO off) for what goes into an image FROM scratch; the host's binaries are
+    built as Go builds by default."""
     env = dict(os.environ)
     env.setdefault("GOTOOLCHAIN", "local")
-    env["CGO_ENABLED"] = "0"
+    if static:
+        env["CGO_ENABLED"] = "0"
     env["GOFLAGS"] = "-mod=mod"
     return env
 
 
-def _go(args: list[str], cwd: Path, what: str, log) -> None:
+def _go(args: list[str], cwd: Path, what: str, log, static: bool = True) -> None:
     """One go command with its output in the build log and a line of progress per minute (and per module fetched)."""
     argv = [go()] + args
     log.write(f"$ {' '.join(argv)}  (in {cwd})\n")
     log.flush()
     started = time.monotonic()
-    process = subprocess.Popen(argv, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(argv, cwd=cwd, env=_env(static), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
     assert process.stdout is not None
     fetched = 0
     last_said = started
@@ -80,7 +84,7 @@ def _go(args: list[str], cwd: Path, what: str, log) -> None:
         raise DoeksError(f"{what} failed ({detail}): the whole log is in {log.name}")
 
 
-def _compile(argv: list[str], cwd: Path, what: str, log) -> None:
+def _compile(argv: list[str], cwd: Path, what: str, log, static: bool = True) -> None:
     """A long compile: a line every 60 s so a user sees it is alive (go build is silent while it works)."""
     import threading
 
@@ -94,7 +98,7 @@ def _compile(argv: list[str], cwd: Path, what: str, log) -> None:
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
     try:
-        _go(argv, cwd, what, log)
+        _go(argv, cwd, what, log, static)
     finally:
         done.set()
 
@@ -173,7 +177,7 @@ def build(runner, force: bool = False) -> dict[str, Path]:
                 _go(["mod", "tidy"], where, f"{name}: go mod tidy", log)
                 target = out / f".{name}.partial"
                 _compile(["build", "-trimpath", f"-ldflags={ldflags(name)}", "-o", str(target), "."], where,
-                         f"{name}: go build", log)
+                         f"{name}: go build", log, static=name != "doeks-node")  # CoreDNS and etcd run FROM scratch or anywhere
                 target.replace(out / name)
             ui.say(f"  {name}: built in {time.monotonic() - began:.0f}s")
     ui.say(f"cluster binaries built in {time.monotonic() - started:.0f}s ({out})", style="bold")

@@ -34,7 +34,6 @@ def coredns_manifests() -> list[dict]:
         "        ttl 30",
         "    }",
         "    cache 30",
-        "    loop",
         "    reload",
         "    loadbalance",
         "}",   # no forward: names outside the cluster are not looked up anywhere

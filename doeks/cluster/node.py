@@ -182,18 +182,24 @@ def argv(component: str) -> list[str]:
     raise ValueError(component)
 
 
+def _write(path: Path, text: str) -> None:
+    """Write only a change: kube-proxy exits when its configuration file is rewritten, even with the same content."""
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
 def write_configs() -> None:
     import yaml
 
     c = d()
     for folder in ("cni", "logs", "run", "kubelet", "etcd"):
         (c / folder).mkdir(parents=True, exist_ok=True)
-    (c / "containerd.toml").write_text(containerd_config())
-    (c / "cni" / "10-doeks.conflist").write_text(json.dumps(cni_config(), indent=2))
-    (c / "kubelet.yaml").write_text(yaml.safe_dump(kubelet_config(), sort_keys=False))
-    (c / "kube-proxy.yaml").write_text(yaml.safe_dump(kube_proxy_config(), sort_keys=False))
+    _write(c / "containerd.toml", containerd_config())
+    _write(c / "cni" / "10-doeks.conflist", json.dumps(cni_config(), indent=2))
+    _write(c / "kubelet.yaml", yaml.safe_dump(kubelet_config(), sort_keys=False))
+    _write(c / "kube-proxy.yaml", yaml.safe_dump(kube_proxy_config(), sort_keys=False))
     # pods resolve through CoreDNS (ClusterFirst); the host's resolvers are never handed to them
-    (c / "resolv.conf").write_text(f"search {versions.CLUSTER_DOMAIN}\noptions ndots:5\n")
+    _write(c / "resolv.conf", f"search {versions.CLUSTER_DOMAIN}\noptions ndots:5\n")
 
 
 # -- processes ---------------------------------------------------------------------------------------------------------
