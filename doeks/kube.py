@@ -76,6 +76,8 @@ def kubeconfig_path(settings) -> str:
     import subprocess
 
     narrowed = settings.state_dir / "kube" / f"{settings.kube_context}.kubeconfig"
+    if narrowed.exists() and narrowed.stat().st_mtime >= Path(settings.kubeconfig).stat().st_mtime:
+        return str(narrowed)
     result = subprocess.run([kubectl(), "config", "view", "--minify", "--flatten", f"--context={settings.kube_context}",
                              f"--kubeconfig={settings.kubeconfig}"], capture_output=True, text=True)
     if result.returncode != 0:

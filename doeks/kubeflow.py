@@ -245,8 +245,12 @@ def operator_kustomization(base: str = TRAINING_OPERATOR_BASE, drop_mpijob: bool
 
 
 def write_operator_kustomization(settings, base: str = TRAINING_OPERATOR_BASE) -> Path:
+    import os
+
     folder = operator_dir(settings)
     folder.mkdir(parents=True, exist_ok=True)
+    if os.path.isabs(base):  # a local overlay (doeks' own cluster): kustomize takes a base by relative path only
+        base = os.path.relpath(base, folder)
     (folder / "kustomization.yaml").write_text(operator_kustomization(base))
     return folder
 

@@ -108,6 +108,10 @@ def settings(**overrides):
     from .errors import SettingsError
 
     base = current()
+    if base.target == "kubernetes":  # kubectl and the Python client of this process talk to the target's cluster
+        from .kube import use
+
+        use(base)
     if not any(v is not None for v in overrides.values()):
         return base
     try:

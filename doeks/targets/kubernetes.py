@@ -42,9 +42,14 @@ class KubernetesTarget(Target):
 
     def plan(self, job: Job) -> Plan:
         plan = self.manifest_plan(job)
+        if job.fresh and self.on_this_machine:  # doeks' own cluster: the claim's folder is here
+            from .. import elastic
+
+            plan.steps.append(Step(f"remove checkpoints and metrics of {job.name} (in the claim's folder)",
+                                   lambda: elastic.clear_outputs(job.settings)))
         kinds = ", ".join(f"{m['kind']}/{m['metadata']['name']}" for m in plan.manifests)
         plan.steps.append(Step(f"kubectl apply --server-side --field-manager=doeks --force-conflicts -f - ({kinds} in "
-                               f"namespace {job.settings.namespace})", lambda: None))
+                               f"namespace {job.settings.namespace})", None))
         return plan
 
     def run_name(self, plan: Plan) -> str:
@@ -55,6 +60,9 @@ class KubernetesTarget(Target):
         from ..runner import to_yaml_stream
 
         self.check_image(plan.image, runner)
+        for step in plan.steps:
+            if step.run is not None:
+                runner.step(step.what, step.run)
         kube.run(runner, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
                  input=to_yaml_stream(plan.manifests))
         if not runner.dry_run:
@@ -251,7 +259,13 @@ class KubernetesTarget(Target):
 
     def artifacts(self) -> dict[str, str]:
         s = self.settings
+        if self.on_this_machine:  # doeks' own cluster: the claim's volume is a folder of this machine
+            from .. import elastic
+
+            return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
+                    "final": str(elastic.metrics_dir(s) / "final.json"),
+                    "volume": f"pvc://{s.namespace}/{s.shared_pvc} (folder {s.state_dir / 'volumes' / s.shared_pvc})"}
         base = f"pvc://{s.namespace}/{s.shared_pvc}"
         return {"metrics": f"{base}/metrics/{s.job_name}", "checkpoints": f"{base}/checkpoints/{s.job_name}",
                 "final": f"{base}/metrics/{s.job_name}/final.json",
-                "copy": "kubectl cp from a pod that mounts the claim" if not self.on_this_machine else ""}
+                "copy": "kubectl cp from a pod that mounts the claim"}
