@@ -212,6 +212,9 @@ def delete(c, force=False, dry_run=False):
         from doeks import kube
 
         kube.use(s)
+        if not dry_run and kube.own_cluster_stopped(s):
+            ui.say(f"doeks' cluster is not running: no claim on it; keeping {runtime.shared_volume(s)}")
+            return
         # the claim first (claim protection: it goes once no pod uses it), then its volume; the folder stays
         kube.delete(runner(dry_run), list(reversed(kube.shared_claim(s))))
         if s.own_cluster:

@@ -65,6 +65,15 @@ def own_cluster(settings) -> bool:
     return settings.own_cluster
 
 
+def own_cluster_stopped(settings) -> bool:
+    """doeks' own cluster is the target and is not running: there is nothing on it to delete (teardown is idempotent)."""
+    if not settings.own_cluster:
+        return False
+    from .cluster import node
+
+    return not node.pid("kube-apiserver")
+
+
 def kubeconfig_path(settings) -> str:
     """The kubeconfig kubectl uses on TARGET=kubernetes: KUBECONFIG (narrowed to KUBE_CONTEXT), or doeks' own."""
     from .cluster import versions

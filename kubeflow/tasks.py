@@ -10,9 +10,14 @@ def _on_the_cluster(step, here: str, dry_run: bool) -> None:
     """Run a cluster step (step(settings, runner)); on a target on this machine say why there is nothing to do."""
     from doeks import ui
 
+    from doeks import kube
+
     s = settings()
     if s.on_this_machine:
         ui.say(f"TARGET=local/docker: {here}")
+        return
+    if not dry_run and kube.own_cluster_stopped(s):
+        ui.say("doeks' cluster is not running: nothing on it to change (`TARGET=kubernetes invoke up` starts it)")
         return
     step(s, runner(dry_run))
 

@@ -60,6 +60,7 @@ class KubernetesTarget(Target):
         from ..runner import to_yaml_stream
 
         self.check_image(plan.image, runner)
+        self._replace_previous(plan, runner)
         for step in plan.steps:
             if step.run is not None:
                 runner.step(step.what, step.run)
@@ -67,6 +68,20 @@ class KubernetesTarget(Target):
                  input=to_yaml_stream(plan.manifests))
         if not runner.dry_run:
             self.record_run(plan)
+
+    def _replace_previous(self, plan: Plan, runner) -> None:
+        """A PyTorchJob of the same name: a running one is refused (deploy --fresh replaces it); a finished one is
+        deleted first, since applying over it would change its spec and never train again."""
+        s = self.settings
+        if runner.dry_run or self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is None:
+            return
+        state = self.describe().state
+        if state not in (SUCCEEDED, FAILED, STOPPED) and not plan.job.fresh:
+            raise DoeksError(f"job {s.job_name} is already on the cluster ({state}): `invoke elasticjob.status` to "
+                             "watch it, `invoke elasticjob.delete` to stop it, or deploy --fresh to replace it")
+        job = [m for m in plan.manifests if m["kind"] == "PyTorchJob"]
+        runner.step(f"delete the previous PyTorchJob {s.job_name} ({state}) and its pods",
+                    lambda: kube.delete(runner, job))
 
     def check_image(self, image: str, runner) -> None:
         """On doeks' own cluster the image must be built and imported here (no registry to pull from)."""
@@ -253,6 +268,11 @@ class KubernetesTarget(Target):
 
     def cancel(self, runner) -> bool:
         s = self.settings
+        if not runner.dry_run and kube.own_cluster_stopped(s):
+            from .. import ui
+
+            ui.say(f"doeks' cluster is not running: job {s.job_name} is not on it")
+            return False
         existed = False if runner.dry_run else self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is not None
         kube.delete(runner, list(reversed(jobspec.manifests(s, image="-"))))
         return existed
