@@ -65,12 +65,24 @@ def setup(runner, docker: bool = False, kubernetes: bool = False) -> None:
 def setup_kubernetes(runner) -> None:
     """doeks' own cluster: the host packages its node needs (Debian's containerd, runc, CNI plugins, iptables), then
     Kubernetes, etcd and CoreDNS built from the Go module proxy (once per version, in the user cache folder)."""
-    from .cluster import build, node
+    import time
+
+    from .cluster import build, node, operators
 
     missing = node.host_tools_missing()
     if missing:
         _apt(runner, missing)
+    started = time.monotonic()
     build.build(runner)
+    for op in operators.OPERATORS.values():
+        if operators.binary(op).exists():
+            ui.say(f"{op.name} {op.version}: already built in {operators.binary(op).parent}")
+        elif runner.dry_run:
+            runner.step(f"build {op.name} {op.version} from the Go module proxy ({op.module}/{op.package})", lambda: None)
+        else:
+            operators.build_binary(op)
+    if not runner.dry_run:
+        ui.say(f"doeks' cluster is built ({time.monotonic() - started:.0f}s this time; cached in {build.versions.cache_dir()})")
 
 
 def _apt(runner, packages: list[str]) -> None:

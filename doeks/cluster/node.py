@@ -226,6 +226,9 @@ def argv_name(component: str) -> str:
     return {"containerd": "containerd", "etcd": "etcd"}.get(component, component)
 
 
+_STARTED: dict[str, subprocess.Popen] = {}
+
+
 def start(component: str) -> int:
     running = pid(component)
     if running:
@@ -237,7 +240,17 @@ def start(component: str) -> int:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, env=env, cwd=d())
     pid_file(component).write_text(f"{process.pid}\n")
+    _STARTED[component] = process
     return process.pid
+
+
+def _exited(component: str) -> bool:
+    """The component this process started has ended (its Popen says so; right after the fork /proc still shows
+    python's command line, so the pid file's check cannot tell yet)."""
+    process = _STARTED.get(component)
+    if process is not None:
+        return process.poll() is not None
+    return not pid(component)
 
 
 def stop(component: str, timeout: float = 20) -> bool:
@@ -270,7 +283,7 @@ def _wait(what: str, check, timeout: float, component: str | None = None) -> Non
     while time.monotonic() < deadline:
         if check():
             return
-        if component and not pid(component):
+        if component and _exited(component):
             raise DoeksError(f"{component} exited while starting: {_last_lines(component)} (log: {log_file(component)})")
         time.sleep(0.5)
     where = f" (log: {log_file(component)}: {_last_lines(component)})" if component else ""
