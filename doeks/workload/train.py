@@ -2,9 +2,10 @@
 
 DDP over an ImageNet-layout folder with the standard recipe by default: train RandomResizedCrop + flip, val Resize +
 CenterCrop, ImageNet mean/std, SGD (nesterov) with the LR scaled to the global batch, warmup then cosine decay,
-label smoothing, top-1/top-5. Data: torchvision.io decode (libjpeg-turbo; PIL as fallback) and transforms v2 on uint8
-tensors in DataLoader workers; on GPU bf16 autocast and channels_last (optional torch.compile). Each logged step
-says how long it waited for data.
+label smoothing, top-1/top-5. Data: the crop is chosen first and a JPEG decoded at the smallest libjpeg-turbo DCT
+scale that keeps it at least the output size (simplejpeg; torchvision.io and PIL for the rest: docs/loader.md),
+transforms v2 on uint8 tensors in DataLoader workers; on GPU bf16 autocast and channels_last (optional torch.compile).
+Each logged step says how long it waited for data.
 
 Checkpoints: every --checkpoint-every steps, every epoch and at the end rank 0 writes one (state copied to CPU, written
 atomically on a background thread; the previous one is kept). At start every rank resumes from the newest usable one,
@@ -13,7 +14,8 @@ checkpoint is one error line. Rank 0 writes metrics as CSV and TensorBoard event
 
 Reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and SageMaker's (SM_CHANNEL_TRAINING, SM_MODEL_DIR,
 SM_OUTPUT_DATA_DIR, SM_HOSTS, SM_CURRENT_HOST). Self-contained on purpose: it needs torch and torchvision only, so the
-same file is the SageMaker entry point and the container command.
+same file is the SageMaker entry point and the container command (simplejpeg, in the training image, only speeds the
+loader up: without it every file takes the torchvision.io path).
 """
 from __future__ import annotations
 
@@ -148,7 +150,7 @@ def pil_decode(raw: bytes):
 CROP_DECODE = {"scaled": 0, "fallback": 0}  # per process: images decoded by simplejpeg for their crop / in full
 SCALES: dict = {}  # per process: DCT scale denominator (1, 2, 4, 8) -> images decoded at it
 DCT_SCALES = (8, 4, 2)
-FAST_DCT = True  # libjpeg-turbo's fast integer IDCT and chroma upsampling: ~8% of the decode, invisible after the resize
+FAST_DCT = True  # libjpeg-turbo's fast IDCT and chroma upsampling: ~8% of the decode, invisible after the resize
 _SIMPLEJPEG: list = []
 
 
@@ -168,10 +170,11 @@ def read_file(path: str) -> bytes:
         return f.read()
 
 
-def jpeg_size(raw: bytes) -> tuple[int, int] | None:
-    """(height, width) of a JPEG the scaled decode takes (YCbCr, RGB or grayscale); None for anything else."""
+def jpeg_size(raw) -> tuple[int, int] | None:
+    """(height, width) of a JPEG the scaled decode takes (YCbCr, RGB or grayscale); None for anything else (also
+    for an image already decoded: the transforms then apply to it as they are)."""
     simplejpeg = _simplejpeg()
-    if simplejpeg is None:
+    if simplejpeg is None or not isinstance(raw, bytes):
         return None
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(raw)
@@ -253,7 +256,7 @@ class TrainTransform:
                 out = F.resize(box, [self.crop, self.crop], antialias=True)
                 return out.flip(-1) if torch.rand(1).item() < 0.5 else out
         CROP_DECODE["fallback"] += 1
-        return self.fallback(load_bytes(raw))
+        return self.fallback(load_bytes(raw) if isinstance(raw, bytes) else raw)
 
 
 class ValTransform:
@@ -276,7 +279,7 @@ class ValTransform:
             if image is not None:
                 return self.transform(torch.from_numpy(image).permute(2, 0, 1))
         CROP_DECODE["fallback"] += 1
-        return self.transform(load_bytes(raw))
+        return self.transform(load_bytes(raw) if isinstance(raw, bytes) else raw)
 
 
 def train_transform(crop: int):
