@@ -150,7 +150,7 @@ def pil_decode(raw: bytes):
 CROP_DECODE = {"scaled": 0, "fallback": 0}  # per process: images decoded by simplejpeg for their crop / in full
 SCALES: dict = {}  # per process: DCT scale denominator (1, 2, 4, 8) -> images decoded at it
 DCT_SCALES = (8, 4, 2)
-FAST_DCT = True  # libjpeg-turbo's fast IDCT and chroma upsampling: ~8% of the decode, invisible after the resize
+FAST_DCT = True  # libjpeg-turbo's fast IDCT and chroma upsampling: ~8% of the decode; pixels ~2 levels off (docs/loader.md)
 _SIMPLEJPEG: list = []
 
 
