@@ -3,8 +3,10 @@ ImageNet-shaped JPEGs (doeks.workload.data textures at ImageNet's typical size: 
 
 - CPU: data-loader images/s per core (one process, one thread, no loader workers: what each worker core delivers).
   Seed recipe = the choices of pytorch/examples imagenet/main.py: ImageFolder's PIL loader, RandomResizedCrop(224),
-  RandomHorizontalFlip, ToTensor, Normalize. doeks = train.py's loader: torchvision.io decode, transforms v2 on uint8,
-  normalisation of the uint8 batch (on the GPU in training; here on the CPU, so it is counted). Target >= 2x.
+  RandomHorizontalFlip, ToTensor, Normalize. doeks = train.py's loader: the crop box first, then a JPEG decoded by
+  simplejpeg at the smallest libjpeg-turbo DCT scale that keeps the box at least 224 a side (torchvision.io for what it
+  refuses), transforms v2 on uint8, normalisation of the uint8 batch (on the GPU in training; here on the CPU, so it is
+  counted). Target >= 2x (docs/loader.md).
 - Checkpoint stall for ResNet-50 (model + SGD momentum): synchronous write vs train.py's Checkpointer (copy, then a
   background write).
 - GPU (only where CUDA is available): ResNet-50 training images/s on one GPU, doeks (bf16 autocast, channels_last,
@@ -140,7 +142,7 @@ def main() -> int:
         sizes = [p.stat().st_size for p in root.rglob("*.JPEG")]
         print(f"data: {len(sizes)} JPEGs, {sum(sizes) / len(sizes) / 1000:.0f} kB on average, ImageNet-sized textures")
         fast_decode = train._fast_decoder() is not None
-        print(f"torchvision.io decode available: {fast_decode}")
+        print(f"torchvision.io decode available: {fast_decode}, simplejpeg scaled decode: {train._simplejpeg() is not None}")
         rates = loader_rates({"seed": (seed_dataset(root), False), "doeks": (doeks_dataset(root), True)}, args.rounds)
         seed, ours = rates["seed"], rates["doeks"]
         print(f"cpu loader, images per CPU-second (one core): seed recipe (PIL, ToTensor, Normalize) {seed:.1f}, doeks {ours:.1f}")

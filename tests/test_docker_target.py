@@ -51,7 +51,7 @@ def test_build_then_train_in_containers_of_the_clusters_manifest(client, job_env
     image = re.search(r"training image: (\S+)", built.stderr).group(1)
     assert image.startswith(f"{REGISTRY}/doeks-train:")
     # what the manifests name is inside the image: the script where the pod command says, torchrun, etcd client
-    out = client.containers.run(image, ["python3", "-c", "import torch, torchvision, etcd, os; "
+    out = client.containers.run(image, ["python3", "-c", "import torch, torchvision, etcd, simplejpeg, os; "
                                         "print(os.path.isfile('/workspace/train.py'), torch.__version__)"],
                                 entrypoint=[], remove=True, network_mode="host")
     assert out.decode().startswith("True 2.13.0")

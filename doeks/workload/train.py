@@ -2,9 +2,10 @@
 
 DDP over an ImageNet-layout folder with the standard recipe by default: train RandomResizedCrop + flip, val Resize +
 CenterCrop, ImageNet mean/std, SGD (nesterov) with the LR scaled to the global batch, warmup then cosine decay,
-label smoothing, top-1/top-5. Data: torchvision.io decode (libjpeg-turbo; PIL as fallback) and transforms v2 on uint8
-tensors in DataLoader workers; on GPU bf16 autocast and channels_last (optional torch.compile). Each logged step
-says how long it waited for data.
+label smoothing, top-1/top-5. Data: the crop is chosen first and a JPEG decoded at the smallest libjpeg-turbo DCT
+scale that keeps it at least the output size (simplejpeg; torchvision.io and PIL for the rest: docs/loader.md),
+transforms v2 on uint8 tensors in DataLoader workers; on GPU bf16 autocast and channels_last (optional torch.compile).
+Each logged step says how long it waited for data.
 
 Checkpoints: every --checkpoint-every steps, every epoch and at the end rank 0 writes one (state copied to CPU, written
 atomically on a background thread; the previous one is kept). At start every rank resumes from the newest usable one,
@@ -13,7 +14,8 @@ checkpoint is one error line. Rank 0 writes metrics as CSV and TensorBoard event
 
 Reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and SageMaker's (SM_CHANNEL_TRAINING, SM_MODEL_DIR,
 SM_OUTPUT_DATA_DIR, SM_HOSTS, SM_CURRENT_HOST). Self-contained on purpose: it needs torch and torchvision only, so the
-same file is the SageMaker entry point and the container command.
+same file is the SageMaker entry point and the container command (simplejpeg, in the training image, only speeds the
+loader up: without it every file takes the torchvision.io path).
 """
 from __future__ import annotations
 
@@ -110,10 +112,13 @@ def _fast_decoder():
 def load_image(path: str):
     """Any file ImageNet holds as a 3 x H x W uint8 tensor. decode_image sniffs the bytes, so the PNG named .JPEG
     (n02105855_2933.JPEG), CMYK and grayscale JPEGs all take the fast path; PIL takes whatever it refuses."""
+    return load_bytes(read_file(path))
+
+
+def load_bytes(raw: bytes):
+    """load_image of a file's bytes."""
     import torch
 
-    with open(path, "rb") as f:
-        raw = f.read()
     decode = _fast_decoder()
     if decode is not None:
         try:
@@ -136,22 +141,159 @@ def pil_decode(raw: bytes):
         return pil_to_tensor(image.convert("RGB"))
 
 
-def train_transform(crop: int):
-    from torchvision.transforms import v2
+# --- train/val transforms on the file's bytes: the crop is chosen first, then only the scale it needs is decoded ---
+# libjpeg-turbo decodes a JPEG at 1/2, 1/4 or 1/8 of its size in the DCT domain (SIMD IDCTs that skip the discarded
+# frequencies); simplejpeg exposes it (min_height/min_width) and ships its own libjpeg-turbo. A crop that still has
+# at least the output size at a smaller scale is decoded at that scale, then resized as before. Files it refuses (PNG
+# named .JPEG, CMYK, a missing simplejpeg) take load_image and torchvision's transforms: same distribution, full decode.
 
-    return v2.Compose([v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip()])
+CROP_DECODE = {"scaled": 0, "fallback": 0}  # per process: images decoded by simplejpeg for their crop / in full
+SCALES: dict = {}  # per process: DCT scale denominator (1, 2, 4, 8) -> images decoded at it
+DCT_SCALES = (8, 4, 2)
+FAST_DCT = True  # libjpeg-turbo's fast IDCT and chroma upsampling: ~8% of the decode; pixels ~2 levels off (docs/loader.md)
+_SIMPLEJPEG: list = []
+
+
+def _simplejpeg():
+    if not _SIMPLEJPEG:
+        try:
+            import simplejpeg
+        except ImportError:  # not installed (a bare torch + torchvision environment): every file takes load_image
+            simplejpeg = None
+        _SIMPLEJPEG.append(simplejpeg)
+    return _SIMPLEJPEG[0]
+
+
+def read_file(path: str) -> bytes:
+    """ImageFolder's loader: the file's bytes; the transform decodes them (knowing its crop, it decodes less)."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def jpeg_size(raw) -> tuple[int, int] | None:
+    """(height, width) of a JPEG the scaled decode takes (YCbCr, RGB or grayscale); None for anything else (also
+    for an image already decoded: the transforms then apply to it as they are)."""
+    simplejpeg = _simplejpeg()
+    if simplejpeg is None or not isinstance(raw, bytes):
+        return None
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(raw)
+    except ValueError:  # not a JPEG (the PNG named .JPEG), or a header libjpeg-turbo cannot read
+        return None
+    return (height, width) if colorspace in ("YCbCr", "RGB", "Gray") else None
+
+
+def decode_scaled(raw: bytes, height: int, width: int, scale: int):
+    """H x W x 3 uint8 numpy array at 1/scale of the size (libjpeg-turbo's DCT-domain scaling); None when the data
+    are broken (load_image then decides)."""
+    import numpy as np
+
+    try:
+        image = _simplejpeg().decode_jpeg(raw, colorspace="RGB", fastdct=FAST_DCT, fastupsample=FAST_DCT,
+                                          min_height=-(-height // scale), min_width=-(-width // scale))
+    except ValueError:
+        return None
+    SCALES[scale] = SCALES.get(scale, 0) + 1
+    CROP_DECODE["scaled"] += 1
+    return np.asarray(image)
+
+
+def crop_box(height: int, width: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """(top, left, h, w) of a RandomResizedCrop: torchvision's v2.RandomResizedCrop.make_params (0.28), the same
+    draws from torch's generator (so DataLoader workers' seeds apply), including the central-crop fallback."""
+    import torch
+
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            top = torch.randint(0, height - h + 1, size=(1,)).item()
+            left = torch.randint(0, width - w + 1, size=(1,)).item()
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        w, h = int(round(height * max(ratio))), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def dct_scale(box_height: int, box_width: int, size: int) -> int:
+    """The largest libjpeg-turbo reduction (8, 4, 2, else 1) at which a box still has at least `size` pixels a side."""
+    return next((s for s in DCT_SCALES if box_height // s >= size and box_width // s >= size), 1)
+
+
+class TrainTransform:
+    """RandomResizedCrop(crop) + horizontal flip, on a file's bytes, as uint8 3 x crop x crop."""
+
+    def __init__(self, crop: int):
+        from torchvision.transforms import v2
+
+        self.crop = crop
+        self.fallback = v2.Compose([v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip()])
+
+    def __call__(self, raw: bytes):
+        import numpy as np
+        import torch
+        from torchvision.transforms.v2 import functional as F
+
+        size = jpeg_size(raw)
+        if size is not None:
+            height, width = size
+            top, left, h, w = crop_box(height, width)
+            image = decode_scaled(raw, height, width, dct_scale(h, w, self.crop))
+            if image is not None:
+                ys, xs = image.shape[0] / height, image.shape[1] / width  # libjpeg-turbo rounds the scaled size up
+                y0, x0 = int(top * ys), int(left * xs)
+                y1, x1 = max(y0 + 1, round((top + h) * ys)), max(x0 + 1, round((left + w) * xs))
+                box = torch.from_numpy(np.ascontiguousarray(image[y0:y1, x0:x1])).permute(2, 0, 1)
+                out = F.resize(box, [self.crop, self.crop], antialias=True)
+                return out.flip(-1) if torch.rand(1).item() < 0.5 else out
+        CROP_DECODE["fallback"] += 1
+        return self.fallback(load_bytes(raw) if isinstance(raw, bytes) else raw)
+
+
+class ValTransform:
+    """Resize(resize) + CenterCrop(crop), on a file's bytes, decoded at the smallest scale whose short side is still
+    at least `resize`."""
+
+    def __init__(self, crop: int, resize: int):
+        from torchvision.transforms import v2
+
+        self.resize = resize
+        self.transform = v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(crop)])
+
+    def __call__(self, raw: bytes):
+        import torch
+
+        size = jpeg_size(raw)
+        if size is not None:
+            height, width = size
+            image = decode_scaled(raw, height, width, dct_scale(height, width, self.resize))
+            if image is not None:
+                return self.transform(torch.from_numpy(image).permute(2, 0, 1))
+        CROP_DECODE["fallback"] += 1
+        return self.transform(load_bytes(raw) if isinstance(raw, bytes) else raw)
+
+
+def train_transform(crop: int):
+    return TrainTransform(crop)
 
 
 def val_transform(crop: int, resize: int):
-    from torchvision.transforms import v2
-
-    return v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(crop)])
+    return ValTransform(crop, resize)
 
 
 def image_folder(root: Path, transform):
     from torchvision.datasets import ImageFolder
 
-    return ImageFolder(str(root), transform=transform, loader=load_image)
+    return ImageFolder(str(root), transform=transform, loader=read_file)
 
 
 def to_model_input(images, device, channels_last: bool):

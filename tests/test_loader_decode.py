@@ -1,0 +1,153 @@
+"""The loader picks the RandomResizedCrop box first and decodes a JPEG only at the scale that box needs
+(libjpeg-turbo's DCT-domain scaling through simplejpeg); the augmentation is still torchvision's.
+
+The statistics test reads each crop back from the pixels: the source is a JPEG whose red channel is the column and
+whose green channel is the row, so the first and last column/row of a 32 x 32 output tell the box's width and height
+(and a reversed red gradient tells a flip). The same reading of torchvision's v2.RandomResizedCrop + flip on the same
+image is the reference.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from doeks.workload import data
+from doeks.workload import train
+
+WIDTH, HEIGHT, OUT = 512, 384, 32
+
+
+def _gradient_jpeg(path) -> bytes:
+    import numpy as np
+    from PIL import Image
+
+    x = np.round(np.arange(WIDTH) * 255 / (WIDTH - 1))
+    y = np.round(np.arange(HEIGHT) * 255 / (HEIGHT - 1))
+    image = np.zeros((HEIGHT, WIDTH, 3), dtype=np.uint8)
+    image[..., 0], image[..., 1], image[..., 2] = x[None, :], y[:, None], 128
+    Image.fromarray(image).save(path, format="JPEG", quality=95, subsampling=0)
+    return path.read_bytes()
+
+
+def _boxes(outputs) -> dict:
+    """Area fraction, log aspect ratio (w/h) and flips of the crops the outputs were resized from."""
+    import torch
+
+    o = torch.stack(outputs).float()
+    left, right = o[:, 0, :, 0].mean(1), o[:, 0, :, -1].mean(1)  # red = column
+    top, bottom = o[:, 1, 0, :].mean(1), o[:, 1, -1, :].mean(1)  # green = row
+    w = (right - left).abs() * (WIDTH - 1) / 255 * OUT / (OUT - 1)
+    h = (bottom - top) * (HEIGHT - 1) / 255 * OUT / (OUT - 1)
+    area = w * h / (WIDTH * HEIGHT)
+    log_ratio = torch.log(w / h)
+    return {"area": (area.mean().item(), area.std().item()), "log_ratio": (log_ratio.mean().item(), log_ratio.std().item()),
+            "flipped": (right < left).float().mean().item()}
+
+
+def test_crop_area_and_aspect_ratio_statistics_match_torchvision(tmp_path):
+    import torch
+    from torchvision.transforms import v2
+
+    raw = _gradient_jpeg(tmp_path / "gradient.JPEG")
+    samples = 1500
+    transform = train.train_transform(OUT)
+    train.CROP_DECODE.update(scaled=0, fallback=0)
+    train.SCALES.clear()
+    torch.manual_seed(1)
+    ours = _boxes([transform(raw) for _ in range(samples)])
+
+    reference = v2.Compose([v2.RandomResizedCrop(OUT, antialias=True), v2.RandomHorizontalFlip()])
+    image = train.load_bytes(raw)
+    torch.manual_seed(2)
+    theirs = _boxes([reference(image) for _ in range(samples)])
+
+    # scale=(0.08, 1) of the area, log-uniform aspect ratio in [3/4, 4/3] (read back a little small: the resize's
+    # edge pixels average inwards; wide boxes fit a 4:3 image better): area ~0.43 +- 0.21, log ratio ~0.03 +- 0.17
+    assert 0.35 < theirs["area"][0] < 0.55 and abs(theirs["log_ratio"][0]) < 0.06, theirs
+    for key, tolerance in (("area", 0.03), ("log_ratio", 0.02)):  # ~3.5 standard errors of the difference
+        (mean, std), (ref_mean, ref_std) = ours[key], theirs[key]
+        assert abs(mean - ref_mean) < tolerance and abs(std - ref_std) < tolerance, (key, ours, theirs)
+    assert abs(ours["flipped"] - 0.5) < 0.05 and abs(theirs["flipped"] - 0.5) < 0.05
+    assert train.CROP_DECODE == {"scaled": samples, "fallback": 0}
+    assert set(train.SCALES) == {2, 4, 8}, train.SCALES  # every crop has >= 64 px a side: decoded at 1/2 or less
+    assert train.SCALES[8] > samples // 10
+
+
+def test_crop_box_is_torchvisions_draw_for_draw():
+    """Same generator state, same box: crop_box makes torchvision's draws in torchvision's order (also the central
+    fallback of a very long image)."""
+    import torch
+    from torchvision.transforms import v2
+
+    reference = v2.RandomResizedCrop(OUT)
+    for height, width in ((375, 500), (500, 333), (40, 48), (20, 400)):
+        for seed in range(20):
+            torch.manual_seed(seed)
+            ours = train.crop_box(height, width)
+            torch.manual_seed(seed)
+            theirs = reference.make_params([torch.empty(3, height, width)])
+            assert ours == (theirs["top"], theirs["left"], theirs["height"], theirs["width"])
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from doeks.datastage import relayout_val
+
+    root = tmp_path_factory.mktemp("imagenet") / "data"
+    data.generate(root, classes=3, train_per_class=12, val_per_class=4, size=40)
+    relayout_val(root)
+    return root
+
+
+def test_normal_jpegs_take_the_scaled_decode_and_odd_files_fall_back(dataset):
+    from PIL import Image
+
+    for split, transform in (("train", train.train_transform(24)), ("val", train.val_transform(24, 27))):
+        folder = train.image_folder(dataset / split, transform)
+        kinds = []
+        for path, _ in folder.samples:
+            with Image.open(path) as image:
+                kinds.append((image.format, image.mode))
+        train.CROP_DECODE.update(scaled=0, fallback=0)
+        for index in range(len(folder)):
+            image, _ = folder[index]
+            assert tuple(image.shape) == (3, 24, 24) and not image.dtype.is_floating_point
+        normal = sum(kind in (("JPEG", "RGB"), ("JPEG", "L")) for kind in kinds)
+        odd = len(kinds) - normal  # the PNG named .JPEG and the CMYK JPEGs
+        assert ("JPEG", "L") in kinds and odd >= 1 and train.CROP_DECODE == {"scaled": normal, "fallback": odd}, (split, kinds, train.CROP_DECODE)
+
+
+def test_a_large_jpeg_is_decoded_at_a_fraction_of_its_size_and_looks_the_same(tmp_path):
+    """Val of a 512 x 384 JPEG to Resize(36) + CenterCrop(32): a short side of 384 needs only 1/8 (48 >= 36). The
+    pixels are those of the full decode through the same transforms, give or take the resampling."""
+    import numpy as np
+    import torch
+    from torchvision.transforms import v2
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "big.JPEG"
+    from PIL import Image
+
+    Image.fromarray(data._image(3, 400, rng)[:HEIGHT, :WIDTH]).save(path, quality=90)
+    raw = path.read_bytes()
+    height, width = train.jpeg_size(raw)
+    train.SCALES.clear()
+    fast = train.val_transform(OUT, 36)(raw)
+    assert train.SCALES == {8: 1} and tuple(fast.shape) == (3, OUT, OUT)
+    full = v2.Compose([v2.Resize(36, antialias=True), v2.CenterCrop(OUT)])(train.load_bytes(raw))
+    assert (fast.float() - full.float()).abs().mean().item() < 10, (fast.float() - full.float()).abs().mean()
+    assert train.dct_scale(height, width, 36) == 8 and train.dct_scale(height, width, 100) == 2
+    assert train.dct_scale(height, width, 200) == 1 and train.dct_scale(100, 1000, 60) == 1
+    torch.manual_seed(0)
+    assert tuple(train.train_transform(224)(raw).shape) == (3, 224, 224)
+
+
+def test_without_simplejpeg_every_file_takes_the_full_decode(monkeypatch, tmp_path):
+    raw = _gradient_jpeg(tmp_path / "gradient.JPEG")
+    monkeypatch.setattr(train, "_SIMPLEJPEG", [None])
+    train.CROP_DECODE.update(scaled=0, fallback=0)
+    assert tuple(train.train_transform(OUT)(raw).shape) == (3, OUT, OUT)
+    assert tuple(train.val_transform(OUT, 36)(raw).shape) == (3, OUT, OUT)
+    assert train.CROP_DECODE == {"scaled": 0, "fallback": 2}
+    assert not math.isnan(train.to_model_input(train.val_transform(OUT, 36)(raw)[None], "cpu", False).mean().item())
