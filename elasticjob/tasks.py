@@ -81,7 +81,7 @@ def deploy(c, replicas=None, min_replicas=None, max_replicas=None, nproc_per_nod
         args = shlex.split(train_args or "")
     except ValueError as error:
         raise DoeksError(f"--train-args {train_args!r}: {error}") from None
-    plan = target.plan(targets.Job(s, args, fresh))  # refuses arguments the training script would refuse
+    plan = target.plan(targets.Job(s, args, fresh, dry_run=dry_run))  # refuses arguments the training script would refuse
     if dry_run:
         plan.show(r)
         return
@@ -246,7 +246,7 @@ def scaling(c, replicas="1,2", out=None, dry_run=False):
         s = base.with_overrides(replicas=size, min_replicas=size, max_replicas=size, epochs=1,
                                 job_name=f"{base.job_name}-scale{size}")
         target = targets.get(s)
-        plan = target.plan(targets.Job(s, fresh=True))
+        plan = target.plan(targets.Job(s, fresh=True, dry_run=dry_run))
         if dry_run:
             plan.show(runner(True))
             continue

@@ -17,6 +17,7 @@ from ..errors import DoeksError
 PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, STOPPED = "Pending", "Running", "Restarting", "Succeeded", "Failed", "Stopped"
 STATES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, STOPPED)
 FINAL = (SUCCEEDED, FAILED, STOPPED)
+DRY_RUN_ID = "dry-run"  # a shown plan's run id: each deploy gets a fresh one (jobspec.run_id)
 
 
 class NotSupported(DoeksError):
@@ -30,18 +31,20 @@ class NotSupported(DoeksError):
 @dataclass
 class Job:
     """What the user asks for: the validated settings (flags applied), extra script arguments, and whether to start
-    from scratch. `run` names this submission (a fresh rendezvous id per deploy)."""
+    from scratch. `run` names this submission (a fresh rendezvous id per deploy); a plan that is only shown
+    (`dry_run`) names it DRY_RUN_ID, so the same inputs print the same plan."""
 
     settings: Any
     train_args: list[str] = field(default_factory=list)
     fresh: bool = False
     run: str = ""
+    dry_run: bool = False
 
     def __post_init__(self):
         if not self.run:
             from ..jobspec import run_id
 
-            self.run = run_id()
+            self.run = DRY_RUN_ID if self.dry_run else run_id()
 
     @property
     def name(self) -> str:

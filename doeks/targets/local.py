@@ -41,10 +41,11 @@ class LocalTarget(Target):
                 plan.steps.append(Step(f"use the running etcd at {shown}", lambda: start_rendezvous(s, ctx)))
             else:
                 shown = f"127.0.0.1:{s.etcd_port or 'PORT'}"
-                plan.steps.append(Step(f"start etcd (v2 API) on 127.0.0.1:{s.etcd_port or 'a free port'}, data in {etcd_server.home}",
+                plan.steps.append(Step(f"start etcd (v2 API) on {shown if s.etcd_port else 'a free port of 127.0.0.1'}, data in {etcd_server.home}",
                                        lambda: start_rendezvous(s, ctx)))
         else:
-            shown = ctx["endpoint"] = f"127.0.0.1:{free_port()}"
+            ctx["endpoint"] = f"127.0.0.1:{free_port()}"
+            shown = "127.0.0.1:PORT" if job.dry_run else ctx["endpoint"]  # a shown plan is the same every time
         argv, env = local_jobs.replica_command(pytorchjob, runtime.volumes_dir(s), shown, s.local_preload)
         for replica in range(s.replicas):
             line = " ".join(f"{k}={v}" for k, v in sorted(env.items())) + f" DOEKS_REPLICA={replica}"
