@@ -160,10 +160,11 @@ def config(c, json=False, key=None):
     """Print the effective settings (.env, environment, defaults) to stdout as a table or JSON; secrets masked."""
     import json as json_module
 
+    from doeks import settings as settings_module
     from doeks import ui
     from doeks.errors import DoeksError
 
-    s = settings()
+    s = settings_module.current(lenient=True)  # a bad value is shown marked, then named: config is how to find it
     rows = s.rows()
     wanted = [k.strip().upper() for k in key or [] if k.strip()]
     if key and not wanted:
@@ -173,9 +174,23 @@ def config(c, json=False, key=None):
         if not rows:
             raise DoeksError(f"--key {' '.join(key)}: no setting matches; `invoke config` lists them all")
     if json:
-        print(json_module.dumps([{"key": k, "unit": u, "value": v, "source": f} for u, k, v, f in rows], indent=2))
-        return
-    ui.table(f"doeks settings (TARGET={s.target})", ["unit", "key", "value", "from"], rows, stdout=True)
+        print(json_module.dumps([{"key": k, "unit": u, "value": settings_module.mask_value(settings_module.KEY_BY_NAME[k], s.raw(k)),
+                                  "source": f, **({"problem": s.problems[k]} if k in s.problems else {})}
+                                 for u, k, v, f in rows], indent=2))
+    else:
+        ui.table(f"doeks settings (TARGET={s.target})", ["unit", "key", "value", "from"], rows, stdout=True)
+    _settings_problems(s)
+
+
+def _settings_problems(s) -> None:
+    """The values not accepted, as one error line (config and doctor show them marked first)."""
+    from doeks.errors import SettingsError
+
+    problems = list(s.problems.values())
+    if len(problems) == 1:
+        raise SettingsError(problems[0])
+    if problems:
+        raise SettingsError(f"{len(problems)} settings are not accepted: " + "; ".join(problems))
 
 
 @task(help={"docker": "also install and start a local docker daemon (Debian docker.io) and make a base image",

@@ -345,7 +345,7 @@ def doctor() -> None:
     """One table per target; exit 1 (one line) when something the target needs is missing."""
     from .settings import current
 
-    settings = current()
+    settings = current(lenient=True)  # a bad value is a failed check here (its default stands in), not the end
     if settings.target == "eks":
         rows = eks_checks(settings)
         cluster = cluster_checks(settings) if rows[0][1] and all(ok for w, ok, _, r in rows[:2] if r) else []
@@ -357,6 +357,7 @@ def doctor() -> None:
         if settings.target == "docker":
             needed |= {"docker daemon", "python: docker"}
         rows = [(w, ok, d, w in needed) for w, ok, d in checks()]
+    rows = [(f"setting {key}", False, problem, True) for key, problem in settings.problems.items()] + rows
     ui.table(f"doeks doctor (TARGET={settings.target})", ["check", "ok", "detail / fix", "needed"],
              [[w, "yes" if ok else ("NO" if required else "no"), d, "yes" if required else ""] for w, ok, d, required in rows])
     missing = [w for w, ok, _, required in rows if required and not ok]

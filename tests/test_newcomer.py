@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from .conftest import invoke
 
 
@@ -51,3 +53,48 @@ def test_dash_d_is_dry_run_in_every_task_that_has_one():
             checked += 1
             assert "d" in arguments["dry_run"], f"{name}: -d is not --dry-run ({arguments})"
     assert checked > 20
+
+
+def test_a_misspelled_env_key_is_a_warning_naming_the_closest_known_key(state_dir, tmp_path):
+    env_file = tmp_path / ".env"
+    env_file.write_text("REPLCAS=3\n")
+    (tmp_path / ".env.local").write_text("EPOCH=2\n")
+    result = invoke("elasticjob.deploy", "--dry-run", env={"DOEKS_ENV_FILE": str(env_file)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "warning: .env: unknown key REPLCAS is ignored: did you mean REPLICAS?" in result.stderr
+    assert "warning: .env.local: unknown key EPOCH is ignored: did you mean EPOCHS?" in result.stderr
+    assert result.stderr.count("unknown key REPLCAS") == 1
+
+
+def test_a_bad_value_names_the_file_or_variable_it_came_from(tmp_path):
+    from doeks import settings as S
+    from doeks.errors import SettingsError
+
+    env_file = tmp_path / ".env"
+    env_file.write_text("EPOCHS=many\n")
+    cases = [({}, "(from .env)"), ({"EPOCHS": "lots"}, "(from the environment)")]
+    for environ, where in cases:
+        with pytest.raises(SettingsError) as error:
+            S.load(environ=environ, path=env_file)
+        assert str(error.value).endswith(where), str(error.value)
+    (tmp_path / ".env.local").write_text("EPOCHS=0\n")
+    with pytest.raises(SettingsError, match=r"^EPOCHS='0' is not accepted: .*\(from \.env\.local\)$"):
+        S.load(environ={}, path=env_file)
+    (tmp_path / ".env.local").unlink()
+    env_file.write_text("MIN_REPLICAS=3\n")  # a check across keys names where each value came from
+    with pytest.raises(SettingsError, match=r"\(MIN_REPLICAS from \.env\)$"):
+        S.load(environ={}, path=env_file)
+
+
+def test_config_and_doctor_still_run_with_a_bad_value_and_show_it_marked(state_dir):
+    env = {"EPOCHS": "x", "COLUMNS": "250"}
+    config = invoke("config", env=env)
+    assert config.returncode == 1 and "Traceback" not in config.stderr
+    assert re.search(r"EPOCHS\s*│\s*x \(NOT ACCEPTED", config.stdout), config.stdout
+    assert "AWS_REGION" in config.stdout  # the whole table
+    assert config.stderr.strip().splitlines()[-1] == \
+        "error: EPOCHS='x' is not accepted: expected an integer from 1 to 10000 (from the environment)"
+    doctor = invoke("doctor", env=env)
+    assert doctor.returncode == 1 and "Traceback" not in doctor.stderr
+    assert re.search(r"setting EPOCHS\s*│\s*NO\s*│\s*EPOCHS='x' is not accepted", doctor.stderr), doctor.stderr
+    assert "python: torch" in doctor.stderr  # the other checks ran
