@@ -98,3 +98,41 @@ def test_config_and_doctor_still_run_with_a_bad_value_and_show_it_marked(state_d
     assert doctor.returncode == 1 and "Traceback" not in doctor.stderr
     assert re.search(r"setting EPOCHS\s*│\s*NO\s*│\s*EPOCHS='x' is not accepted", doctor.stderr), doctor.stderr
     assert "python: torch" in doctor.stderr  # the other checks ran
+
+
+def test_ctrl_c_while_following_says_the_job_still_runs_and_a_second_deploy_refuses_first(state_dir, monkeypatch):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from doeks import elastic
+    from doeks.local import jobs
+
+    from .conftest import ROOT, job_settings, wait_for
+    from .test_elasticjob_local import SMALL, leftover_processes, max_step
+
+    s = job_settings({**SMALL, "EPOCHS": "20"}, monkeypatch)
+    follow = subprocess.Popen([sys.executable, "-m", "invoke", "elasticjob.deploy", "--fresh", "--follow"], cwd=ROOT,
+                              env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: max_step(s) >= 1, 240, "the job to train")
+        follow.send_signal(signal.SIGINT)  # what Ctrl-C sends the foreground process
+        out, err = follow.communicate(timeout=60)
+        assert follow.returncode == 130, err[-2000:]
+        last = err.strip().splitlines()[-1]
+        assert last == ("interrupted: job imagenet is still running on TARGET=local (Running); follow it with "
+                        "`invoke elasticjob.logs --follow`, stop it with `invoke elasticjob.delete`"), err[-2000:]
+        assert jobs.is_active(elastic.home(s))  # it was only the following that stopped
+
+        again = invoke("elasticjob.deploy")
+        assert again.returncode == 1
+        assert again.stdout == ""  # no manifests before the refusal
+        assert [line for line in again.stderr.splitlines() if line.strip()] == [
+            "error: job imagenet is already running: `invoke elasticjob.status`, or `invoke elasticjob.delete` first"]
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+        invoke("elasticjob.delete")
+        invoke("eks.delete")
+    assert leftover_processes(state_dir) == []

@@ -56,9 +56,13 @@ class LocalTarget(Target):
                                lambda: self._launch(s, pytorchjob, ctx, job.run)))
         return plan
 
-    def _check(self, s) -> None:
+    def refuse_if_running(self) -> None:
         if local_jobs.is_active(self.home):
-            raise DoeksError(f"job {s.job_name} is already running: `invoke elasticjob.status`, or `invoke elasticjob.delete` first")
+            raise DoeksError(f"job {self.settings.job_name} is already running: `invoke elasticjob.status`, or "
+                             "`invoke elasticjob.delete` first")
+
+    def _check(self, s) -> None:
+        self.refuse_if_running()
         elastic.check_data(s)
 
     def _launch(self, s, pytorchjob, ctx, run) -> None:
