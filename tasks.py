@@ -204,8 +204,10 @@ def setup(c, docker=False, dry_run=False):
 
 @task
 def doctor(c):
-    """Preflight for TARGET: what it needs (local/docker: tools and services; eks: credentials, cluster,
-    kubeconfig, tools; sagemaker: role, bucket, image); exit 1 when a needed check fails."""
+    """Preflight for TARGET: what it needs, and the settings; exit 1 when a needed check fails.
+
+    local/docker: tools and services; eks: credentials, cluster, kubeconfig, tools; sagemaker: role, bucket, image;
+    every target: each setting's value (a bad one is a failed check, shown with where it came from)."""
     from doeks import preflight
 
     preflight.doctor()
@@ -293,7 +295,7 @@ def login(c, dry_run=False):
 
 @task(name="test")
 def test_(c):
-    """Run the image's self-test inside a throw-away container."""
+    """Run the image's self-test in a throw-away container; exit 1 when a check fails or a needed tool is missing."""
     container.self_test(settings())
 
 

@@ -54,10 +54,11 @@ class _Bad(ValueError):
 
 
 def _choice(options: tuple[str, ...]):
-    def parse(raw: str) -> str:
-        if raw not in options:
+    def parse(raw: str) -> str:  # read case-insensitively (TARGET=EKS is eks), given back as the option is spelled
+        canonical = {option.lower(): option for option in options}.get(raw.lower())
+        if canonical is None:
             raise _Bad(f"one of {', '.join(options)}")
-        return raw
+        return canonical
 
     return parse, f"one of {', '.join(options)}"
 

@@ -136,3 +136,76 @@ def test_ctrl_c_while_following_says_the_job_still_runs_and_a_second_deploy_refu
         invoke("elasticjob.delete")
         invoke("eks.delete")
     assert leftover_processes(state_dir) == []
+
+
+@pytest.mark.docker
+def test_a_build_with_default_settings_and_no_registry_falls_back_to_the_local_base(docker_client, state_dir, monkeypatch):
+    import dataclasses
+
+    from doeks import container, preflight
+    from doeks import settings as S
+    from doeks.local.services import free_port
+
+    try:
+        docker_client.images.get(preflight.BASE_IMAGE)
+    except Exception:  # noqa: BLE001
+        pytest.skip(f"no {preflight.BASE_IMAGE} (`invoke setup --docker` makes it)")
+    dry = invoke("build", "--dry-run", env={"BASE_IMAGE": "debian:bookworm-slim", "CONTAINER_DOWNLOADS": "true"})
+    assert dry.returncode == 0, dry.stderr
+    assert "if debian:bookworm-slim cannot be pulled: --build-arg BASE_IMAGE=doeks-base:bookworm --build-arg DOWNLOADS=false" in dry.stderr
+
+    unreachable = f"127.0.0.1:{free_port()}/debian:bookworm-slim"  # a registry that is not there, as offline
+    monkeypatch.setitem(S.KEY_BY_NAME, "BASE_IMAGE", dataclasses.replace(S.KEY_BY_NAME["BASE_IMAGE"], default=unreachable))
+    monkeypatch.setenv("BASE_IMAGE", unreachable)
+    monkeypatch.setenv("CONTAINER_DOWNLOADS", "true")
+    S.reset()
+    args = container._offline_args(docker_client, S.current())
+    assert args == {"BASE_IMAGE": "doeks-base:bookworm", "DOWNLOADS": "false"}
+    monkeypatch.setenv("CONTAINER_DOWNLOADS", "false")  # chosen, not the default: built as set
+    S.reset()
+    assert container._offline_args(docker_client, S.current())["BASE_IMAGE"] == unreachable
+
+
+def test_ranks_sharing_a_log_never_merge_lines(tmp_path):
+    """Two ranks of a node write to the node's one log (O_APPEND, unbuffered, as torchrun's workers do)."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    log = tmp_path / "agent.log"
+    probe = ("import os, sys\nsys.path.insert(0, 'doeks/workload')\nimport train\n"
+             "for i in range(3000):\n    train.log(f'line {i}')\n")
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        ranks = [subprocess.Popen([sys.executable, "-c", probe], cwd=ROOT, stdout=fd, stderr=subprocess.PIPE,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1", "RANK": str(rank)}) for rank in (0, 1)]
+        for rank in ranks:
+            assert rank.wait(timeout=300) == 0, rank.stderr.read()
+    finally:
+        os.close(fd)
+    lines = log.read_text().splitlines()
+    bad = [line for line in lines if not re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3} \[rank [01]\] line \d+", line)]
+    assert not bad and len(lines) == 6000, bad[:5]
+
+
+def test_every_task_help_in_the_list_is_whole():
+    """`invoke --list` shows a docstring's first line: a first paragraph over two lines was cut mid-phrase."""
+    import importlib.util
+    import inspect
+
+    from .conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("doeks_root_tasks_list", ROOT / "tasks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cut = [name for name, task in _tasks(module.ns) if "\n" in (inspect.getdoc(task.body) or "").split("\n\n")[0]]
+    assert cut == [], f"first paragraph over more than one line (cut in `invoke --list`): {cut}"
+
+
+def test_a_choice_is_read_case_insensitively(tmp_path):
+    from doeks import settings as S
+
+    s = S.load(environ={"TARGET": "EKS", "RDZV_BACKEND": "C10D", "FSX_COMPRESSION": "lz4"}, path=tmp_path / "none")
+    assert (s.target, s.rdzv_backend, s.fsx_compression) == ("eks", "c10d", "LZ4")
