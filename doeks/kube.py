@@ -40,6 +40,9 @@ def apply(runner, manifests: Sequence[dict[str, Any]], field_manager: str = "doe
     """Server-side apply of a YAML stream (printed on stdout as well)."""
     text = runner.emit(manifests)
     run(runner, ["apply", "--server-side", f"--field-manager={field_manager}", "--force-conflicts", "-f", "-"], input=text)
+    if runner.dry_run:  # the plan names each object it would create or change, as a deletion does
+        for manifest in manifests:
+            runner.step(f"create or change {object_name(manifest)} (the YAML on stdout)", lambda: None)
 
 
 def delete(runner, manifests: Sequence[dict[str, Any]]) -> None:

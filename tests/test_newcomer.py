@@ -209,3 +209,11 @@ def test_a_choice_is_read_case_insensitively(tmp_path):
 
     s = S.load(environ={"TARGET": "EKS", "RDZV_BACKEND": "C10D", "FSX_COMPRESSION": "lz4"}, path=tmp_path / "none")
     assert (s.target, s.rdzv_backend, s.fsx_compression) == ("eks", "c10d", "LZ4")
+
+
+def test_an_apply_in_a_dry_run_names_each_object(state_dir):
+    result = _plan("gpu-metrics.deploy", "--agent", "--dry-run", env={"TARGET": "eks"})
+    lines = [line for line in result.stderr.splitlines() if line.startswith("would create or change ")]
+    kinds = re.findall(r"^kind: (\S+)$", result.stdout, re.M)
+    assert len(lines) == len(kinds) > 0, result.stderr
+    assert "would create or change DaemonSet amazon-cloudwatch/cloudwatch-agent-gpu (the YAML on stdout)" in lines
