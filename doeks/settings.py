@@ -527,15 +527,15 @@ def render_env_file() -> str:
 
 
 def render_reference_table() -> str:
-    """The README's `.env` reference (a test keeps README.md in step with KEYS)."""
+    """The `.env` reference in docs/env-reference.md (a test keeps it in step with KEYS)."""
     rows = ["| key | unit | default | what | accepted |", "|---|---|---|---|---|"]
     for key in KEYS:
         rows.append(f"| `{key.name}` | {key.unit} | `{key.default}` | {key.help} | {key.accepted} |".replace("``", "(empty)"))
     return "\n".join(rows)
 
 
-def sync_readme(path: Path = PROJECT_ROOT / "README.md") -> bool:
-    """Rewrite the README's reference block; True if it changed."""
+def sync_readme(path: Path = PROJECT_ROOT / "docs" / "env-reference.md") -> bool:
+    """Rewrite the `.env` reference block (docs/env-reference.md, linked from the README); True if it changed."""
     text = path.read_text()
     start, end = "<!-- env-reference:start -->", "<!-- env-reference:end -->"
     head, rest = text.split(start, 1)
