@@ -85,7 +85,7 @@ def deploy(c, replicas=None, min_replicas=None, max_replicas=None, nproc_per_nod
     if dry_run:
         plan.show(r)
         return
-    target.refuse_if_running()  # a refusal is the first thing said, before any of the plan
+    target.refuse(plan)  # a refusal (running already, no image, no data) is the first thing said, before any plan
     if plan.manifests:
         r.emit(plan.manifests)  # a run shows what it applies or interprets, as the dry run does
     if target.on_this_machine:

@@ -158,10 +158,10 @@ class Target:
         manifests = self.manifests(job)
         return Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(manifests[-1])["containers"][0]["image"])
 
-    def refuse_if_running(self) -> None:
-        """Raise DoeksError when the job runs already and a submission would be refused: called before anything of
-        the plan is printed, so a refusal is the first and only thing said. Targets that replace a job in place
-        (kubectl apply) have nothing to refuse."""
+    def refuse(self, plan: Plan) -> None:
+        """Raise the DoeksError a submission of `plan` would meet (the job runs already, its image is not built or not
+        resolved, its data is missing): called before anything of the plan is printed, so a refusal is the first and
+        only thing said. The submission's own steps check again (another shell may have deployed meanwhile)."""
 
     def submit(self, plan: Plan, runner) -> None:
         """Execute a plan's steps in order (each through the runner, so secrets stay masked); then record the run."""

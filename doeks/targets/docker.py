@@ -171,6 +171,11 @@ class DockerTarget(Target):
             raise DoeksError(f"job {self.settings.job_name} is already running ({len(live)} containers): "
                              "`invoke elasticjob.status`, or `invoke elasticjob.delete` first")
 
+    def refuse(self, plan: Plan) -> None:
+        trainimage.require_image(plan.image)
+        self.refuse_if_running()
+        elastic.check_data(plan.job.settings)
+
     def _check(self, s, image: str) -> None:
         trainimage.require_image(image)
         self.refuse_if_running()

@@ -32,6 +32,9 @@ class EksTarget(Target):
         """What describe() reports as the run: the PyTorchJob's rendezvous id."""
         return plan.manifests[-1]["spec"].get("elasticPolicy", {}).get("rdzvId") or plan.job.run
 
+    def refuse(self, plan: Plan) -> None:
+        trainimage.require_resolved(plan.image)
+
     def submit(self, plan: Plan, runner) -> None:
         from ..runner import to_yaml_stream
 

@@ -65,6 +65,10 @@ class LocalTarget(Target):
         self.refuse_if_running()
         elastic.check_data(s)
 
+    def refuse(self, plan: Plan) -> None:
+        self.refuse_if_running()
+        elastic.check_data(plan.job.settings)
+
     def _launch(self, s, pytorchjob, ctx, run) -> None:
         local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run)
 
