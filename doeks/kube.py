@@ -122,11 +122,26 @@ def apply(runner, manifests: Sequence[dict[str, Any]], field_manager: str = "doe
     """Server-side apply of a YAML stream (printed on stdout as well)."""
     text = runner.emit(manifests)
     run(runner, ["apply", "--server-side", f"--field-manager={field_manager}", "--force-conflicts", "-f", "-"], input=text)
+    if runner.dry_run:  # the plan names each object it would create or change, as a deletion does
+        for manifest in manifests:
+            runner.step(f"create or change {object_name(manifest)} (the YAML on stdout)", lambda: None)
 
 
 def delete(runner, manifests: Sequence[dict[str, Any]]) -> None:
-    """Delete what the manifests name; what is already gone is fine."""
-    run(runner, ["delete", "--ignore-not-found", "--wait=true", "-f", "-"], input=to_yaml_stream(manifests))
+    """Delete what the manifests name; what is already gone is fine. A dry run names each object, in order."""
+    argv = ["delete", "--ignore-not-found", "--wait=true", "-f", "-"]
+    if runner.dry_run:
+        for manifest in manifests:
+            runner.step(f"delete {object_name(manifest)} (kubectl {' '.join(argv[:3])}; gone already is fine)", lambda: None)
+        return
+    run(runner, argv, input=to_yaml_stream(manifests))
+
+
+def object_name(manifest: dict[str, Any]) -> str:
+    """`Kind namespace/name` (cluster-scoped: `Kind name`), as a plan names what it changes."""
+    meta = manifest.get("metadata", {})
+    where = f"{meta['namespace']}/" if meta.get("namespace") else ""
+    return f"{manifest.get('kind', '?')} {where}{meta.get('name', '?')}"
 
 
 def show(runner, args: list[str]) -> None:

@@ -20,6 +20,8 @@ from .errors import CONNECT_FIX, KUBE_NOISE, DoeksError, MissingTool, NotConnect
 
 
 UNKNOWN: list[str] = []  # every lookup a dry run in this process could not make
+PLANNED: set[str] = set()  # every line a dry run in this process printed: each is printed once (`down` runs
+#                            several units' runners; csi's and eks' both remove the csi roles)
 
 
 class Runner:
@@ -41,8 +43,12 @@ class Runner:
             ui.say(self.mask(message), style="dim")
 
     def _plan(self, line: str) -> None:
-        self.planned.append(self.mask(line))
-        ui.say(("would " if self.dry_run else "") + self.mask(line), style="cyan")
+        line = self.mask(line)
+        self.planned.append(line)
+        if self.dry_run and line in PLANNED:  # planned above by another unit: once is the plan
+            return
+        PLANNED.add(line)
+        ui.say(("would " if self.dry_run else "") + line, style="cyan")
 
     def unknown(self, what: str, reason: str = "no credentials") -> str:
         """A dry run's lookup that could not be made: said once, recorded, and the plan goes on."""
@@ -53,6 +59,10 @@ class Runner:
             UNKNOWN.append(what)
             ui.say(self.mask(f"unknown: {what} {text}"), style="yellow")
         return text
+
+    def was_unknown(self, what: str) -> bool:
+        """Whether this dry run could not make the lookup `what` (it may exist: plan its deletion as unknown)."""
+        return what in self.unknowns or what in UNKNOWN
 
     # -- commands -------------------------------------------------------------------------------------------------
     def run(self, argv: Sequence[str], *, mutating: bool = True, check: bool = True, capture: bool = False,
@@ -143,6 +153,11 @@ def _run_filtered(argv, env=None, cwd=None, input=None) -> subprocess.CompletedP
 
 
 def to_yaml_stream(manifests: Sequence[dict]) -> str:
+    """Manifests as one YAML stream; an object used twice is written out twice, never as an anchor (&id001)."""
     import yaml
 
-    return "".join("---\n" + yaml.safe_dump(m, sort_keys=False) for m in manifests)
+    class _Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data):
+            return True
+
+    return "".join("---\n" + yaml.dump(m, Dumper=_Dumper, sort_keys=False) for m in manifests)

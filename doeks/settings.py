@@ -54,10 +54,11 @@ class _Bad(ValueError):
 
 
 def _choice(options: tuple[str, ...]):
-    def parse(raw: str) -> str:
-        if raw not in options:
+    def parse(raw: str) -> str:  # read case-insensitively (TARGET=EKS is eks), given back as the option is spelled
+        canonical = {option.lower(): option for option in options}.get(raw.lower())
+        if canonical is None:
             raise _Bad(f"one of {', '.join(options)}")
-        return raw
+        return canonical
 
     return parse, f"one of {', '.join(options)}"
 
@@ -306,10 +307,17 @@ KEY_BY_NAME = {k.name: k for k in KEYS}
 class Settings:
     """The effective, validated settings; read a key as an attribute in lower case (`settings.cluster_name`)."""
 
-    def __init__(self, values: dict[str, Any], raw: dict[str, str], sources: dict[str, str]):
+    def __init__(self, values: dict[str, Any], raw: dict[str, str], sources: dict[str, str],
+                 problems: dict[str, str] | None = None):
         self._values = values
         self._raw = raw
         self._sources = sources
+        self._problems = problems or {}  # key -> its error, when loaded leniently (config, doctor): default used
+
+    @property
+    def problems(self) -> dict[str, str]:
+        """The values not accepted (key -> the one-line error) when loaded with lenient=True; empty otherwise."""
+        return dict(self._problems)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -367,7 +375,9 @@ class Settings:
         return path if path.is_absolute() else PROJECT_ROOT / path
 
     def rows(self) -> list[list[str]]:
-        return [[k.unit, k.name, mask_value(k, self._raw[k.name]), self._sources[k.name]] for k in KEYS]
+        """[unit, key, value, source]; a value not accepted is marked `NOT ACCEPTED` (lenient loads only)."""
+        return [[k.unit, k.name, mask_value(k, self._raw[k.name]) + (" (NOT ACCEPTED: see below)" if k.name in self._problems else ""),
+                 self._sources[k.name]] for k in KEYS]
 
 
 def mask_value(key: Key, raw: str) -> str:
@@ -388,33 +398,89 @@ def read_env_file(path: Path) -> dict[str, str]:
     return {k: ("" if v is None else v) for k, v in dotenv_values(path).items()}
 
 
-def load(environ: dict[str, str] | None = None, path: Path | None = None) -> Settings:
-    """Read `.env`, let the environment override it, validate every key; raises SettingsError on the first bad one."""
+def load(environ: dict[str, str] | None = None, path: Path | None = None, lenient: bool = False) -> Settings:
+    """Read `.env` and `.env.local`, let the environment override them, validate every key; raises SettingsError on
+    the first bad one, naming where its value came from. `lenient` (config, doctor): a bad value is recorded in
+    `problems` and its default used, so the tools to find it still run. Unknown keys in the files are warned about."""
     environ = os.environ if environ is None else environ
     path = path or env_file()
-    from_file = {**read_env_file(path), **read_env_file(path.with_name(path.name + ".local"))}
+    files = {".env": read_env_file(path), ".env.local": read_env_file(path.with_name(path.name + ".local"))}
+    _warn_unknown(files, path)
     raw, sources = {}, {}
     for key in KEYS:
         if key.name in environ:
             raw[key.name], sources[key.name] = environ[key.name], "environment"
-        elif key.name in from_file:
-            raw[key.name], sources[key.name] = from_file[key.name], ".env"
+        elif key.name in files[".env.local"]:
+            raw[key.name], sources[key.name] = files[".env.local"][key.name], ".env.local"
+        elif key.name in files[".env"]:
+            raw[key.name], sources[key.name] = files[".env"][key.name], ".env"
         else:
             raw[key.name], sources[key.name] = key.default, "default"
-    return _validate(raw, sources)
+    return _validate(raw, sources, lenient)
 
 
-def _validate(raw: dict[str, str], sources: dict[str, str]) -> Settings:
+_WARNED: set[str] = set()
+
+
+def unknown_keys(files: dict[str, dict[str, str]]) -> list[tuple[str, str, str | None]]:
+    """(file, key, the closest known key or None) for each key of the files that doeks does not know."""
+    import difflib
+
+    found = []
+    for name, values in files.items():
+        for key in values:
+            if key not in KEY_BY_NAME:
+                close = difflib.get_close_matches(key.upper(), list(KEY_BY_NAME), n=1, cutoff=0.6)
+                found.append((name, key, close[0] if close else None))
+    return found
+
+
+def _warn_unknown(files: dict[str, dict[str, str]], path: Path) -> None:
+    for name, key, close in unknown_keys(files):
+        shown = path.name if name == ".env" else path.name + ".local"
+        line = (f"warning: {shown}: unknown key {key} is ignored" + (f": did you mean {close}?" if close else
+                                                                  ": `invoke config` lists the keys"))
+        if line not in _WARNED:  # once per process
+            _WARNED.add(line)
+            import sys
+
+            print(line, file=sys.stderr)
+
+
+_SHOWN_SOURCES = {".env": ".env", ".env.local": ".env.local", "environment": "the environment"}
+
+
+def _where(message: str, sources: dict[str, str]) -> str:
+    """` (from .env)`: where the values a message names came from (defaults and flags are not said)."""
+    named = [n for n in dict.fromkeys(re.findall(r"\b[A-Z][A-Z0-9_]+\b", message)) if sources.get(n) in _SHOWN_SOURCES]
+    if not named:
+        return ""
+    if len(named) == 1 and message.startswith(named[0] + "="):
+        return f" (from {_SHOWN_SOURCES[sources[named[0]]]})"
+    return " (" + ", ".join(f"{n} from {_SHOWN_SOURCES[sources[n]]}" for n in named) + ")"
+
+
+def _validate(raw: dict[str, str], sources: dict[str, str], lenient: bool = False) -> Settings:
     values: dict[str, Any] = {}
+    problems: dict[str, str] = {}
     for key in KEYS:
         value = raw[key.name].strip() if not key.secret else raw[key.name]
         try:
             values[key.name] = key.parse(value)
         except _Bad as bad:
             shown = mask_value(key, value)
-            raise SettingsError(f"{key.name}={shown!r} is not accepted: expected {bad}") from None
-    _check_ranges(values, raw)
-    return Settings(values, raw, sources)
+            message = f"{key.name}={shown!r} is not accepted: expected {bad}"
+            if not lenient:
+                raise SettingsError(message + _where(message, sources)) from None
+            problems[key.name] = message + _where(message, sources)
+            values[key.name] = key.parse(key.default)
+    try:
+        _check_ranges(values, raw)
+    except SettingsError as error:
+        if not lenient:
+            raise SettingsError(f"{error}{_where(str(error), sources)}") from None
+        problems[str(error).split("=", 1)[0]] = f"{error}{_where(str(error), sources)}"
+    return Settings(values, raw, sources, problems)
 
 
 def _check_ranges(values: dict[str, Any], raw: dict[str, str]) -> None:
@@ -448,11 +514,12 @@ def _check_fsx(values: dict[str, Any], raw: dict[str, str]) -> None:
 _CACHE: dict[str, Settings] = {}
 
 
-def current() -> Settings:
-    """The settings for this process, loaded and validated once."""
-    if "s" not in _CACHE:
-        _CACHE["s"] = load()
-    return _CACHE["s"]
+def current(lenient: bool = False) -> Settings:
+    """The settings for this process, loaded and validated once (lenient: bad values in `problems`, see load)."""
+    which = "lenient" if lenient else "s"
+    if which not in _CACHE:
+        _CACHE[which] = load(lenient=lenient)
+    return _CACHE[which]
 
 
 def reset() -> None:
@@ -475,15 +542,15 @@ def render_env_file() -> str:
 
 
 def render_reference_table() -> str:
-    """The README's `.env` reference (a test keeps README.md in step with KEYS)."""
+    """The `.env` reference in docs/env-reference.md (a test keeps it in step with KEYS)."""
     rows = ["| key | unit | default | what | accepted |", "|---|---|---|---|---|"]
     for key in KEYS:
         rows.append(f"| `{key.name}` | {key.unit} | `{key.default}` | {key.help} | {key.accepted} |".replace("``", "(empty)"))
     return "\n".join(rows)
 
 
-def sync_readme(path: Path = PROJECT_ROOT / "README.md") -> bool:
-    """Rewrite the README's reference block; True if it changed."""
+def sync_readme(path: Path = PROJECT_ROOT / "docs" / "env-reference.md") -> bool:
+    """Rewrite the `.env` reference block (docs/env-reference.md, linked from the README); True if it changed."""
     text = path.read_text()
     start, end = "<!-- env-reference:start -->", "<!-- env-reference:end -->"
     head, rest = text.split(start, 1)

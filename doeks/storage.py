@@ -86,7 +86,7 @@ def delete_security_group(settings, runner, vpc: str, name: str, timeout: float 
     ec2 = _client(settings, "ec2")
     group = _find_group(ec2, vpc, name, runner)
     if group is None and runner.dry_run:
-        group = f"<{name}>"
+        group = f"<the id of security group {name} in {'the cluster VPC' if vpc.startswith('<') else vpc}, if any>"
     if group is None:
         ui.say(f"security group {name} is gone already")
         return
@@ -161,16 +161,16 @@ def efs_destroy(settings, runner) -> bool:
         runner.call(efs, "delete_file_system", FileSystemId=fs_id)
         if not runner.dry_run:
             _wait(lambda: find_efs(settings) is None, f"EFS {fs_id} to be deleted")
-    elif runner.dry_run:
-        runner.call(efs, "delete_mount_target", MountTargetId="<each mount target of the cluster's EFS>")
+    elif runner.dry_run and runner.was_unknown(f"EFS {efs_token(settings)}"):  # it may exist: the lookup is unknown
+        runner.call(efs, "delete_mount_target", MountTargetId=f"<each mount target of EFS {efs_token(settings)}, if any>")
         runner.step("wait until the mount targets are gone", lambda: None)
-        runner.call(efs, "delete_file_system", FileSystemId="<the cluster's EFS>")
+        runner.call(efs, "delete_file_system", FileSystemId=f"<EFS {efs_token(settings)}, if any>")
     else:
         ui.say(f"no EFS for cluster {settings.cluster_name}: nothing to destroy")
     from .aws import describe_cluster
 
     cluster = describe_cluster(settings, runner)
-    if runner.dry_run and not cluster:
+    if runner.dry_run and not cluster and runner.was_unknown(f"cluster {settings.cluster_name} in {settings.aws_region}"):
         delete_security_group(settings, runner, "<vpc>", f"doeks-efs-{settings.cluster_name}")
     elif cluster:
         delete_security_group(settings, runner, cluster_network(settings, runner)["vpc"], f"doeks-efs-{settings.cluster_name}")

@@ -81,10 +81,11 @@ def deploy(c, replicas=None, min_replicas=None, max_replicas=None, nproc_per_nod
         args = shlex.split(train_args or "")
     except ValueError as error:
         raise DoeksError(f"--train-args {train_args!r}: {error}") from None
-    plan = target.plan(targets.Job(s, args, fresh))  # refuses arguments the training script would refuse
+    plan = target.plan(targets.Job(s, args, fresh, dry_run=dry_run))  # refuses arguments the training script would refuse
     if dry_run:
         plan.show(r)
         return
+    target.refuse(plan)  # a refusal (running already, no image, no data) is the first thing said, before any plan
     if plan.manifests:
         r.emit(plan.manifests)  # a run shows what it applies or interprets, as the dry run does
     if target.on_this_machine:
@@ -92,7 +93,35 @@ def deploy(c, replicas=None, min_replicas=None, max_replicas=None, nproc_per_nod
     target.submit(plan, r)  # records the run (elasticjob.history)
     ui.say(f"job {s.job_name} submitted to TARGET={s.target} (run {target.run_name(plan)})")
     if follow:
-        _finish(s, target.wait())
+        with _still_running_on_interrupt(s, target):
+            status = target.wait()
+        _finish(s, status)
+
+
+class _still_running_on_interrupt:
+    """Ctrl-C while following stops the following, not the job: say what still runs and how to follow or stop it."""
+
+    def __init__(self, s, target):
+        self.s, self.target = s, target
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace):
+        if kind is not KeyboardInterrupt:
+            return False
+        from invoke import Exit
+
+        s = self.s
+        try:
+            state = self.target.describe().state
+        except Exception:  # noqa: BLE001 - out of reach: say what we know
+            state = "unknown"
+        if state in ("Succeeded", "Failed", "Stopped"):
+            raise Exit(f"interrupted: job {s.job_name} on TARGET={s.target} has ended ({state}): "
+                       "`invoke elasticjob.status` shows how", code=130) from None
+        raise Exit(f"interrupted: job {s.job_name} is still running on TARGET={s.target} ({state}); follow it with "
+                   "`invoke elasticjob.logs --follow`, stop it with `invoke elasticjob.delete`", code=130) from None
 
 
 def _finish(s, status):
@@ -162,9 +191,12 @@ def logs(c, follow=False, replica=None, run=None, tail=None, since=None):
     replica = int_flag("replica", replica, 0, 999)
     tail = int_flag("tail", tail, 0, 10_000_000)
     since = parse_since(since) if since is not None else None
-    for line in _target().logs(follow=follow, replica=replica, run=run or None, tail=tail, since=since):
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+    s = settings()
+    target = _target(s)
+    with _still_running_on_interrupt(s, target):
+        for line in target.logs(follow=follow, replica=replica, run=run or None, tail=tail, since=since):
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
 
 
 @task
@@ -246,7 +278,7 @@ def scaling(c, replicas="1,2", out=None, dry_run=False):
         s = base.with_overrides(replicas=size, min_replicas=size, max_replicas=size, epochs=1,
                                 job_name=f"{base.job_name}-scale{size}")
         target = targets.get(s)
-        plan = target.plan(targets.Job(s, fresh=True))
+        plan = target.plan(targets.Job(s, fresh=True, dry_run=dry_run))
         if dry_run:
             plan.show(runner(True))
             continue

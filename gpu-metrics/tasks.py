@@ -12,8 +12,10 @@ from doeks.taskkit import Int, Unit, runner, settings, task
 @task(help={"interval": "seconds between samples", "agent": "the CloudWatch agent DaemonSet instead of the add-on (fallback)",
             "dry_run": "print the manifests or the sampler; change nothing"}, flags={"interval": Int(1, 3600)})
 def deploy(c, interval=60, agent=False, dry_run=False):
-    """GPU metrics per node: the amazon-cloudwatch-observability add-on (Container Insights + DCGM exporter), or with
-    --agent the CloudWatch agent DaemonSet on GPU nodes; each with a Pod Identity role (TARGET=local/docker: the sampler)."""
+    """GPU metrics per node: the CloudWatch observability add-on, or with --agent the CloudWatch agent DaemonSet.
+
+    The add-on is amazon-cloudwatch-observability (Container Insights + DCGM exporter); the agent runs on GPU nodes;
+    each with a Pod Identity role (TARGET=local/docker: the sampler)."""
     from doeks import aws, gpumetrics, kube, ui
     from doeks.errors import DoeksError
     from doeks.local import services

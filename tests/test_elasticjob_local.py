@@ -146,6 +146,7 @@ def test_missing_data_is_one_line_and_starts_nothing(state_dir):
     result = invoke("elasticjob.deploy")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("error: data folder")
+    assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1  # the refusal before any manifest
     assert "Traceback" not in result.stderr
     assert leftover_processes(state_dir) == []
     assert not (state_dir / "services" / "etcd" / "service.json").exists()

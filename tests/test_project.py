@@ -22,8 +22,20 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 def test_readme_env_reference_is_in_step_with_settings():
+    reference = (ROOT / "docs" / "env-reference.md").read_text()  # the README links it (issue 24)
+    assert S.render_reference_table() in reference
+    assert "(docs/env-reference.md)" in (ROOT / "README.md").read_text()
+
+
+def test_readme_is_read_in_five_minutes_and_its_links_lead_somewhere():
     readme = (ROOT / "README.md").read_text()
-    assert S.render_reference_table() in readme
+    assert len(readme.splitlines()) < 250
+    for heading in ("## Quickstart", "## Bring your own script", "## Targets", "## Units"):
+        assert heading in readme, heading
+    links = re.findall(r"\]\(((?:docs/)[^)#]*)", readme)
+    for page in ("docs/mechanism.md", "docs/env-reference.md", "docs/benchmarks.md", "docs/testing.md"):
+        assert page in links, page
+    assert all((ROOT / link).exists() for link in links), links
 
 
 def test_invoke_list_shows_every_root_task_with_help_and_unit_tasks():

@@ -127,15 +127,14 @@ def test_down_dry_run_prints_every_deletion_in_reverse_dependency_order(account)
         assert index is not None, f"{fragment!r} not in the plan:\n{text}"
         return index
 
-    claim = first("run: kubectl delete")  # jobs (elasticjob), then claims ...
-    order = [first("PyTorchJob") if "PyTorchJob" in text else claim, claim,
+    claim = first("delete PersistentVolumeClaim default/fsx-pvc")  # jobs (elasticjob), then claims ...
+    order = [first("delete PyTorchJob default/imagenet"), claim,
              first("FSx file systems tagged doeks/cluster=doeks"),
              first("helm uninstall aws-fsx-csi-driver"),
              first('delete_pod_identity_association {"associationId": "<kube-system/fsx-csi-controller-sa>"'),
              first('delete_role {"RoleName": "doeks-doeks-fsx-csi"}'),
              first("doeks-fsx-doeks"),
-             first("efs.delete_mount_target"), first("wait until the mount targets are gone"), first("efs.delete_file_system"),
-             first("doeks-efs-doeks"),
+             first("delete StorageClass efs-sc"),  # the account has no EFS: its file system is not planned (see below)
              first("ec2.delete_vpc_endpoints"),
              first('delete_addon {"addonName": "aws-ebs-csi-driver"'),
              first("run: eksctl delete cluster")]
@@ -187,3 +186,25 @@ def test_claim_is_refused_only_while_pods_use_it(account):
     (account["tmp"] / "pods.json").write_text("[]")  # the claim is Bound, but no pod uses it: delete it
     free = invoke("csi.fsx.delete", env=env)
     assert free.returncode == 0, free.stderr
+
+
+def test_down_dry_run_names_each_object_once_and_plans_only_what_may_exist(account):
+    result = invoke("down", "--dry-run", env=account["env"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("would ")]
+    text = "\n".join(lines)
+    assert len(lines) == len(set(lines)), text  # csi's roles once, not again under eks
+    assert not [line for line in lines if line.endswith("-f -")], text  # every kubectl delete names its objects
+    for named in ("delete PyTorchJob default/imagenet", "delete PersistentVolumeClaim default/fsx-pvc",
+                  "delete StorageClass fsx-sc", "delete DaemonSet kube-system/aws-efa-k8s-device-plugin-daemonset"):
+        assert named in text, f"{named!r} not in the plan:\n{text}"
+    # the account has no EFS (up never makes one): its lookup answered, so no EFS deletion is planned
+    assert "efs.delete_file_system" not in text and "efs.delete_mount_target" not in text, text
+    assert "no EFS for cluster doeks" in result.stderr
+
+    blind = invoke("down", "--dry-run", env={**account["env"], "AWS_ENDPOINT_URL": "", "AWS_ACCESS_KEY_ID": "",
+                                             "AWS_SECRET_ACCESS_KEY": "", "AWS_EC2_METADATA_DISABLED": "true",
+                                             "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent"})
+    assert blind.returncode == 0, blind.stderr[-3000:]
+    assert "unknown: EFS doeks-doeks" in blind.stderr  # the lookup cannot be made: it may exist, and the plan says so
+    assert "efs.delete_file_system" in blind.stderr and "<EFS doeks-doeks, if any>" in blind.stderr

@@ -9,8 +9,9 @@ only make sense when every node is a process on this machine:
   others see at once that the round is over, and an agent whose round was replaced by a newer one joins it at its next
   health check instead of waiting for its own workers to fail; the keep-alive lease is 3 s instead of 10 s for an agent
   that died;
-- etcd rendezvous: the join window ("last call") closes as soon as every node the local supervisor runs has joined
-  (it still waits the full last call when fewer have: a restarted node may be on its way);
+- etcd rendezvous: the join window ("last call") stays open until every node the local supervisor runs has joined
+  (up to JOIN_WAIT s), then closes at once: torch closes it 1 s after the first node, so a node slower than that to
+  start rendezvoused the others without it, and they re-rendezvoused when it came;
 - a worker that exits with 2 (the training script's code for a permanent error: bad arguments, as argparse exits, missing
   data, an unusable checkpoint) is not restarted: running the same thing again cannot succeed, so the node fails at
   once and the supervisor (doeks.local.jobs) fails the job with the reason it reads from the log;
@@ -35,6 +36,7 @@ from . import zygote as zygote_module
 KEEPALIVE_TTL = 3
 RUN_DIR_TTL = 7 * 24 * 3600
 LAST_CALL_POLL = 0.2
+JOIN_WAIT = 120  # longest the join window waits for a node the supervisor runs (its start: importing torch)
 
 
 def expected_nodes() -> int | None:
@@ -76,19 +78,32 @@ def patch_rendezvous() -> None:
         return version, rank, world_size
 
     def close_when_all_joined(self, expected_version, deadline):
-        while time.time() < deadline:
+        """Keep the join window open until every node the supervisor wants has joined (up to JOIN_WAIT s: a node
+        may still be starting, importing torch on a loaded machine), then close it at once. torch closes it
+        `last_call_timeout` (1 s) after the first node when the minimum is 1: a node slower than that to join
+        rendezvoused the others without it, and a second round followed when it arrived. Not run by the supervisor
+        (no wanted count): torch's last call as it is."""
+        patience = time.time() + JOIN_WAIT
+        refreshed = 0.0
+        while True:
             wanted = expected_nodes()
-            if not wanted:
-                break
+            limit = patience if wanted else deadline
             active_version, state = self.get_rdzv_state()
-            if state["status"] != "joinable" or state["version"] != expected_version:
+            if state["status"] != "joinable" or state["version"] != expected_version or time.time() >= limit:
                 break
-            if len(state["participants"]) >= min(wanted, self._num_max_workers):
-                deadline = time.time()
+            if wanted and len(state["participants"]) >= min(wanted, self._num_max_workers):
                 break
+            if time.time() - refreshed > etcd_rendezvous.CONST_ETCD_JOINABLE_EPHEMERAL_TTL / 3:
+                try:  # the joinable round lapses after its TTL (10 s) unless renewed, as torch's last call does
+                    active_version = self.client.test_and_set(
+                        key=self.get_path("/rdzv/active_version"), value=active_version.value,
+                        prev_value=active_version.value, ttl=etcd_rendezvous.CONST_ETCD_JOINABLE_EPHEMERAL_TTL)
+                    refreshed = time.time()
+                except etcd_rendezvous.etcd.EtcdCompareFailed:
+                    continue  # it changed meanwhile: read it again
             self.try_wait_for_state_change(etcd_index=active_version.etcd_index + 1,
-                                           timeout=max(0.0, min(LAST_CALL_POLL, deadline - time.time())))
-        return last_call(self, expected_version, deadline)
+                                           timeout=max(0.0, min(LAST_CALL_POLL, limit - time.time())))
+        return last_call(self, expected_version, min(deadline, time.time()))
 
     def nodes_waiting(self):
         """As torch's, and > 0 also when a newer round than ours is forming (a node left ours): go and join it."""

@@ -17,6 +17,7 @@ from ..errors import DoeksError
 PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, STOPPED = "Pending", "Running", "Restarting", "Succeeded", "Failed", "Stopped"
 STATES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, STOPPED)
 FINAL = (SUCCEEDED, FAILED, STOPPED)
+DRY_RUN_ID = "dry-run"  # a shown plan's run id: each deploy gets a fresh one (jobspec.run_id)
 
 
 class NotSupported(DoeksError):
@@ -30,18 +31,20 @@ class NotSupported(DoeksError):
 @dataclass
 class Job:
     """What the user asks for: the validated settings (flags applied), extra script arguments, and whether to start
-    from scratch. `run` names this submission (a fresh rendezvous id per deploy)."""
+    from scratch. `run` names this submission (a fresh rendezvous id per deploy); a plan that is only shown
+    (`dry_run`) names it DRY_RUN_ID, so the same inputs print the same plan."""
 
     settings: Any
     train_args: list[str] = field(default_factory=list)
     fresh: bool = False
     run: str = ""
+    dry_run: bool = False
 
     def __post_init__(self):
         if not self.run:
             from ..jobspec import run_id
 
-            self.run = run_id()
+            self.run = DRY_RUN_ID if self.dry_run else run_id()
 
     @property
     def name(self) -> str:
@@ -159,6 +162,11 @@ class Target:
         check_train_args(job.train_args)
         manifests = self.manifests(job)
         return Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(manifests[-1])["containers"][0]["image"])
+
+    def refuse(self, plan: Plan) -> None:
+        """Raise the DoeksError a submission of `plan` would meet (the job runs already, its image is not built or not
+        resolved, its data is missing): called before anything of the plan is printed, so a refusal is the first and
+        only thing said. The submission's own steps check again (another shell may have deployed meanwhile)."""
 
     def submit(self, plan: Plan, runner) -> None:
         """Execute a plan's steps in order (each through the runner, so secrets stay masked); then record the run."""

@@ -157,12 +157,20 @@ class DockerTarget(Target):
                                    lambda replica=replica: self._start(pytorchjob, replica, ctx["endpoint"], job.run)))
         return plan
 
-    def _check(self, s, image: str) -> None:
-        trainimage.require_image(image)
+    def refuse_if_running(self) -> None:
         live = [c for c in self.containers() if c.status in ("running", "restarting", "created")]
         if live:
-            raise DoeksError(f"job {s.job_name} is already running ({len(live)} containers): `invoke elasticjob.status`, "
-                             "or `invoke elasticjob.delete` first")
+            raise DoeksError(f"job {self.settings.job_name} is already running ({len(live)} containers): "
+                             "`invoke elasticjob.status`, or `invoke elasticjob.delete` first")
+
+    def refuse(self, plan: Plan) -> None:
+        trainimage.require_image(plan.image)
+        self.refuse_if_running()
+        elastic.check_data(plan.job.settings)
+
+    def _check(self, s, image: str) -> None:
+        trainimage.require_image(image)
+        self.refuse_if_running()
         for stale in self.containers():
             self._archive(stale)
             stale.remove(force=True)

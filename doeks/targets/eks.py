@@ -23,6 +23,12 @@ class EksTarget(KubernetesTarget):
     def check_image(self, image: str, runner) -> None:
         trainimage.require_resolved(image)
 
+    def refuse_image(self, image: str) -> None:
+        trainimage.require_resolved(image)
+
+    def refuse(self, plan) -> None:
+        self.refuse_image(plan.image)  # the cluster is read when the job is applied (a dry run needs no cluster)
+
     def artifacts(self) -> dict[str, str]:
         found = super().artifacts()
         found["copy"] = "invoke csi.data.save-model copies checkpoints to S3"

@@ -69,6 +69,23 @@ class KubernetesTarget(Target):
         if not runner.dry_run:
             self.record_run(plan)
 
+    def refuse(self, plan: Plan) -> None:
+        """Before anything is printed: the image (doeks' own cluster: built here; eks: resolved to a registry) and a
+        job of the same name still running without --fresh."""
+        self.refuse_image(plan.image)
+        s = self.settings
+        if kube.own_cluster_stopped(s):
+            raise DoeksError("doeks' cluster is not running: `TARGET=kubernetes invoke up` starts it")
+        if self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is not None and not plan.job.fresh:
+            state = self.describe().state
+            if state not in (SUCCEEDED, FAILED, STOPPED):
+                raise DoeksError(f"job {s.job_name} is already on the cluster ({state}): `invoke elasticjob.status` to "
+                                 "watch it, `invoke elasticjob.delete` to stop it, or deploy --fresh to replace it")
+
+    def refuse_image(self, image: str) -> None:
+        if self.on_this_machine:
+            trainimage.require_image(image)
+
     def _replace_previous(self, plan: Plan, runner) -> None:
         """A PyTorchJob of the same name: a running one is refused (deploy --fresh replaces it); a finished one is
         deleted first, since applying over it would change its spec and never train again."""

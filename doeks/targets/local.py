@@ -46,10 +46,11 @@ class LocalTarget(Target):
                 plan.steps.append(Step(f"use the running etcd at {shown}", lambda: start_rendezvous(s, ctx)))
             else:
                 shown = f"127.0.0.1:{s.etcd_port or 'PORT'}"
-                plan.steps.append(Step(f"start etcd (v2 API) on 127.0.0.1:{s.etcd_port or 'a free port'}, data in {etcd_server.home}",
+                plan.steps.append(Step(f"start etcd (v2 API) on {shown if s.etcd_port else 'a free port of 127.0.0.1'}, data in {etcd_server.home}",
                                        lambda: start_rendezvous(s, ctx)))
         else:
-            shown = ctx["endpoint"] = f"127.0.0.1:{free_port()}"
+            ctx["endpoint"] = f"127.0.0.1:{free_port()}"
+            shown = "127.0.0.1:PORT" if job.dry_run else ctx["endpoint"]  # a shown plan is the same every time
         argv, env = local_jobs.replica_command(pytorchjob, runtime.volumes_dir(s), shown, s.local_preload)
         for replica in range(s.replicas):
             line = " ".join(f"{k}={v}" for k, v in sorted(env.items())) + f" DOEKS_REPLICA={replica}"
@@ -60,10 +61,18 @@ class LocalTarget(Target):
                                lambda: self._launch(s, pytorchjob, ctx, job.run)))
         return plan
 
-    def _check(self, s) -> None:
+    def refuse_if_running(self) -> None:
         if local_jobs.is_active(self.home):
-            raise DoeksError(f"job {s.job_name} is already running: `invoke elasticjob.status`, or `invoke elasticjob.delete` first")
+            raise DoeksError(f"job {self.settings.job_name} is already running: `invoke elasticjob.status`, or "
+                             "`invoke elasticjob.delete` first")
+
+    def _check(self, s) -> None:
+        self.refuse_if_running()
         elastic.check_data(s)
+
+    def refuse(self, plan: Plan) -> None:
+        self.refuse_if_running()
+        elastic.check_data(plan.job.settings)
 
     def _launch(self, s, pytorchjob, ctx, run) -> None:
         local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run)

@@ -88,7 +88,10 @@ def parse_args(argv=None, p: argparse.ArgumentParser | None = None) -> argparse.
 def log(message: str) -> None:
     rank = os.environ.get("RANK", "0")
     now = time.time()
-    print(f"{time.strftime('%H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} [rank {rank}] {message}", flush=True)
+    # one write of the whole line: print() writes the text and the newline separately, and with PYTHONUNBUFFERED
+    # two ranks sharing a node's log interleaved them ("process started16:22:49.658 [rank 0] ...", an empty line)
+    sys.stdout.write(f"{time.strftime('%H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} [rank {rank}] {message}\n")
+    sys.stdout.flush()
 
 
 # --- data: torchvision.io decode (libjpeg-turbo) to uint8 tensors, PIL as the fallback -------------------------------
