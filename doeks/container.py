@@ -110,7 +110,7 @@ def _offline_args(client, settings) -> dict[str, str]:
     --docker` (doeks-base:bookworm) and the offline tools (CONTAINER_DOWNLOADS=false), saying so."""
     import docker
 
-    from .preflight import BASE_IMAGE as LOCAL_BASE
+    LOCAL_BASE = BASE_IMAGE
 
     args = build_args(settings)
     if not at_defaults(settings):
@@ -133,7 +133,7 @@ def build(settings, runner, no_cache: bool = False) -> None:
     tag = image_ref(settings)
     shown = " ".join(f"--build-arg {k}={v}" for k, v in args.items())
     if runner.dry_run:
-        from .preflight import BASE_IMAGE as LOCAL_BASE
+        LOCAL_BASE = BASE_IMAGE
 
         fallback = (f" (if {settings.base_image} cannot be pulled: --build-arg BASE_IMAGE={LOCAL_BASE} --build-arg "
                     "DOWNLOADS=false, the local base and the offline tools)") if at_defaults(settings) else ""
