@@ -9,7 +9,9 @@ Also printed: what the docker start is made of (container create+start, the proc
 No target: the figures and what dominates are for the README.
 
 Run: python bench/docker_target.py [--rounds N]   (needs a docker daemon and `invoke elasticjob.build` done for
-     TARGET=docker; the storage driver of the daemon is printed, since it decides the container start)
+     TARGET=docker; the storage driver of the daemon is printed, since it decides the container start). A bench that
+     cannot finish says why in one line and exits 1 as soon as it knows (a job that failed or ended, a step the job
+     reports that its logs as read here do not show, an invoke that failed), not after the 600 s wait.
 """
 from __future__ import annotations
 
@@ -31,14 +33,22 @@ sys.path.insert(0, str(ROOT))
 from doeks import settings as S  # noqa: E402
 from doeks import targets  # noqa: E402
 from doeks.local import jobs  # noqa: E402
+from doeks.targets.base import FAILED, STOPPED, SUCCEEDED  # noqa: E402
 
 STEP = re.compile(r"\] (\d\d:\d\d:\d\d\.\d{3}) \[rank \d+\] step=(\d+) ")
 TRAIN_ARGS = "--log-every 1 --step-delay 0.2"
 
 
+class BenchError(Exception):
+    """The bench cannot go on: one line saying why."""
+
+
 def invoke(env, *args, check=True):
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          check=check)
+    result = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    if check and result.returncode:
+        said = " / ".join(result.stderr.strip().splitlines()[-3:])
+        raise BenchError(f"`invoke {' '.join(args)}` (TARGET={env.get('TARGET', 'local')}) exited {result.returncode}: {said}")
+    return result
 
 
 def target_for(env):
@@ -47,15 +57,44 @@ def target_for(env):
     return targets.get(S.current())
 
 
-def wait_step(cursor, after: float, min_step: int = 1, timeout: float = 600) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in cursor():
-            match = STEP.search(line)
-            if match and int(match.group(2)) >= min_step and time.monotonic() >= after:
-                return time.monotonic()
-        time.sleep(0.05)
-    raise TimeoutError("no training step seen")
+class Watch:
+    """The job's log lines as they come (its target's cursor, made once the run exists: a cursor made before the
+    deploy reads the previous run's folder on the local target), checked against what the job itself reports."""
+
+    CHECK_EVERY = 2.0
+
+    def __init__(self, target):
+        self.target, self.cursor, self.seen = target, target._cursor(), 0  # seen: the highest step the cursor showed
+        self.ahead = 0  # consecutive checks where the job reported steps its logs did not show
+
+    def step(self, after: float, min_step: int = 1, timeout: float = 600) -> float:
+        """When a step >= min_step is logged at or after `after` (monotonic); raises at once, saying why, when the job
+        ends or fails first, or when it reports steps that the cursor does not show (a cursor reading the wrong place)."""
+        deadline, check = time.monotonic() + timeout, 0.0
+        while time.monotonic() < deadline:
+            for line in self.cursor():
+                match = STEP.search(line)
+                if match:
+                    self.seen = max(self.seen, int(match.group(2)))
+                    if int(match.group(2)) >= min_step and time.monotonic() >= after:
+                        return time.monotonic()
+            if time.monotonic() >= check:
+                check = time.monotonic() + self.CHECK_EVERY
+                self._check(min_step)
+            time.sleep(0.05)
+        raise BenchError(f"{self.target.name}: no training step >= {min_step} logged in {timeout:.0f} s")
+
+    def _check(self, min_step: int) -> None:
+        status = self.target.describe()
+        if status.state in (FAILED, SUCCEEDED, STOPPED):
+            why = f": {status.reason}" if status.reason else ""
+            raise BenchError(f"{self.target.name}: job {status.name} ended {status.state} before a step >= {min_step} "
+                             f"was logged{why}")
+        reported = max((r.step or 0 for r in status.replicas), default=0)
+        self.ahead = self.ahead + 1 if reported > self.seen + 2 else 0
+        if self.ahead >= 2:
+            raise BenchError(f"{self.target.name}: job {status.name} reports step {reported} but its logs as the bench "
+                             f"reads them show {self.seen or 'none'}: the log cursor reads the wrong place")
 
 
 def kill_node(target) -> None:
@@ -76,14 +115,14 @@ def kill_node(target) -> None:
 def one_round(env, name: str) -> tuple[float, float]:
     env = {**env, "TARGET": name}
     target = target_for(env)
-    cursor = target._cursor()
     started = time.monotonic()
     invoke(env, "elasticjob.deploy", "--fresh", "--train-args", TRAIN_ARGS)
-    first = wait_step(cursor, started) - started
-    wait_step(cursor, 0, min_step=int(env["CHECKPOINT_EVERY"]) + 2)  # past the first checkpoint
+    watch = Watch(target)  # its lines are kept from the start of the run, so nothing is missed
+    first = watch.step(started) - started
+    watch.step(0, min_step=int(env["CHECKPOINT_EVERY"]) + 2)  # past the first checkpoint
     killed = time.monotonic()
     kill_node(target)
-    recovery = wait_step(cursor, killed + 0.3) - killed
+    recovery = watch.step(killed + 0.3) - killed
     invoke(env, "elasticjob.delete")
     return first, recovery
 
@@ -98,17 +137,24 @@ def main() -> int:
            "MIN_REPLICAS": "1", "MAX_REPLICAS": "2", "BATCH_SIZE": "16"}
     import docker
 
-    driver = docker.from_env().info()["Driver"]
-    invoke({**env, "TARGET": "docker"}, "elasticjob.build")
-    invoke(env, "elasticjob.data")
     results: dict[str, list[tuple[float, float]]] = {"local": [], "docker": []}
     try:
+        try:
+            driver = docker.from_env().info()["Driver"]
+        except docker.errors.DockerException as e:
+            raise BenchError(f"no docker daemon reachable ({e}): `invoke setup --docker`") from None
+        invoke({**env, "TARGET": "docker"}, "elasticjob.build")
+        invoke(env, "elasticjob.data")
         for _ in range(args.rounds):
             for name in ("local", "docker"):
                 results[name].append(one_round(env, name))
+    except BenchError as e:
+        print(f"bench failed: {e}", file=sys.stderr)
+        return 1
     finally:
         invoke({**env, "TARGET": "docker"}, "elasticjob.delete", check=False)
         invoke(env, "eks.delete", check=False)
+        shutil.rmtree(work, ignore_errors=True)
     median = {name: (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows))
               for name, rows in results.items()}
     print(f"docker storage driver: {driver}; rounds: {args.rounds}; "
@@ -118,7 +164,6 @@ def main() -> int:
           f"ratio {median['docker'][0] / median['local'][0]:.2f}x")
     print(f"recovery after a killed node/container: local {median['local'][1]:.1f} s, docker {median['docker'][1]:.1f} s   "
           f"ratio {median['docker'][1] / median['local'][1]:.2f}x")
-    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

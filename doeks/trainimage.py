@@ -31,8 +31,9 @@ DLC_BASE = "763104351884.dkr.ecr.{region}.amazonaws.com/pytorch-training:2.9.0-g
 DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile"
 BASE_DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile.torch-cpu"
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
-# The stager, for the cluster's staging Job (`python -m doeks.datastage`, standard library only): at /opt/doeks-stage.
-STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py")]
+# At /opt/doeks-stage: the stager, for the cluster's staging Job (`python -m doeks.datastage`, standard library only),
+# and the image's torchrun (`python3 -m doeks.torchrun`: torch's, with its etcd run directory fixed).
+STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py")]
 
 
 def _cpu_base() -> str:

@@ -37,7 +37,7 @@ def job_env(client, state_dir, monkeypatch):
         monkeypatch.setenv(key, value)
     yield dict(JOB)
     for container in client.containers.list(all=True, filters={"label": "app.kubernetes.io/part-of=doeks"}):
-        if container.labels.get("doeks/job") in ("dockerjob", "smjob"):
+        if container.labels.get("doeks/job") in ("dockerjob", "smjob", "cleanlog"):
             container.remove(force=True)
 
 
@@ -83,6 +83,32 @@ def test_build_then_train_in_containers_of_the_clusters_manifest(client, job_env
     assert invoke("elasticjob.delete").returncode == 0
     assert invoke("elasticjob.delete").returncode == 0  # twice: nothing left, no error
     assert labelled(client, "dockerjob") == []
+
+
+def test_a_healthy_run_logs_no_traceback(client, job_env, state_dir, monkeypatch):
+    """The image's torchrun is torch's with the etcd run directory fixed (doeks.torchrun): stock torch renews that
+    directory as if it were a key, etcd refuses, and every node's log of a healthy run held the lease thread's traceback
+    (issue 21); the directory was never renewed either, so it lapsed 2 h into the job."""
+    from urllib.request import urlopen
+
+    from doeks.local import services
+
+    monkeypatch.setenv("JOB_NAME", "cleanlog")
+    assert invoke("elasticjob.build", timeout=1800).returncode == 0
+    assert invoke("elasticjob.data").returncode == 0
+    result = invoke("elasticjob.deploy", "--fresh", "--follow", "--train-args", "--max-steps 2", timeout=900)
+    assert result.returncode == 0 and "job cleanlog succeeded" in result.stderr, result.stderr[-3000:]
+    nodes = labelled(client, "cleanlog")
+    logs = {c.name: c.logs().decode(errors="replace") for c in nodes}
+    assert len(logs) == 2 and all(re.search(r"Rendezvous version \d+ is complete", text) for text in logs.values())
+    for name, text in logs.items():
+        assert "Traceback" not in text and "Exception in thread" not in text, f"{name}:\n{text[:3000]}"
+    rdzv_id = next(e.split("=", 1)[1] for e in nodes[0].attrs["Config"]["Env"] if e.startswith("PET_RDZV_ID="))
+    with urlopen(f"{services.etcd(state_dir).endpoint()}/v2/keys/torchelastic/p2p/run_{rdzv_id}") as reply:
+        run_dir = json.load(reply)["node"]
+    assert run_dir["dir"] and run_dir["ttl"] > 6 * 24 * 3600  # not torch's 2 h, which nothing could renew
+    assert invoke("elasticjob.delete").returncode == 0
+    assert labelled(client, "cleanlog") == []
 
 
 def test_a_killed_container_is_restarted_and_the_job_finishes(client, job_env, state_dir):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import pytest
@@ -103,6 +104,19 @@ def test_uninterrupted_then_killed_worker_and_node_finish_with_the_same_accuracy
 
 def psutil_like_alive(pid: int) -> bool:
     return services.pid_alive(pid)
+
+
+@pytest.mark.slow
+def test_a_healthy_run_logs_no_traceback(state_dir, monkeypatch):
+    """doeks' agent fixes torch's etcd run directory as the image's torchrun does (doeks.torchrun): without it, every
+    node's log of a healthy run held the traceback of torch's lease thread (issue 21)."""
+    s = job_settings({**SMALL, "DATA_TRAIN_PER_CLASS": "40", "DATA_VAL_PER_CLASS": "8", "EPOCHS": "1"}, monkeypatch)
+    deploy(s, ["--max-steps", "2"])
+    assert follow(s).state == "Succeeded"
+    logs = {p.parent.name: p.read_text(errors="replace") for p in elastic.home(s).glob("runs/*/replicas/*/agent.log")}
+    assert len(logs) == 2 and all(re.search(r"Rendezvous version \d+ is complete", text) for text in logs.values())
+    for node, text in logs.items():
+        assert "Traceback" not in text and "Exception in thread" not in text, f"node {node}:\n{text[:3000]}"
 
 
 @pytest.mark.slow

@@ -16,25 +16,25 @@ only make sense when every node is a process on this machine:
   data, an unusable checkpoint) is not restarted: running the same thing again cannot succeed, so the node fails at
   once and the supervisor (doeks.local.jobs) fails the job with the reason it reads from the log;
 - the run's etcd directory lives 7 days instead of 2 h, and nobody tries to renew it: torch renews it as if it were
-  a file, which etcd refuses (a traceback in every log and no renewal at all). The local etcd and its run ids are the
-  toolkit's own: a new deploy makes a new run id, and `down` stops the server.
+  a file, which etcd refuses (a traceback in every log and no renewal at all); the same fix as the training image's
+  torchrun (doeks.torchrun). The local etcd and its run ids are the toolkit's own: a new deploy makes a new run id,
+  and `down` stops the server.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
-import threading
 import time
 
 from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 from torch.distributed.elastic.rendezvous import etcd_rendezvous
 from torch.distributed.run import main
 
+from ..torchrun import patch_run_dir
 from . import zygote as zygote_module
 
 KEEPALIVE_TTL = 3
-RUN_DIR_TTL = 7 * 24 * 3600
 LAST_CALL_POLL = 0.2
 JOIN_WAIT = 120  # longest the join window waits for a node the supervisor runs (its start: importing torch)
 
@@ -52,16 +52,15 @@ def expected_nodes() -> int | None:
 
 
 def patch_rendezvous() -> None:
+    patch_run_dir()
     rendezvous = etcd_rendezvous.EtcdRendezvous
     etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL = KEEPALIVE_TTL
-    etcd_rendezvous.CONST_RUNID_SUBROOT_TTL = RUN_DIR_TTL
     setup_lease_renewal, barrier, last_call = rendezvous.setup_lease_renewal, rendezvous.rendezvous_barrier, rendezvous.handle_join_last_call
 
     def lease(self, full_path, ttl):
-        if full_path == self.get_path(""):  # the run's directory: see RUN_DIR_TTL
-            return threading.Event()
         stop = setup_lease_renewal(self, full_path, ttl)
-        self._doeks_lease = (full_path, stop)
+        if full_path != self.get_path(""):  # this rank's keep-alive key (the run's directory has no renewal)
+            self._doeks_lease = (full_path, stop)
         return stop
 
     def leave_then_barrier(self):
