@@ -76,6 +76,9 @@ def test_the_job_trains_to_the_end_in_pods_of_the_training_image(env):
     for pod in workers:
         assert pod["spec"]["containers"][0]["image"].startswith("doeks-train:")
         assert pod["status"]["phase"] == "Succeeded"
+        # a healthy run logs no traceback (the image's torchrun: no etcd lease thread dying in every pod)
+        log = kubectl(env, "logs", "-n", "default", pod["metadata"]["name"]).stdout
+        assert "step=" in log and "Traceback" not in log and "Exception in thread" not in log
 
 
 def test_the_network_guard_counted_nothing_after_the_job(env):
