@@ -306,17 +306,35 @@ TRAINER_MANAGER = f"https://github.com/kubeflow/trainer.git/manifests/overlays/m
 TRAINER_RUNTIMES = f"https://github.com/kubeflow/trainer.git/manifests/overlays/runtimes?ref={TRAINER_VERSION}"
 
 
+def trainer_sources(settings, runner) -> tuple[str, str, str | None]:
+    """(manager, runtimes, JobSet) kustomizations: upstream's on GitHub (its manager overlay brings JobSet), or on
+    doeks' own cluster the same manifests from the modules at the pinned versions, JobSet apart, images built here."""
+    if not settings.own_cluster:
+        return TRAINER_MANAGER, TRAINER_RUNTIMES, None
+    from .cluster import operators
+
+    operators.trainer_images(runner)
+    folders = operators.trainer_kustomizations(settings.state_dir, write=not runner.dry_run)
+    return str(folders["trainer"]), str(folders["runtimes"]), str(folders["jobset"])
+
+
 def trainer_deploy(settings, runner, attempts: int = 20, wait_s: float = 10) -> None:
     from . import kube
 
-    kube.run(runner, ["apply", "--server-side", "-k", TRAINER_MANAGER])
+    manager, runtimes, jobset = trainer_sources(settings, runner)
+    if jobset:
+        kube.run(runner, ["apply", "--server-side", "-k", jobset])
+        if not runner.dry_run:
+            runner.run([kube.kubectl(), "wait", "-n", "jobset-system", "--for=condition=Available", "deployment", "--all",
+                        "--timeout=300s"], mutating=False)
+    kube.run(runner, ["apply", "--server-side", "-k", manager])
     if runner.dry_run:
-        kube.run(runner, ["apply", "--server-side", "-k", TRAINER_RUNTIMES])
+        kube.run(runner, ["apply", "--server-side", "-k", runtimes])
         return
     runner.run([kube.kubectl(), "wait", "-n", "kubeflow-system", "--for=condition=Available", "deployment", "--all", "--timeout=300s"],
                mutating=False)
     for _ in range(attempts):
-        if runner.run([kube.kubectl(), "apply", "--server-side", "-k", TRAINER_RUNTIMES], check=False).returncode == 0:
+        if runner.run([kube.kubectl(), "apply", "--server-side", "-k", runtimes], check=False).returncode == 0:
             return
         time.sleep(wait_s)
     raise DoeksError(f"the Trainer {TRAINER_VERSION} runtimes did not apply after {attempts} rounds: see `kubectl get pods -n kubeflow-system`")
@@ -325,5 +343,14 @@ def trainer_deploy(settings, runner, attempts: int = 20, wait_s: float = 10) -> 
 def trainer_delete(settings, runner) -> None:
     from . import kube
 
-    kube.run(runner, ["delete", "--ignore-not-found", "-k", TRAINER_RUNTIMES])
-    kube.run(runner, ["delete", "--ignore-not-found", "-k", TRAINER_MANAGER])
+    if settings.own_cluster and not runner.dry_run:
+        from .cluster import operators
+
+        folders = operators.trainer_kustomizations(settings.state_dir)
+        manager, runtimes, jobset = str(folders["trainer"]), str(folders["runtimes"]), str(folders["jobset"])
+    else:
+        manager, runtimes, jobset = TRAINER_MANAGER, TRAINER_RUNTIMES, None
+    kube.run(runner, ["delete", "--ignore-not-found", "-k", runtimes])
+    kube.run(runner, ["delete", "--ignore-not-found", "-k", manager])
+    if jobset:
+        kube.run(runner, ["delete", "--ignore-not-found", "-k", jobset])

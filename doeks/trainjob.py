@@ -16,7 +16,7 @@ from typing import Any
 
 from . import trainimage
 from .errors import DoeksError
-from .jobspec import CONTAINER_SCRIPT, EFA_ADAPTERS, labels, train_args
+from .jobspec import CONTAINER_SCRIPT, EFA_ADAPTERS, labels, node_resources, node_selector, train_args
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 TRAINER_VERSION = "v2.3.0"
@@ -32,7 +32,10 @@ POD_SELECTOR = "jobset.sigs.k8s.io/jobset-name={name}"
 
 
 def resources(settings) -> dict[str, Any]:
-    """GPUs per node (= NPROC_PER_NODE) and, on an EFA instance type with GPU_EFA, all of its EFA adapters."""
+    """GPUs per node (= NPROC_PER_NODE) and, on an EFA instance type with GPU_EFA, all of its EFA adapters; on
+    TARGET=kubernetes what its training pods ask for (KUBE_GPUS, or a CPU share)."""
+    if settings.target == "kubernetes":
+        return node_resources(settings)
     gpus = settings.nproc_per_node
     per_node: dict[str, Any] = {"nvidia.com/gpu": gpus}
     if settings.gpu_efa and settings.gpu_instance_type in EFA_ADAPTERS:
@@ -48,7 +51,7 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
         raise DoeksError(f"a TrainJob needs at least one node (got {nodes})")
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "NCCL_DEBUG", "value": "INFO"}]
     pod_spec: dict[str, Any] = {
-        "nodeSelector": {"node.kubernetes.io/instance-type": settings.gpu_instance_type, **settings.node_labels},
+        "nodeSelector": node_selector(settings),
         "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": settings.shared_pvc}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         "containers": [{"name": CONTAINER, "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
@@ -61,7 +64,7 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
         "spec": {
             "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": RUNTIME_KIND, "name": RUNTIME},
             "trainer": {
-                "image": trainimage.reference(settings, on_this_machine=False),
+                "image": trainimage.reference(settings, on_this_machine=settings.own_cluster),
                 "command": ["torchrun", CONTAINER_SCRIPT],
                 "args": train_args(settings) + list(extra_args or []),
                 "env": env,

@@ -65,8 +65,9 @@ def has_docker_image(ref: str) -> bool:
         return False
 
 
-def build_scratch_image(ref: str, binary: Path, target: str, command: list[str], extra_dirs: tuple[str, ...] = ()) -> None:
-    """A one-binary image FROM scratch (the binaries are static)."""
+def build_scratch_image(ref: str, binary: Path, target: str, command: list[str], extra_dirs: tuple[str, ...] = (),
+                        user: str = "") -> None:
+    """A one-binary image FROM scratch (the binaries are static); `user` as distroless' nonroot images set it."""
     with tempfile.TemporaryDirectory(prefix="doeks-image-") as tmp:
         context = Path(tmp)
         shutil.copy(binary, context / "binary")
@@ -75,6 +76,8 @@ def build_scratch_image(ref: str, binary: Path, target: str, command: list[str],
             (context / "dirs" / folder.strip("/")).mkdir(parents=True, exist_ok=True)
         if extra_dirs:
             lines.append("COPY dirs/ /")
+        if user:
+            lines.append(f"USER {user}")
         lines.append(f"ENTRYPOINT {__import__('json').dumps(command)}")
         (context / "Dockerfile").write_text("\n".join(lines) + "\n")
         result = subprocess.run(["docker", "build", "-q", "-t", ref, str(context)], capture_output=True, text=True)

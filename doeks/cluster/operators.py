@@ -25,6 +25,7 @@ class Operator:
     binary: str           # what `go install` names it
     entrypoint: str       # where the image keeps it (the manifests' command)
     overlay: str          # the module's kustomize overlay doeks applies
+    user: str = ""        # the image's user: upstream's distroless :nonroot (65532) where the manifests ask for non-root
 
     @property
     def ref(self) -> str:
@@ -33,7 +34,16 @@ class Operator:
 
 TRAINING_OPERATOR = Operator("training-operator", "github.com/kubeflow/training-operator", "v1.9.4",
                              "cmd/training-operator.v1", "training-operator.v1", "/manager", "manifests/overlays/standalone")
+# Kubeflow Trainer v2.3.0 and the JobSet version its go.mod requires (v0.12.0), which Trainer's manager overlay pulls
+# from a GitHub release URL; here from the JobSet module's own config/default.
+TRAINER = Operator("trainer", "github.com/kubeflow/trainer/v2", "v2.3.0", "cmd/trainer-controller-manager",
+                   "trainer-controller-manager", "/manager", "manifests/overlays/manager", user="65532:65532")
+JOBSET = Operator("jobset", "sigs.k8s.io/jobset", "v0.12.0", ".", "jobset", "/manager", "config/default",
+                  user="65532:65532")
+JOBSET_IMAGE = f"registry.k8s.io/jobset/jobset:{JOBSET.version}"     # what Trainer's third-party overlay names
+TRAINER_IMAGE = f"ghcr.io/kubeflow/trainer/trainer-controller-manager:{TRAINER.version}"
 OPERATORS = {op.name: op for op in (TRAINING_OPERATOR,)}
+BUILT_ONLY = {op.name: op for op in (TRAINER, JOBSET)}  # built by setup; their deploy on doeks' cluster comes next
 # The init container image the training operator v1.9.4 injects into workers of a job with a Master
 # (pkg/config/config.go PyTorchInitContainerImageDefault); it waits for the master's name with nslookup.
 INIT_CONTAINER_IMAGE = "alpine:3.10"
@@ -62,7 +72,8 @@ def build_binary(op: Operator) -> Path:
     ui.say(f"building {op.name} {op.version} from the Go module proxy ({op.module}/{op.package})")
     log = versions.cache_dir() / "operators" / f"{op.name}-{op.version}.log"
     with open(log, "w") as f:
-        process = subprocess.run([build.go(), "install", "-trimpath", "-ldflags=-s -w", f"{op.module}/{op.package}@{op.version}"],
+        package = op.module if op.package == "." else f"{op.module}/{op.package}"
+        process = subprocess.run([build.go(), "install", "-trimpath", "-ldflags=-s -w", f"{package}@{op.version}"],
                                  stdout=f, stderr=subprocess.STDOUT, env=env, cwd=versions.cache_dir())
     if process.returncode != 0:
         tail = log.read_text().strip().splitlines()[-1:] or ["?"]
@@ -139,3 +150,56 @@ def build_init_image() -> None:
         result = subprocess.run(["docker", "build", "-q", "-t", INIT_CONTAINER_IMAGE, tmp], capture_output=True, text=True)
         if result.returncode != 0:
             raise DoeksError(f"docker build {INIT_CONTAINER_IMAGE} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+# -- Trainer v2 with JobSet on doeks' cluster ---------------------------------------------------------------------------
+def _rel(path: Path, folder: Path) -> str:
+    import os
+
+    return os.path.relpath(path, folder)
+
+
+def trainer_kustomizations(state: Path, write: bool = True) -> dict[str, Path]:
+    """Three kustomizations over the modules' own manifests: JobSet (its config/default, the image Trainer names),
+    Trainer's manager (its overlay's parts without the JobSet it fetches from a GitHub release), Trainer's runtimes."""
+    import yaml
+
+    folders = {name: state / "kubeflow" / f"local-{name}" for name in ("jobset", "trainer", "runtimes")}
+    if not write:  # a dry run names them and writes nothing
+        return folders
+    jobset, trainer = module_dir(JOBSET), module_dir(TRAINER)
+    for folder in folders.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    (folders["jobset"] / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [_rel(jobset / JOBSET.overlay, folders["jobset"])],
+        "images": [{"name": "controller", "newName": JOBSET_IMAGE.split(":")[0], "newTag": JOBSET.version}]},
+        sort_keys=False))
+    base = trainer / "manifests" / "base"
+    (folders["trainer"] / "namespace.yaml").write_text(yaml.safe_dump(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow-system"}}))
+    (folders["trainer"] / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": "kubeflow-system",
+        "resources": ["namespace.yaml"] + [_rel(base / part, folders["trainer"]) for part in ("crds", "manager", "rbac", "webhook")],
+        "images": [{"name": TRAINER_IMAGE.split(":")[0], "newTag": TRAINER.version}],
+        "secretGenerator": [{"name": "kubeflow-trainer-webhook-cert", "namespace": "kubeflow-system",
+                             "options": {"disableNameSuffixHash": True}}],
+        "configMapGenerator": [{"name": "kubeflow-trainer-public", "literals": [f"kubeflow_trainer_version={TRAINER.version}"],
+                                "options": {"disableNameSuffixHash": True}}]}, sort_keys=False))
+    (folders["runtimes"] / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [_rel(trainer / "manifests" / "overlays" / "runtimes", folders["runtimes"])]}, sort_keys=False))
+    return folders
+
+
+def trainer_images(runner) -> None:
+    from . import images
+
+    for op, ref in ((JOBSET, JOBSET_IMAGE), (TRAINER, TRAINER_IMAGE)):
+        if runner.dry_run:
+            runner.step(f"build {op.name} {op.version} from the Go module proxy; image {ref} FROM scratch", lambda: None)
+            continue
+        if not images.has_docker_image(ref):
+            images.build_scratch_image(ref, build_binary(op), op.entrypoint, [op.entrypoint], extra_dirs=("/tmp",),
+                                       user=op.user)
+    images.ensure(runner, [JOBSET_IMAGE, TRAINER_IMAGE])
