@@ -157,7 +157,7 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
 def _cluster_image(settings) -> str:
     from .trainimage import reference
 
-    return reference(settings, on_this_machine=False)
+    return reference(settings, on_this_machine=settings.own_cluster)
 
 
 def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | None = None) -> dict[str, Any]:

@@ -47,7 +47,32 @@ def submit(c, elastic=True, replicas=None, dry_run=False):
 
     s = settings(replicas=replicas)
     job = jobspec.pytorchjob(s) if elastic else jobspec.pytorchjob_fixed(s)
+    _image_on_the_node(s, job, dry_run)
     kube.apply(runner(dry_run), [job])
+
+
+def _image_on_the_node(s, job, dry_run):
+    """doeks' own cluster pulls nothing: the training image (built here) is imported into the node first."""
+    if s.own_cluster:
+        from doeks.cluster import images
+
+        found = []
+        for container in _containers(job):
+            if container["image"] not in found:
+                found.append(container["image"])
+        images.ensure(runner(dry_run), found)
+
+
+def _containers(manifest):
+    if isinstance(manifest, dict):
+        for key, value in manifest.items():
+            if key == "containers" and isinstance(value, list):
+                yield from value
+            else:
+                yield from _containers(value)
+    elif isinstance(manifest, list):
+        for item in manifest:
+            yield from _containers(item)
 
 
 @task(name="status")
@@ -104,7 +129,9 @@ def trainjob_submit(c, replicas=None, dry_run=False):
         raise DoeksError(f"TARGET={s.target}: TrainJobs run on a cluster (TARGET=kubernetes or eks); here use "
                          "`invoke elasticjob.deploy`")
     kube.use(s)
-    kube.apply(runner(dry_run), [trainjob.trainjob(s)])
+    job = trainjob.trainjob(s)
+    _image_on_the_node(s, {"containers": [{"image": job["spec"]["trainer"]["image"]}]}, dry_run)
+    kube.apply(runner(dry_run), [job])
 
 
 @task(name="status")
