@@ -81,6 +81,49 @@ def test_the_job_trains_to_the_end_in_pods_of_the_training_image(env):
         assert "step=" in log and "Traceback" not in log and "Exception in thread" not in log
 
 
+def _wait_for(env, kind: str, name: str, done: str, timeout: int = 900) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = kubectl(env, "get", kind, name, "-n", "default", "-o", "json")
+        if got.returncode == 0:
+            obj = json.loads(got.stdout)
+            true = {c["type"] for c in obj.get("status", {}).get("conditions", []) if c.get("status") == "True"}
+            if done in true or "Failed" in true:
+                return obj
+        time.sleep(5)
+    raise AssertionError(f"{kind}/{name} not finished after {timeout}s")
+
+
+def test_a_fixed_size_pytorchjob_runs_master_and_worker_with_the_injected_init_container(env):
+    """--no-elastic: 1 Master + 1 Worker; the operator injects its init container (alpine:3.10, built here) into
+    the Worker, which waits for the Master's name through CoreDNS."""
+    values = {**env, "JOB_NAME": "fixedjob", "EPOCHS": "1"}
+    kubectl(env, "delete", "pytorchjob", "fixedjob", "-n", "default", "--ignore-not-found", "--wait=true")
+    result = invoke("kubeflow.pytorchjob.submit", "--no-elastic", "--replicas", "2", env=values, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    job = _wait_for(env, "pytorchjob", "fixedjob", "Succeeded")
+    states = {c["type"] for c in job["status"]["conditions"] if c.get("status") == "True"}
+    assert "Succeeded" in states, job["status"]
+    worker = json.loads(kubectl(env, "get", "pod", "fixedjob-worker-0", "-n", "default", "-o", "json").stdout)
+    assert [c["image"] for c in worker["spec"]["initContainers"]] == ["alpine:3.10"]
+    kubectl(env, "delete", "pytorchjob", "fixedjob", "-n", "default", "--wait=true")
+
+
+def test_a_trainjob_runs_to_completion_on_trainer_v2_3_and_jobset(env):
+    result = invoke("kubeflow.trainer.deploy", env=env, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    values = {**env, "JOB_NAME": "trainjob1", "EPOCHS": "1"}
+    kubectl(env, "delete", "trainjob", "trainjob1", "-n", "default", "--ignore-not-found", "--wait=true")
+    result = invoke("kubeflow.trainjob.submit", "--replicas", "2", env=values, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    job = _wait_for(env, "trainjob", "trainjob1", "Complete")
+    states = {c["type"] for c in job["status"]["conditions"] if c.get("status") == "True"}
+    assert "Complete" in states, job["status"]
+    kubectl(env, "delete", "trainjob", "trainjob1", "-n", "default", "--wait=true")
+
+
 def test_the_network_guard_counted_nothing_after_the_job(env):
     from doeks.cluster import guard
 

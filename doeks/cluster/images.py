@@ -23,6 +23,10 @@ LOCAL_IMAGES = {
     "doeks-train:<content tag>": "the training image (elasticjob/Dockerfile on the CPU torch base), as on docker",
     "ghcr.io/kubeflow/training-v1/training-operator:v1-93c5489": "the training operator v1.9.4 built from "
                                                                   "github.com/kubeflow/training-operator, FROM scratch",
+    "registry.k8s.io/jobset/jobset:v0.12.0": "JobSet v0.12.0 (what Trainer v2.3.0 requires) built from sigs.k8s.io/jobset, "
+                                             "FROM scratch, non-root",
+    "ghcr.io/kubeflow/trainer/trainer-controller-manager:v2.3.0": "Kubeflow Trainer v2.3.0 built from "
+                                                                  "github.com/kubeflow/trainer/v2, FROM scratch, non-root",
     "alpine:3.10": "Debian's static busybox FROM scratch, for the init container the training operator injects "
                    "(sh, seq, nslookup, sleep)",
 }

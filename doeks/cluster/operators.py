@@ -42,8 +42,7 @@ JOBSET = Operator("jobset", "sigs.k8s.io/jobset", "v0.12.0", ".", "jobset", "/ma
                   user="65532:65532")
 JOBSET_IMAGE = f"registry.k8s.io/jobset/jobset:{JOBSET.version}"     # what Trainer's third-party overlay names
 TRAINER_IMAGE = f"ghcr.io/kubeflow/trainer/trainer-controller-manager:{TRAINER.version}"
-OPERATORS = {op.name: op for op in (TRAINING_OPERATOR,)}
-BUILT_ONLY = {op.name: op for op in (TRAINER, JOBSET)}  # built by setup; their deploy on doeks' cluster comes next
+OPERATORS = {op.name: op for op in (TRAINING_OPERATOR, TRAINER, JOBSET)}  # `invoke setup --kubernetes` builds each
 # The init container image the training operator v1.9.4 injects into workers of a job with a Master
 # (pkg/config/config.go PyTorchInitContainerImageDefault); it waits for the master's name with nslookup.
 INIT_CONTAINER_IMAGE = "alpine:3.10"
@@ -66,18 +65,23 @@ def build_binary(op: Operator) -> Path:
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    env = build._env()
-    env["GOBIN"] = str(out.parent)
     started = time.monotonic()
     ui.say(f"building {op.name} {op.version} from the Go module proxy ({op.module}/{op.package})")
     log = versions.cache_dir() / "operators" / f"{op.name}-{op.version}.log"
+    # as a dependency of a one-line build module: `go install pkg@version` also asks the proxy for the module's
+    # version list, which it refuses for some (sigs.k8s.io/jobset: 403)
+    where = versions.cache_dir() / "operators" / f"src-{op.name}-{op.version}"
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "go.mod").write_text(f"module doeks.local/{op.name}\n\ngo 1.25.0\n\nrequire {op.module} {op.version}\n")
+    package = op.module if op.package == "." else f"{op.module}/{op.package}"
+    partial = out.with_suffix(".partial")
     with open(log, "w") as f:
-        package = op.module if op.package == "." else f"{op.module}/{op.package}"
-        process = subprocess.run([build.go(), "install", "-trimpath", "-ldflags=-s -w", f"{package}@{op.version}"],
-                                 stdout=f, stderr=subprocess.STDOUT, env=env, cwd=versions.cache_dir())
+        process = subprocess.run([build.go(), "build", "-trimpath", "-ldflags=-s -w", "-o", str(partial), package],
+                                 stdout=f, stderr=subprocess.STDOUT, env=build._env(), cwd=where)
     if process.returncode != 0:
         tail = log.read_text().strip().splitlines()[-1:] or ["?"]
         raise DoeksError(f"building {op.name} failed ({tail[0][:300]}): see {log}")
+    partial.replace(out)
     ui.say(f"  {op.name}: built in {time.monotonic() - started:.0f}s")
     return out
 
