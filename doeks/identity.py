@@ -68,7 +68,16 @@ class Workload:
 
 
 def role_name(settings, workload: Workload) -> str:
-    return f"doeks-{settings.cluster_name}-{workload.key}"[:64]
+    """doeks-<cluster>-<key>; where that passes IAM's 64 characters, the cluster part is cut and a digest of the whole
+    cluster name keeps the roles of two clusters (and the workloads of one) apart."""
+    name = f"doeks-{settings.cluster_name}-{workload.key}"
+    if len(name) <= 64:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(settings.cluster_name.encode()).hexdigest()[:8]
+    room = 64 - len(f"doeks--{digest}-{workload.key}")
+    return f"doeks-{settings.cluster_name[:room].rstrip('-')}-{digest}-{workload.key}"
 
 
 def policy_name(workload: Workload) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from . import catalog as _catalog
 from .errors import SettingsError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +21,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("local", "docker", "eks", "sagemaker")
 RDZV_BACKENDS = ("etcd", "etcd-v2", "c10d")
 ARCHES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "efficientnet_b7", "mobilenet_v3_small")
-EKS_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34")
+EKS_VERSIONS = tuple(_catalog.EKS_SUPPORT)  # the calendar doeks knows; newer 1.NN are accepted, `invoke up` asks EKS
 AMI_FAMILIES = ("AmazonLinux2023", "AmazonLinux2", "Bottlerocket", "Ubuntu2204", "Ubuntu2404")
 VOLUME_TYPES = ("gp2", "gp3", "io1", "io2")
 SECRET_WORDS = ("SECRET", "PASSWORD", "TOKEN")
@@ -60,6 +61,17 @@ def _choice(options: tuple[str, ...]):
         return raw
 
     return parse, f"one of {', '.join(options)}"
+
+
+def _eks_version(raw: str) -> str:
+    accepted = (f"a Kubernetes version EKS offers: {', '.join(EKS_VERSIONS)} or a newer 1.NN "
+                f"(`invoke up` checks it with EKS)")
+    if not re.fullmatch(r"1\.\d{2}", raw) or _catalog.version_key(raw) < _catalog.version_key(EKS_VERSIONS[0]):
+        raise _Bad(accepted)
+    return raw
+
+
+_EKS_VERSION = (_eks_version, f"a Kubernetes version EKS offers: {', '.join(EKS_VERSIONS)} or a newer 1.NN")
 
 
 def _int(low: int, high: int):
@@ -112,6 +124,23 @@ def _dns_label(max_len: int = 63):
 
     def parse(raw: str) -> str:
         if len(raw) > max_len or not _DNS1123_LABEL.fullmatch(raw):
+            raise _Bad(accepted)
+        return raw
+
+    return parse, accepted
+
+
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _dns1035_label(max_len: int):
+    """A name that becomes Service and pod names (a PyTorchJob's `<name>-worker-<i>`, a TrainJob's JobSet
+    `<name>-node-0-<i>`): DNS-1035, a letter first, short enough for what the operators append (63 in all)."""
+    accepted = (f"a Kubernetes DNS-1035 name: a lower-case letter first, then lower-case letters, digits and '-', "
+                f"ending alphanumeric, at most {max_len} characters")
+
+    def parse(raw: str) -> str:
+        if len(raw) > max_len or not _DNS1035_LABEL.fullmatch(raw):
             raise _Bad(accepted)
         return raw
 
@@ -205,7 +234,7 @@ KEYS: tuple[Key, ...] = (
     _key("CONTAINER_DOWNLOADS", "container", "true", "Download aws cli, eksctl, kubectl, helm, kubectx during the build (false = offline build)", _bool),
     # eks
     _key("CLUSTER_NAME", "eks", "doeks", "EKS cluster name", _pattern(_CLUSTER_NAME, "a cluster name: a letter, then letters, digits and '-', at most 100")),
-    _key("EKS_VERSION", "eks", "1.33", "Kubernetes version of the cluster", _choice(EKS_VERSIONS)),
+    _key("EKS_VERSION", "eks", "1.35", "Kubernetes version of the cluster (default: the newest in EKS standard support; older ones cost 6x in extended support)", _EKS_VERSION),
     _key("EKS_ZONES", "eks", "", "Availability zones for the cluster (empty = eksctl picks)", _zones),
     _key("VPC_CIDR", "eks", "192.168.0.0/16", "CIDR of the cluster VPC", _cidr),
     _key("EKS_YAML", "eks", "", "Path of a hand-written eksctl ClusterConfig to use as-is instead of rendering one (empty = render)", _path()),
@@ -231,7 +260,7 @@ KEYS: tuple[Key, ...] = (
     _key("PLACEMENT_GROUP", "eks", "", "Existing cluster placement group for the GPU nodes (empty = none)", _text),
     _key("CAPACITY_RESERVATION_ID", "eks", "", "EC2 capacity reservation for the GPU nodes (empty = none)", _pattern(_CAPACITY_RESERVATION, "cr- and 8 to 17 hex digits", optional=True)),
     # elastic job
-    _key("JOB_NAME", "elasticjob", "imagenet", "Name of the elastic training job", _dns_label(50)),
+    _key("JOB_NAME", "elasticjob", "imagenet", "Name of the elastic training job (also its Services and pods: <name>-worker-<i>)", _dns1035_label(50)),
     _key("NAMESPACE", "elasticjob", "default", "Kubernetes namespace for jobs", _dns_label(63)),
     _key("REPLICAS", "elasticjob", "2", "Number of nodes (worker replicas) to start with", _int(1, 1000)),
     _key("MIN_REPLICAS", "elasticjob", "1", "Fewest nodes the job keeps training with", _int(1, 1000)),
@@ -417,6 +446,10 @@ def _check_ranges(values: dict[str, Any], raw: dict[str, str]) -> None:
         raise SettingsError(f"EFS_FILE_SYSTEM_ID={raw['EFS_FILE_SYSTEM_ID']!r} is not accepted: expected SAGEMAKER_SUBNETS to be set too (EFS data needs VPC training)")
     for group in ("SYSTEM", "CPU", "GPU"):
         ordered(f"{group}_NODES_MIN", f"{group}_NODES", f"{group}_NODES_MAX")
+    if values["AMI_FAMILY"] == "AmazonLinux2" and \
+            _catalog.version_key(values["EKS_VERSION"]) > _catalog.version_key(_catalog.AL2_LAST_VERSION):
+        raise SettingsError(f"AMI_FAMILY='AmazonLinux2' is not accepted: expected AmazonLinux2023 (or Bottlerocket, Ubuntu) "
+                            f"with EKS_VERSION={values['EKS_VERSION']} (EKS builds no AL2 AMIs after {_catalog.AL2_LAST_VERSION})")
     if values["CAPACITY_RESERVATION_ID"] and values["GPU_SPOT"]:
         raise SettingsError("GPU_SPOT='true' is not accepted: expected false when CAPACITY_RESERVATION_ID is set")
 

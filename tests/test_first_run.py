@@ -1,0 +1,117 @@
+"""Issue 23: what a first run on a real AWS account needs, read against upstream (versions, names, zones, regional
+registries, images, teardown). Each test failed on the code before its fix."""
+from __future__ import annotations
+
+import datetime as dt
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from doeks import catalog, eks, identity
+from doeks import settings as S
+from doeks.errors import DoeksError, SettingsError
+
+from .conftest import ROOT
+
+TODAY = dt.date(2026, 11, 23)
+
+
+def load(**env):
+    return S.load(environ={k: str(v) for k, v in env.items()}, path=ROOT / ".env")
+
+
+# -- (4) versions ------------------------------------------------------------------------------------------------------
+def test_default_version_is_the_newest_in_standard_support():
+    assert catalog.newest_standard(TODAY) == "1.35"  # 1.34 leaves standard support 2026-12-02
+    assert S.KEY_BY_NAME["EKS_VERSION"].default == catalog.newest_standard(TODAY)
+    assert catalog.support_phase("1.33", TODAY) == "extended"
+
+
+def test_newer_versions_are_accepted_and_old_ones_refused():
+    assert load(EKS_VERSION="1.35").eks_version == "1.35"
+    assert load(EKS_VERSION="1.36").eks_version == "1.36"  # newer than the calendar: EKS says at `up`
+    for bad in ("1.29", "2", "1.3x"):
+        with pytest.raises(SettingsError, match=r"^EKS_VERSION="):
+            load(EKS_VERSION=bad)
+
+
+def test_amazon_linux_2_refused_from_1_33():
+    assert load(EKS_VERSION="1.32", AMI_FAMILY="AmazonLinux2").ami_family == "AmazonLinux2"
+    with pytest.raises(SettingsError, match=r"^AMI_FAMILY='AmazonLinux2' is not accepted: .*1\.32") as error:
+        load(EKS_VERSION="1.33", AMI_FAMILY="AmazonLinux2")
+    assert "\n" not in str(error.value)
+
+
+def _eks_stub(versions):
+    client = boto3.client("eks", region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    stub.add_response("describe_cluster_versions", {"clusterVersions": [
+        {"clusterVersion": v, "versionStatus": st} for v, st in versions]}, {"clusterType": "eks", "includeAll": True})
+    stub.activate()
+    return client, stub
+
+
+def test_version_checked_against_what_eks_offers(monkeypatch, capsys):
+    """DescribeClusterVersions (moto has none: Stubber against the service model)."""
+    s = load(TARGET="eks", EKS_VERSION="1.36")
+    offered = [("1.33", "EXTENDED_SUPPORT"), ("1.34", "STANDARD_SUPPORT"), ("1.35", "STANDARD_SUPPORT")]
+    client, stub = _eks_stub(offered)
+    monkeypatch.setattr(eks, "_client", lambda settings, service="eks": client)
+    with pytest.raises(DoeksError, match=r"^EKS_VERSION=1\.36 is not offered by EKS in us-west-2: one of 1\.33, 1\.34, 1\.35$"):
+        eks.check_version(s)
+    client, stub = _eks_stub(offered)
+    monkeypatch.setattr(eks, "_client", lambda settings, service="eks": client)
+    assert eks.check_version(load(TARGET="eks", EKS_VERSION="1.33")) == "extended"
+    assert "extended support" in capsys.readouterr().err
+
+
+# -- (5) names ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["9job", "1"])
+def test_job_name_is_a_dns_1035_label(name):
+    with pytest.raises(SettingsError, match=r"^JOB_NAME=.*DNS-1035") as error:
+        load(JOB_NAME=name)
+    assert "\n" not in str(error.value)
+
+
+def test_job_name_leaves_room_for_what_the_operators_append():
+    """The longest name the operators derive (PyTorchJob Service `<job>-worker-<i>`, JobSet `<job>-node-0-<i>`) is
+    a DNS-1035 label at the longest JOB_NAME and the most replicas."""
+    import re
+
+    s = load(JOB_NAME="j" * 50, MAX_REPLICAS=1000, REPLICAS=1000, MIN_REPLICAS=1)
+    for derived in (f"{s.job_name}-worker-{s.max_replicas - 1}", f"{s.job_name}-node-0-{s.max_replicas - 1}"):
+        assert len(derived) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", derived)
+
+
+def test_role_names_of_a_long_cluster_name_stay_distinct_and_fit_iam():
+    s = load(CLUSTER_NAME="c" * 60)
+    names = [identity.role_name(s, w) for w in identity.WORKLOADS]
+    assert len(set(names)) == len(names) and all(len(n) <= 64 for n in names)
+    other = [identity.role_name(load(CLUSTER_NAME="c" * 59 + "d"), w) for w in identity.WORKLOADS]
+    assert not set(names) & set(other)
+
+
+# -- (3) zones ---------------------------------------------------------------------------------------------------------
+def test_gpu_zone_is_one_where_the_instance_type_is_offered(monkeypatch):
+    """moto models DescribeInstanceTypeOfferings: in eu-west-1 it offers p4d.24xlarge only in eu-west-1c."""
+    from moto import mock_aws
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    eks._ZONES.clear()
+    with mock_aws():
+        s = load(TARGET="eks", AWS_REGION="eu-west-1", GPU_INSTANCE_TYPE="p4d.24xlarge")
+        config = eks.cluster_config(s)
+    eks._ZONES.clear()
+    gpu = next(g for g in config["managedNodeGroups"] if g["name"] == "gpu")
+    assert gpu["availabilityZones"] == ["eu-west-1c"]
+    assert config["availabilityZones"][0] == "eu-west-1c" and len(config["availabilityZones"]) == 3
+
+
+def test_zones_refused_where_the_type_is_offered_nowhere():
+    s = load(TARGET="eks", AWS_REGION="eu-west-1", GPU_INSTANCE_TYPE="p5.48xlarge")
+    with pytest.raises(DoeksError, match=r"^GPU_INSTANCE_TYPE=p5\.48xlarge is offered in no zone of eu-west-1"):
+        eks.choose_zones(s, [], ["eu-west-1a", "eu-west-1b"])
+    assert eks.choose_zones(load(AWS_REGION="us-east-1"), ["us-east-1d"], [f"us-east-1{z}" for z in "abcdef"]) == \
+        (["us-east-1d", "us-east-1a"], "us-east-1d")
