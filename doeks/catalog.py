@@ -86,6 +86,10 @@ def dlc_registry(region: str) -> str:
     return ecr_host(DLC_ACCOUNTS.get(region, DLC_ACCOUNT), region)
 
 
-def sagemaker_image(region: str, tag: str) -> str:
+# The PyTorch training DLC for SageMaker that SAGEMAKER_IMAGE defaults to (in AWS_REGION's DLC registry).
+SAGEMAKER_DLC_TAG = "2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker"
+
+
+def sagemaker_image(region: str, tag: str = SAGEMAKER_DLC_TAG) -> str:
     """A PyTorch training DLC for SageMaker in `region` (SageMaker pulls from its own region's registry)."""
     return f"{dlc_registry(region)}/pytorch-training:{tag}"

@@ -8,7 +8,7 @@ from typing import Any
 from .jobspec import EFA_ADAPTERS, GPUS
 
 DEVICE_PLUGIN_VERSION = "v0.5.10"
-DEVICE_PLUGIN_IMAGE = "602401143452.dkr.ecr.{region}.amazonaws.com/eks/aws-efa-k8s-device-plugin:" + DEVICE_PLUGIN_VERSION
+DEVICE_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"  # in the region's EKS add-on registry (doeks.catalog)
 # kubeflow/mpi-operator v0.8.0 (2026-02-18): deploy/v2beta1/mpi-operator.yaml holds the one MPIJob CRD on the cluster
 # (mpijobs.kubeflow.org, v2beta1 served + storage); the training operator is deployed without its v1 copy
 # (doeks.kubeflow.operator_kustomization), so the two never fight over storedVersions (kubeflow/trainer#1930).
@@ -17,6 +17,12 @@ MPIJOB_CRD = "mpijobs.kubeflow.org"
 MPI_OPERATOR_MANIFEST = f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{MPI_OPERATOR_VERSION}/deploy/v2beta1/mpi-operator.yaml"
 NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:latest-efa"
 LABELS = {"app.kubernetes.io/part-of": "doeks", "app.kubernetes.io/name": "aws-efa-k8s-device-plugin"}
+
+
+def device_plugin_image(region: str) -> str:
+    from .catalog import eks_addon_registry
+
+    return f"{eks_addon_registry(region)}/{DEVICE_PLUGIN_REPOSITORY}:{DEVICE_PLUGIN_VERSION}"
 
 
 def device_plugin(settings) -> list[dict[str, Any]]:
@@ -41,7 +47,7 @@ def device_plugin(settings) -> list[dict[str, Any]]:
                                     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                     "containers": [{
                         "name": "aws-efa-k8s-device-plugin",
-                        "image": DEVICE_PLUGIN_IMAGE.format(region=settings.aws_region),
+                        "image": device_plugin_image(settings.aws_region),
                         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
                         "resources": {"requests": {"cpu": "10m", "memory": "20Mi"}, "limits": {"memory": "100Mi"}},
                         "volumeMounts": [{"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},

@@ -329,9 +329,12 @@ def sagemaker_checks(settings, client=None) -> list[Check]:
         reachable = docker_reachable()
         rows.append(("docker daemon (SAGEMAKER_LOCAL)", reachable, "reachable" if reachable else "invoke setup --docker", True))
     else:
-        match = re.match(r"(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com/", settings.sagemaker_image)
+        match = re.match(r"(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/", settings.sagemaker_image)
         if match and match.group(2) != settings.aws_region:
-            fixed = settings.sagemaker_image.replace(f".{match.group(2)}.", f".{settings.aws_region}.", 1)
+            from .catalog import dlc_registry
+
+            # the region's own registry: another account in some regions (doeks.catalog.DLC_ACCOUNTS)
+            fixed = dlc_registry(settings.aws_region) + settings.sagemaker_image[match.end() - 1:]
             rows.append(("image for the region", False, f"SAGEMAKER_IMAGE is in {match.group(2)}, training runs in "
                          f"{settings.aws_region} (SageMaker pulls from its own region): set SAGEMAKER_IMAGE={fixed}", True))
         else:

@@ -301,7 +301,7 @@ KEYS: tuple[Key, ...] = (
     _key("S3_BUCKET", "sagemaker", "doeks-training", "S3 bucket for code, data, checkpoints and models", _pattern(re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"), "an S3 bucket name: 3-63 lower-case letters, digits, '.', '-'")),
     _key("DATA_S3_PREFIX", "sagemaker", "data/imagenet", "Prefix of the training data in S3_BUCKET (train/ and val/ under it)", _pattern(re.compile(r"[A-Za-z0-9!_.*'()/-]+"), "an S3 key prefix")),
     _key("SAGEMAKER_ROLE_NAME", "sagemaker", "doeks-sagemaker-execution", "IAM execution role for SageMaker training jobs", _pattern(re.compile(r"[\w+=,.@-]{1,64}"), "an IAM role name")),
-    _key("SAGEMAKER_IMAGE", "sagemaker", "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker", "Training image (a PyTorch Deep Learning Container)", _pattern(_IMAGE_REF, "an image reference")),
+    _key("SAGEMAKER_IMAGE", "sagemaker", "", f"Training image (empty = the PyTorch Deep Learning Container pytorch-training:{_catalog.SAGEMAKER_DLC_TAG} in AWS_REGION's DLC registry: SageMaker pulls from its own region)", _pattern(_IMAGE_REF, "an image reference", optional=True)),
     _key("SAGEMAKER_INSTANCE_TYPE", "sagemaker", "ml.g5.12xlarge", "Instance type of SageMaker training", _pattern(re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+"), "a SageMaker instance type such as ml.g5.12xlarge")),
     _key("SAGEMAKER_INSTANCE_COUNT", "sagemaker", "2", "Instances in the SageMaker training job", _int(1, 100)),
     _key("SAGEMAKER_LOCAL", "sagemaker", "false", "TARGET=sagemaker: run the training job here, one container of the training image per instance, with SageMaker's contract (/opt/ml, SM_* environment, hyperparameters, model.tar.gz)", _bool),
@@ -381,7 +381,15 @@ class Settings:
         return path if path.is_absolute() else PROJECT_ROOT / path
 
     def rows(self) -> list[list[str]]:
-        return [[k.unit, k.name, mask_value(k, self._raw[k.name]), self._sources[k.name]] for k in KEYS]
+        def shown(k: Key) -> list[str]:
+            if k.name in _DERIVED and not self._raw[k.name].strip():
+                return [str(self._values[k.name]), f"{self._sources[k.name]} ({_DERIVED[k.name]})"]
+            return [mask_value(k, self._raw[k.name]), self._sources[k.name]]
+
+        return [[k.unit, k.name, *shown(k)] for k in KEYS]
+
+
+_DERIVED = {"SAGEMAKER_IMAGE": "from AWS_REGION"}  # empty = derived: `invoke config` shows the value in effect
 
 
 def mask_value(key: Key, raw: str) -> str:
@@ -428,6 +436,8 @@ def _validate(raw: dict[str, str], sources: dict[str, str]) -> Settings:
             shown = mask_value(key, value)
             raise SettingsError(f"{key.name}={shown!r} is not accepted: expected {bad}") from None
     _check_ranges(values, raw)
+    if not values["SAGEMAKER_IMAGE"]:  # derived from the region (doeks.catalog), shown as such by `invoke config`
+        values["SAGEMAKER_IMAGE"] = _catalog.sagemaker_image(values["AWS_REGION"])
     return Settings(values, raw, sources)
 
 

@@ -14,6 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from . import catalog as _catalog
 from . import ui
 from .container import _client, stream_build
 from .errors import DoeksError
@@ -24,9 +25,12 @@ TORCH_VERSION = "2.13.0"
 TORCHVISION_VERSION = "0.28.0"
 SHIM = PROJECT_ROOT / "doeks" / "local" / "torchvision_shim.py"
 # An AWS Deep Learning Container for EC2/EKS: CUDA, NCCL, the EFA installer and aws-ofi-nccl (libnccl-ofi), torchrun.
-# Source: aws/deep-learning-containers pytorch/training/buildspec-2-9-ec2.yml (release repository pytorch-training in
-# account 763104351884, every commercial region). The training Dockerfile adds python-etcd on top.
-DLC_BASE = "763104351884.dkr.ecr.{region}.amazonaws.com/pytorch-training:2.9.0-gpu-py312-cu130-ubuntu22.04-ec2"
+# Source: aws/deep-learning-containers pytorch/training/buildspec-2-9-ec2.yml. Pulled from the public ECR gallery
+# (public.ecr.aws/deep-learning-containers, the same repositories and tags as the release account's private ECR,
+# doeks.catalog): anonymous pulls, so a build needs no registry login (the management container mounts no docker
+# credentials). The training Dockerfile adds python-etcd on top.
+DLC_TAG = "2.9.0-gpu-py312-cu130-ubuntu22.04-ec2"
+DLC_BASE = f"{_catalog.DLC_PUBLIC}/pytorch-training:{DLC_TAG}"
 DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile"
 BASE_DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile.torch-cpu"
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
@@ -47,7 +51,7 @@ def base_image(settings, on_this_machine: bool) -> str:
     """TRAIN_BASE_IMAGE, or the default for where the image runs: the CPU base made here, or the AWS DLC."""
     if settings.train_base_image:
         return settings.train_base_image
-    return CPU_BASE if on_this_machine else DLC_BASE.format(region=settings.aws_region)
+    return CPU_BASE if on_this_machine else DLC_BASE
 
 
 def workload_files() -> list[Path]:

@@ -115,3 +115,43 @@ def test_zones_refused_where_the_type_is_offered_nowhere():
         eks.choose_zones(s, [], ["eu-west-1a", "eu-west-1b"])
     assert eks.choose_zones(load(AWS_REGION="us-east-1"), ["us-east-1d"], [f"us-east-1{z}" for z in "abcdef"]) == \
         (["us-east-1d", "us-east-1a"], "us-east-1d")
+
+
+# -- (6) region-bound registries: one table (doeks.catalog), a case per region family -----------------------------------
+REGIONS = [  # (region, EKS add-on registry, DLC registry)
+    ("us-west-2", "602401143452.dkr.ecr.us-west-2.amazonaws.com", "763104351884.dkr.ecr.us-west-2.amazonaws.com"),
+    ("eu-central-1", "602401143452.dkr.ecr.eu-central-1.amazonaws.com", "763104351884.dkr.ecr.eu-central-1.amazonaws.com"),
+    ("ap-southeast-3", "296578399912.dkr.ecr.ap-southeast-3.amazonaws.com", "907027046896.dkr.ecr.ap-southeast-3.amazonaws.com"),
+    ("af-south-1", "877085696533.dkr.ecr.af-south-1.amazonaws.com", "626614931356.dkr.ecr.af-south-1.amazonaws.com"),
+    ("me-south-1", "558608220178.dkr.ecr.me-south-1.amazonaws.com", "217643126080.dkr.ecr.me-south-1.amazonaws.com"),
+    ("il-central-1", "066635153087.dkr.ecr.il-central-1.amazonaws.com", "780543022126.dkr.ecr.il-central-1.amazonaws.com"),
+    ("cn-north-1", "918309763551.dkr.ecr.cn-north-1.amazonaws.com.cn", "727897471807.dkr.ecr.cn-north-1.amazonaws.com.cn"),
+    ("us-gov-west-1", "013241004608.dkr.ecr.us-gov-west-1.amazonaws.com", "442386744353.dkr.ecr.us-gov-west-1.amazonaws.com"),
+]
+
+
+@pytest.mark.parametrize("region,addon,dlc", REGIONS)
+def test_images_come_from_the_regions_own_registries(region, addon, dlc):
+    from doeks import efa
+
+    s = load(TARGET="eks", AWS_REGION=region)
+    plugin = efa.device_plugin(s)[0]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert plugin == f"{addon}/eks/aws-efa-k8s-device-plugin:{efa.DEVICE_PLUGIN_VERSION}"
+    assert s.sagemaker_image == f"{dlc}/pytorch-training:{catalog.SAGEMAKER_DLC_TAG}"
+
+
+def test_config_shows_the_derived_sagemaker_image():
+    s = load(AWS_REGION="me-south-1")
+    row = next(r for r in s.rows() if r[1] == "SAGEMAKER_IMAGE")
+    assert row[2].startswith("217643126080.dkr.ecr.me-south-1.amazonaws.com/") and "AWS_REGION" in row[3]
+    pinned = load(AWS_REGION="me-south-1", SAGEMAKER_IMAGE="my/image:1")
+    assert pinned.sagemaker_image == "my/image:1"
+
+
+# -- (1) the EKS training image's base needs no registry login ------------------------------------------------------------
+def test_eks_training_base_is_the_public_gallery_copy(state_dir):
+    from doeks import trainimage
+
+    for region in ("us-west-2", "af-south-1"):
+        base = trainimage.base_image(load(TARGET="eks", AWS_REGION=region), on_this_machine=False)
+        assert base == f"public.ecr.aws/deep-learning-containers/pytorch-training:{trainimage.DLC_TAG}"
