@@ -15,7 +15,10 @@ DEVICE_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"  # in the region's EK
 MPI_OPERATOR_VERSION = "v0.8.0"
 MPIJOB_CRD = "mpijobs.kubeflow.org"
 MPI_OPERATOR_MANIFEST = f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{MPI_OPERATOR_VERSION}/deploy/v2beta1/mpi-operator.yaml"
-NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:latest-efa"
+# aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/buildspec.yaml (commit bd491b3) pushes
+# public.ecr.aws/hpc-cloud/nccl-tests:efa<EFA>-ofi<OFI>-nccl<NCCL>-tests<TESTS> and :latest (no `latest-efa`): pinned.
+NCCL_TESTS_TAG = "efa1.34.0-ofiv1.11.0-aws-ncclv2.23.4-1-testsv2.13.10"
+NCCL_TESTS_IMAGE = f"public.ecr.aws/hpc-cloud/nccl-tests:{NCCL_TESTS_TAG}"
 LABELS = {"app.kubernetes.io/part-of": "doeks", "app.kubernetes.io/name": "aws-efa-k8s-device-plugin"}
 
 
@@ -79,22 +82,29 @@ def nccl_mpijob(settings, nodes: int | None = None, name: str = "test-efa-nccl",
                "-x", "FI_PROVIDER=efa", "-x", "FI_EFA_USE_DEVICE_RDMA=1", "-x", "NCCL_PROTO=simple",
                "--mca", "pml", "^cm", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_exclude", "lo,docker0",
                "/opt/nccl-tests/build/all_reduce_perf", "-b", begin, "-e", end, "-f", "2", "-g", "1", "-c", "1", "-n", "100"]
+    # As upstream's kubernetes/nccl-tests.yaml: the launcher restarts OnFailure (and is only created once every worker
+    # is Ready, mpi-operator's launcherCreationPolicy), so a launcher that reaches a worker before its sshd listens
+    # tries again instead of failing the test for good; workers get a RAM-backed /dev/shm (NCCL's shared-memory
+    # transport needs more than the container runtime's 64 MiB).
     return {
         "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
         "metadata": {"name": name, "namespace": settings.namespace, "labels": {"app.kubernetes.io/part-of": "doeks"}},
         "spec": {
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0},
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 6},
             "slotsPerWorker": gpus,
             "mpiImplementation": "OpenMPI",
+            "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiReplicaSpecs": {
-                "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": {"spec": {
+                "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": {"spec": {
                     "containers": [{"name": "launcher", "image": NCCL_TESTS_IMAGE, "imagePullPolicy": "IfNotPresent",
                                     "command": command}]}}},
                 "Worker": {"replicas": count, "template": {"spec": {
                     "nodeSelector": {"node.kubernetes.io/instance-type": settings.gpu_instance_type},
                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                     "containers": [{"name": "worker", "image": NCCL_TESTS_IMAGE, "imagePullPolicy": "IfNotPresent",
-                                    "resources": {"limits": resources, "requests": resources}}]}}},
+                                    "resources": {"limits": resources, "requests": resources},
+                                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}],
+                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]}}},
             },
         },
     }

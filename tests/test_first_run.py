@@ -155,3 +155,23 @@ def test_eks_training_base_is_the_public_gallery_copy(state_dir):
     for region in ("us-west-2", "af-south-1"):
         base = trainimage.base_image(load(TARGET="eks", AWS_REGION=region), on_this_machine=False)
         assert base == f"public.ecr.aws/deep-learning-containers/pytorch-training:{trainimage.DLC_TAG}"
+
+
+# -- (7) nccl-tests as upstream runs it -------------------------------------------------------------------------------------
+def test_nccl_mpijob_follows_upstream():
+    import re
+
+    from doeks import efa
+
+    job = efa.nccl_mpijob(load(TARGET="eks", GPU_INSTANCE_TYPE="p5.48xlarge"))
+    spec = job["spec"]
+    launcher, worker = spec["mpiReplicaSpecs"]["Launcher"], spec["mpiReplicaSpecs"]["Worker"]
+    for pod in (launcher, worker):
+        image = pod["template"]["spec"]["containers"][0]["image"]
+        # the buildspec's published tags: a versioned one or `latest` (never `latest-efa`)
+        assert re.fullmatch(r"public\.ecr\.aws/hpc-cloud/nccl-tests:(latest|efa[\d.]+-ofiv?[\d.]+-aws-ncclv[\d.-]+-testsv[\d.]+)", image)
+    assert spec["launcherCreationPolicy"] == "WaitForWorkersReady" and launcher["restartPolicy"] == "OnFailure"
+    assert spec["runPolicy"]["backoffLimit"] > 0
+    pod = worker["template"]["spec"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm")
+    assert next(v for v in pod["volumes"] if v["name"] == mount["name"])["emptyDir"] == {"medium": "Memory"}
