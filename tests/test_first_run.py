@@ -175,3 +175,54 @@ def test_nccl_mpijob_follows_upstream():
     pod = worker["template"]["spec"]
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm")
     assert next(v for v in pod["volumes"] if v["name"] == mount["name"])["emptyDir"] == {"medium": "Memory"}
+
+
+# -- (8) teardown leaves shared namespaces to their owners ---------------------------------------------------------------
+def test_gpu_metrics_delete_keeps_the_add_ons_namespace(state_dir, monkeypatch):
+    """The task's own kube.delete call, captured."""
+    import importlib.util
+
+    from doeks import kube, taskkit
+
+    deleted = []
+    monkeypatch.setattr(kube, "delete", lambda runner, manifests: deleted.extend(manifests))
+    monkeypatch.setenv("TARGET", "eks")
+    S.reset()
+    spec = importlib.util.spec_from_file_location("gpu_metrics_tasks", ROOT / "gpu-metrics" / "tasks.py")
+    tasks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tasks)
+    try:
+        tasks.delete.body(None, dry_run=True)
+    finally:
+        S.reset()
+    assert any(d["kind"] == "DaemonSet" for d in deleted)  # the agent still goes
+    assert not [d for d in deleted if d["kind"] == "Namespace"]
+
+
+def test_training_operator_delete_keeps_the_shared_kubeflow_namespace(tmp_path):
+    """`kubectl kustomize` over a stand-in of the v1.9.4 standalone overlay (namespace.yaml: Namespace kubeflow)."""
+    import os
+    import subprocess
+
+    import yaml
+
+    from doeks import kube, kubeflow
+
+    base = tmp_path / "standalone"
+    base.mkdir()
+    docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow"}},
+            {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": "mpijobs.kubeflow.org"}},
+            {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "training-operator", "namespace": "kubeflow"},
+             "spec": {"template": {"spec": {"containers": [{"name": "training-operator", "image": "x"}]}}}}]
+    (base / "all.yaml").write_text(yaml.safe_dump_all(docs))
+    (base / "kustomization.yaml").write_text("resources:\n- all.yaml\n")
+
+    def render(**kw):
+        ours = tmp_path / ("delete" if kw else "deploy")
+        ours.mkdir()
+        (ours / "kustomization.yaml").write_text(kubeflow.operator_kustomization(base=os.path.relpath(base, ours), **kw))
+        out = subprocess.run([kube.kubectl(), "kustomize", str(ours)], capture_output=True, text=True, check=True).stdout
+        return {d["kind"] for d in yaml.safe_load_all(out) if d}
+
+    assert render() == {"Namespace", "Deployment"}  # deploy still creates the namespace where it is missing
+    assert render(for_delete=True) == {"Deployment"}
