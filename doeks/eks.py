@@ -15,14 +15,19 @@ ADDONS = ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent")  # eks-p
 EBS_ADDON = "aws-ebs-csi-driver"  # added by doeks after eksctl (its role is in the identity table), with a gp3 default class
 
 
-def gp3_storage_class() -> dict[str, Any]:
+TAG = "doeks/cluster"
+
+
+def gp3_storage_class(cluster: str) -> dict[str, Any]:
     """The default StorageClass Kubeflow's claims (MySQL, MinIO, Katib) need. The in-tree gp2 class is migrated to
     ebs.csi.aws.com (kubernetes CSIMigrationAWS, GA in 1.25), so without the EBS CSI driver those claims stay Pending."""
     return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
             "metadata": {"name": "gp3", "labels": {"app.kubernetes.io/part-of": "doeks"},
                          "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
             "provisioner": "ebs.csi.aws.com", "volumeBindingMode": "WaitForFirstConsumer", "allowVolumeExpansion": True,
-            "reclaimPolicy": "Delete", "parameters": {"type": "gp3", "encrypted": "true"}}
+            "reclaimPolicy": "Delete", "parameters": {"type": "gp3", "encrypted": "true",
+                                                      # the EBS CSI driver tags each volume it makes: `invoke audit` finds it
+                                                      "tagSpecification_1": f"{TAG}={cluster}"}}
 
 
 def ensure_addons(settings, runner) -> None:
@@ -33,7 +38,7 @@ def ensure_addons(settings, runner) -> None:
     if runner.dry_run or not storage.addon_exists(settings, EBS_ADDON):
         runner.call(_client(settings), "create_addon", clusterName=settings.cluster_name, addonName=EBS_ADDON,
                     resolveConflicts="OVERWRITE", podIdentityAssociations=associations, tags={storage.TAG: settings.cluster_name})
-    kube.apply(runner, [gp3_storage_class()])
+    kube.apply(runner, [gp3_storage_class(settings.cluster_name)])
     kube.run(runner, ["annotate", "storageclass", "gp2", "storageclass.kubernetes.io/is-default-class=false", "--overwrite"]) \
         if runner.dry_run else runner.run([kube.kubectl(), "annotate", "storageclass", "gp2",
                                            "storageclass.kubernetes.io/is-default-class=false", "--overwrite"], check=False)

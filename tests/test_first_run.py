@@ -226,3 +226,50 @@ def test_training_operator_delete_keeps_the_shared_kubeflow_namespace(tmp_path):
 
     assert render() == {"Namespace", "Deployment"}  # deploy still creates the namespace where it is missing
     assert render(for_delete=True) == {"Deployment"}
+
+
+def test_audit_finds_what_controllers_made_for_the_cluster(monkeypatch):
+    """moto (in process) holds what the EBS CSI driver, the VPC CNI, a LoadBalancer Service and the CloudWatch add-on
+    leave behind for cluster `doeks`; audit lists each, and nothing of another cluster."""
+    from moto import mock_aws
+
+    from doeks import audit
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        s = load(TARGET="eks")
+        kw = {"region_name": "us-west-2"}
+        ec2 = boto3.client("ec2", **kw)
+        claim = ec2.create_volume(AvailabilityZone="us-west-2a", Size=100, VolumeType="gp3", TagSpecifications=[{
+            "ResourceType": "volume", "Tags": [{"Key": "doeks/cluster", "Value": "doeks"},
+                                               {"Key": "kubernetes.io/created-for/pvc/name", "Value": "mysql-pv-claim"}]}])
+        legacy = ec2.create_volume(AvailabilityZone="us-west-2a", Size=10, VolumeType="gp2", TagSpecifications=[{
+            "ResourceType": "volume", "Tags": [{"Key": "kubernetes.io/cluster/doeks", "Value": "owned"}]}])
+        ec2.create_volume(AvailabilityZone="us-west-2a", Size=10, TagSpecifications=[{
+            "ResourceType": "volume", "Tags": [{"Key": "kubernetes.io/cluster/other", "Value": "owned"}]}])
+        vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.9.1.0/24", AvailabilityZone="us-west-2a")["Subnet"]["SubnetId"]
+        eni = ec2.create_network_interface(SubnetId=subnet, TagSpecifications=[{"ResourceType": "network-interface", "Tags": [
+            {"Key": "cluster.k8s.amazonaws.com/name", "Value": "doeks"}]}])["NetworkInterface"]["NetworkInterfaceId"]
+        elbv2 = boto3.client("elbv2", **kw)
+        nlb = elbv2.create_load_balancer(Name="k8s-istiosys-gateway", Subnets=[subnet], Type="network",
+                                         Tags=[{"Key": "kubernetes.io/cluster/doeks", "Value": "owned"}])["LoadBalancers"][0]
+        elbv2.create_load_balancer(Name="someone-elses", Subnets=[subnet], Type="network")
+        boto3.client("elb", **kw).create_load_balancer(
+            LoadBalancerName="a1b2c3", AvailabilityZones=["us-west-2a"],
+            Listeners=[{"Protocol": "TCP", "LoadBalancerPort": 80, "InstancePort": 30080}],
+            Tags=[{"Key": "kubernetes.io/cluster/doeks", "Value": "owned"}])
+        boto3.client("logs", **kw).create_log_group(logGroupName="/aws/containerinsights/doeks/performance")
+        boto3.client("logs", **kw).create_log_group(logGroupName="/aws/containerinsights/other/performance")
+        found = {(f.kind, f.ident) for f in audit.scan(s)}
+    assert ("ebs volume", claim["VolumeId"]) in found and ("ebs volume", legacy["VolumeId"]) in found
+    assert ("network interface", eni) in found
+    assert ("load balancer", nlb["LoadBalancerName"]) in found and ("load balancer", "a1b2c3") in found
+    assert ("log group", "/aws/containerinsights/doeks/performance") in found
+    assert len([f for f in found if f[0] == "ebs volume"]) == 2 and ("load balancer", "someone-elses") not in found
+    assert not [f for f in found if "other" in f[1]]
+
+
+def test_gp3_class_has_the_driver_tag_its_volumes():
+    assert eks.gp3_storage_class("train1")["parameters"]["tagSpecification_1"] == "doeks/cluster=train1"
