@@ -273,3 +273,70 @@ def test_audit_finds_what_controllers_made_for_the_cluster(monkeypatch):
 
 def test_gp3_class_has_the_driver_tag_its_volumes():
     assert eks.gp3_storage_class("train1")["parameters"]["tagSpecification_1"] == "doeks/cluster=train1"
+
+
+# -- (11) the pipeline's branches find SHARED_PVC in the profile namespace ----------------------------------------------
+FSX_PV = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pvc-1234"},
+          "spec": {"capacity": {"storage": "1200Gi"}, "accessModes": ["ReadWriteMany"], "mountOptions": ["flock"],
+                   "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fsx-sc",
+                   "claimRef": {"namespace": "default", "name": "fsx-pvc"},
+                   "csi": {"driver": "fsx.csi.aws.com", "volumeHandle": "fs-0123456789abcdef0",
+                           "volumeAttributes": {"dnsname": "fs-0123.fsx.us-west-2.amazonaws.com", "mountname": "abcd"}}}}
+
+
+def _script(tmp_path, entries):
+    import json
+    import shutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    shutil.copy(ROOT / "tests" / "kubectl_standin.py", bin_dir / "kubectl")
+    (tmp_path / "script.json").write_text(json.dumps(entries))
+    return bin_dir
+
+
+def test_pipeline_deploy_gives_the_profile_namespace_the_shared_claim(tmp_path, monkeypatch):
+    import json
+    import os
+
+    import yaml
+
+    from doeks import pipeline
+    from doeks.runner import Runner
+
+    from .test_jobspec import k8s_validate
+
+    claim = {"spec": {"volumeName": "pvc-1234"}}
+    bin_dir = _script(tmp_path, [{"match": ["get", "pvc", "fsx-pvc", "-n", "default"], "stdout": json.dumps(claim)},
+                                 {"match": ["get", "pv", "pvc-1234"], "stdout": json.dumps(FSX_PV)},
+                                 {"match": ["apply"], "stdout": ""}])
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("KUBECTL_SCRIPT", str(tmp_path / "script.json"))
+    monkeypatch.setenv("RECORD", str(tmp_path / "record.jsonl"))
+    s = load(TARGET="eks", KFP_NAMESPACE="team-a")
+    applied = pipeline.ensure_shared_claim(s, Runner())
+    pv, pvc = applied
+    for doc in applied:
+        k8s_validate(doc)
+    assert pvc["metadata"] == {"name": "fsx-pvc", "namespace": "team-a", "labels": {"app.kubernetes.io/part-of": "doeks"}}
+    assert pvc["spec"]["volumeName"] == pv["metadata"]["name"] and pvc["spec"]["storageClassName"] == ""
+    assert pv["spec"]["csi"]["volumeHandle"] == "fs-0123456789abcdef0"  # the same file system, not a new one
+    assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"  # removing it never deletes the data
+    assert pv["spec"]["claimRef"] == {"namespace": "team-a", "name": "fsx-pvc"}
+    records = [json.loads(line) for line in (tmp_path / "record.jsonl").read_text().splitlines()]
+    sent = [d for r in records if "apply" in r["argv"] for d in yaml.safe_load_all(r["stdin"]) if d]
+    assert [d["kind"] for d in sent] == ["PersistentVolume", "PersistentVolumeClaim"]
+
+
+def test_pipeline_deploy_without_shared_storage_says_which_step(tmp_path, monkeypatch, capsys):
+    import os
+
+    from doeks import pipeline
+    from doeks.runner import Runner
+
+    bin_dir = _script(tmp_path, [{"match": ["get", "pvc"], "stderr": 'Error from server (NotFound): persistentvolumeclaims "fsx-pvc" not found\n', "rc": 1}])
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("KUBECTL_SCRIPT", str(tmp_path / "script.json"))
+    assert pipeline.ensure_shared_claim(load(TARGET="eks", KFP_NAMESPACE="team-a"), Runner()) == []
+    err = capsys.readouterr().err
+    assert "no bound claim fsx-pvc in namespace default" in err and "invoke csi.fsx.deploy" in err
