@@ -151,10 +151,13 @@ def gpu_zone(settings, runner=None) -> str:
     return chosen[1] if chosen else f"<zone of {settings.aws_region} offering {settings.gpu_instance_type}>"
 
 
-def cluster_config(settings, chosen: tuple[list[str], str] | None = None) -> dict[str, Any]:
+_ASK = object()
+
+
+def cluster_config(settings, chosen: Any = _ASK) -> dict[str, Any]:
     """The eksctl ClusterConfig (eksctl.io/v1alpha5) for the cluster in `settings`; `chosen` = (cluster zones, GPU
-    zone), by default from `zones()` (EC2's offerings)."""
-    if chosen is None:
+    zone), by default from `zones()` (EC2's offerings); None = not known (a dry run without credentials)."""
+    if chosen is _ASK:
         chosen = zones(settings)
     config: dict[str, Any] = {
         "apiVersion": "eksctl.io/v1alpha5",

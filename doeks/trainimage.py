@@ -234,12 +234,17 @@ def push(settings, runner, on_this_machine: bool = False) -> str:
     base = base_image(settings, on_this_machine)
     ref = local_ref(base)
     host = (settings.registry if settings.registry and settings.registry != "default" else None) or registry_host(settings)
+    if host is None and runner.dry_run:  # `up --dry-run` on a fresh clone: the plan names the step all the same
+        runner.unknown("this account's ECR registry")
+        host = f"{PLACEHOLDER_ACCOUNT}.dkr.ecr.{settings.aws_region}.amazonaws.com"
     if host is None:
         raise DoeksError("cannot tell this account's ECR registry: no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID, "
                          "or REGISTRY=<host>)")
     remote = f"{host}/{ref}"
     is_ecr = ".dkr.ecr." in host
-    if is_ecr:
+    if is_ecr and PLACEHOLDER_ACCOUNT in host:
+        runner.step(f"create ECR repository {REPOSITORY} if missing", lambda: None)
+    elif is_ecr:
         ecr = aws_client(settings, "ecr")
         try:
             ecr.describe_repositories(repositoryNames=[REPOSITORY])
