@@ -134,7 +134,7 @@ def pipeline_runner_policy(settings) -> dict[str, Any]:
 WORKLOADS: tuple[Workload, ...] = (
     Workload("fsx-csi", "csi", "FSx for Lustre CSI controller", "kube-system", "fsx-csi-controller-sa",
              calls=("fsx:CreateFileSystem", "fsx:DeleteFileSystem", "fsx:DescribeFileSystems", "fsx:TagResource",
-                    "fsx:UpdateFileSystem", "iam:CreateServiceLinkedRole", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"),
+                    "fsx:UpdateFileSystem", "iam:CreateServiceLinkedRole"),
              # kubernetes-sigs/aws-fsx-csi-driver v1.11.0 (chart 1.11.0): docs/install.md (example IAM policy),
              # pkg/cloud/cloud.go (CreateFileSystem, DeleteFileSystem, DescribeFileSystems, UpdateFileSystem on resize);
              # chart values controller.serviceAccount.name = fsx-csi-controller-sa

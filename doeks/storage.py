@@ -284,22 +284,17 @@ def delete_driver_role(settings, runner, driver: str) -> None:
 
 # -- FSx for Lustre -----------------------------------------------------------------------------------------------
 def fsx_policy(settings) -> dict[str, Any]:
-    """What the FSx CSI driver needs, scoped to FSx and to the import bucket (no fsx:* on everything else)."""
-    statements = [
+    """What the FSx CSI controller calls, as the driver's docs/install.md policy gives it (kubernetes-sigs/
+    aws-fsx-csi-driver, the policy for the chart doeks pins, FSX_CHART_VERSION), less what doeks' StorageClass never
+    asks the driver to do: no s3ImportPath, so neither s3:ListBucket nor the s3.data-source.lustre service-linked
+    role. The data repository association (FSX_IMPORT_PATH) and its S3 side are doeks' own calls, made with doeks'
+    credentials (fsx_associate); the StorageClass names subnet and security group, so no ec2:Describe*."""
+    return {"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Action": ["fsx:CreateFileSystem", "fsx:DeleteFileSystem", "fsx:DescribeFileSystems",
-                                       "fsx:UpdateFileSystem", "fsx:TagResource", "fsx:CreateDataRepositoryAssociation",
-                                       "fsx:DescribeDataRepositoryAssociations"], "Resource": "*"},
-        {"Effect": "Allow", "Action": ["iam:CreateServiceLinkedRole", "iam:AttachRolePolicy", "iam:PutRolePolicy"],
-         "Resource": "arn:aws:iam::*:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/*"},
+                                       "fsx:UpdateFileSystem", "fsx:TagResource"], "Resource": "*"},
         {"Effect": "Allow", "Action": "iam:CreateServiceLinkedRole", "Resource": "*",
          "Condition": {"StringLike": {"iam:AWSServiceName": ["fsx.amazonaws.com"]}}},
-        {"Effect": "Allow", "Action": ["ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:DescribeNetworkInterfaces"], "Resource": "*"},
-    ]
-    if settings.fsx_import_path:
-        bucket = settings.fsx_import_path[len("s3://"):].split("/", 1)[0]
-        statements.append({"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:GetBucketPolicy",
-                                                         "s3:PutBucketPolicy"], "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]})
-    return {"Version": "2012-10-17", "Statement": statements}
+    ]}
 
 
 def fsx_subnet(settings, net) -> str:
@@ -310,6 +305,8 @@ def fsx_subnet(settings, net) -> str:
             raise DoeksError(f"FSX_SUBNET_ID={settings.fsx_subnet_id!r} is not a private subnet of cluster {settings.cluster_name}: "
                              f"expected one of {', '.join(sorted(net['subnets'].values()))}")
         return settings.fsx_subnet_id
+    if net.get("placeholder"):  # a dry run's plan: the one placeholder subnet, in the GPU zone already
+        return next(iter(net["subnets"].values()))
     from .eks import gpu_zone
 
     zone = gpu_zone(settings)
