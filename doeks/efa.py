@@ -19,6 +19,7 @@ MPI_OPERATOR_MANIFEST = f"https://raw.githubusercontent.com/kubeflow/mpi-operato
 # public.ecr.aws/hpc-cloud/nccl-tests:efa<EFA>-ofi<OFI>-nccl<NCCL>-tests<TESTS> and :latest (no `latest-efa`): pinned.
 NCCL_TESTS_TAG = "efa1.34.0-ofiv1.11.0-aws-ncclv2.23.4-1-testsv2.13.10"
 NCCL_TESTS_IMAGE = f"public.ecr.aws/hpc-cloud/nccl-tests:{NCCL_TESTS_TAG}"
+DAEMONSET = "aws-efa-k8s-device-plugin-daemonset"  # eksctl's name too (pkg/addons/assets/efa-device-plugin.yaml)
 LABELS = {"app.kubernetes.io/part-of": "doeks", "app.kubernetes.io/name": "aws-efa-k8s-device-plugin"}
 
 
@@ -35,7 +36,7 @@ def device_plugin(settings) -> list[dict[str, Any]]:
     }]}}}
     return [{
         "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": "aws-efa-k8s-device-plugin-daemonset", "namespace": "kube-system", "labels": LABELS},
+        "metadata": {"name": DAEMONSET, "namespace": "kube-system", "labels": LABELS},
         "spec": {
             "selector": {"matchLabels": {"name": "aws-efa-k8s-device-plugin"}},
             "updateStrategy": {"type": "RollingUpdate"},
@@ -62,6 +63,14 @@ def device_plugin(settings) -> list[dict[str, Any]]:
             },
         },
     }]
+
+
+
+
+def replace_eksctl_plugin_argv() -> list[str]:
+    """kubectl arguments deleting the EFA plugin DaemonSet unless doeks made it (eksctl's carries no doeks label)."""
+    return ["delete", "daemonset", "-n", "kube-system", "--field-selector", f"metadata.name={DAEMONSET}",
+            "-l", f"app.kubernetes.io/part-of!={LABELS['app.kubernetes.io/part-of']}", "--ignore-not-found"]
 
 
 def test_sizes(settings, nodes: int | None = None) -> tuple[int, int, int]:
