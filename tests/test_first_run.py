@@ -340,3 +340,132 @@ def test_pipeline_deploy_without_shared_storage_says_which_step(tmp_path, monkey
     assert pipeline.ensure_shared_claim(load(TARGET="eks", KFP_NAMESPACE="team-a"), Runner()) == []
     err = capsys.readouterr().err
     assert "no bound claim fsx-pvc in namespace default" in err and "invoke csi.fsx.deploy" in err
+
+
+# -- (2) + acceptance: `invoke up` on EKS does what the job needs --------------------------------------------------------------
+def test_up_dry_run_on_a_fresh_clone_names_every_first_run_step(state_dir):
+    """No credentials, no cluster: the plan names the image's real base, the version, the zones' lookup, and builds,
+    pushes and stages before the job."""
+    import yaml
+
+    from doeks import trainimage
+
+    from .conftest import invoke
+
+    import os
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        assert not os.environ.get(key)  # a fresh clone on a machine without credentials
+    env = {"TARGET": "eks", "AWS_SHARED_CREDENTIALS_FILE": str(state_dir / "none"), "AWS_CONFIG_FILE": str(state_dir / "none"),
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    result = invoke("up", "--dry-run", env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    err = result.stderr
+    config = next(d for d in yaml.safe_load_all(result.stdout) if d and d.get("kind") == "ClusterConfig")
+    assert config["metadata"]["version"] == "1.35" and "Kubernetes 1.35 (standard support)" in err
+    gpu = next(g for g in config["managedNodeGroups"] if g["name"] == "gpu")
+    assert gpu["availabilityZones"] != ["us-west-2a"] and "zones of us-west-2 where p4d.24xlarge is offered" in err
+    steps = ["eksctl create cluster", f"TRAIN_BASE_IMAGE={trainimage.DLC_BASE}", "docker push",
+             "training data under s3://doeks-training/data/imagenet/train/", "job/imagenet-stage", "PyTorchJob/imagenet"]
+    at = [err.find(step) for step in steps]
+    assert all(i >= 0 for i in at) and at == sorted(at), dict(zip(steps, at))
+
+
+def test_up_refuses_with_one_line_when_s3_has_no_data(monkeypatch):
+    from moto import mock_aws
+
+    from doeks import elastic
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        s = load(TARGET="eks", S3_BUCKET="first-run")
+        s3 = boto3.client("s3", region_name="us-west-2")
+        with pytest.raises(DoeksError, match=r"^no training data under s3://first-run/data/imagenet/train/: .*aws s3 sync") as error:
+            elastic.cluster_data_source(s)
+        assert "\n" not in str(error.value)
+        s3.create_bucket(Bucket="first-run", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+        s3.put_object(Bucket="first-run", Key="data/imagenet/train/n01440764/a.JPEG", Body=b"x")
+        assert elastic.cluster_data_source(s) == "s3://first-run/data/imagenet"
+
+
+# -- (10) least privilege, with moto enforcing IAM (INITIAL_NO_AUTH_ACTION_COUNT) ---------------------------------------------
+def _user_with(iam, name: str, documents: list[dict]) -> dict:
+    """An IAM user holding exactly `documents`; its access key as client keyword arguments."""
+    import json
+
+    iam.create_user(UserName=name)
+    for i, document in enumerate(documents):
+        iam.put_user_policy(UserName=name, PolicyName=f"p{i}", PolicyDocument=json.dumps(document))
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    return {"region_name": "us-west-2", "aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
+
+
+def _denied(call) -> bool:
+    from botocore.exceptions import ClientError
+
+    try:
+        call()
+    except ClientError as error:
+        return error.response["ResponseMetadata"]["HTTPStatusCode"] == 403 or "AccessDenied" in error.response["Error"]["Code"]
+    return False
+
+
+def test_workload_roles_allow_their_calls_and_nothing_of_doeks(monkeypatch):
+    """For the FSx CSI controller and the staging Job: a user holding exactly the workload's policies makes the calls
+    its code makes (allowed), and the calls doeks makes with its own credentials (data repository association, S3
+    writes, EC2 lookups) are refused by moto's IAM."""
+    from moto import mock_aws
+    from moto.core import set_initial_no_auth_action_count
+
+    from doeks import identity
+
+    s = load(TARGET="eks", FSX_IMPORT_PATH="s3://import-bucket/data", S3_BUCKET="train-bucket")
+    subnet = "subnet-0123456789abcdef0"
+
+    @set_initial_no_auth_action_count(100)  # the set-up below runs as root; then every call is checked
+    @mock_aws
+    def run():
+        iam = boto3.client("iam", region_name="us-west-2")
+        root_s3 = boto3.client("s3", region_name="us-west-2")
+        root_s3.create_bucket(Bucket="train-bucket", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+        root_s3.put_object(Bucket="train-bucket", Key="data/imagenet/train/n0/a.JPEG", Body=b"x")
+        fsx_kw = _user_with(iam, "fsx-csi", identity.policies(s, identity.get("fsx-csi")))
+        stage_kw = _user_with(iam, "data-stage", identity.policies(s, identity.get("data-stage")))
+        import moto.settings as moto_settings
+
+        moto_settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # from here on, every request is authorised
+        fsx = boto3.client("fsx", **fsx_kw)
+        created = fsx.create_file_system(FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[subnet],
+                                         LustreConfiguration={"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 250},
+                                         Tags=[{"Key": "doeks/cluster", "Value": "doeks"}])["FileSystem"]["FileSystemId"]
+        assert fsx.describe_file_systems(FileSystemIds=[created])["FileSystems"]
+        assert _denied(lambda: boto3.client("ec2", **fsx_kw).describe_subnets(SubnetIds=[subnet]))
+        assert _denied(lambda: boto3.client("s3", **fsx_kw).put_object(Bucket="import-bucket", Key="x", Body=b"x"))
+        # (moto has no CreateDataRepositoryAssociation: a 403 comes from its IAM check, before the service)
+        assert _denied(lambda: fsx.create_data_repository_association(
+            FileSystemId=created, FileSystemPath="/data", DataRepositoryPath="s3://import-bucket/data/"))
+        fsx.delete_file_system(FileSystemId=created)
+        s3 = boto3.client("s3", **stage_kw)
+        assert s3.list_objects_v2(Bucket="train-bucket", Prefix="data/imagenet/")["KeyCount"] == 1
+        assert s3.get_object(Bucket="train-bucket", Key="data/imagenet/train/n0/a.JPEG")["Body"].read() == b"x"
+        assert _denied(lambda: s3.put_object(Bucket="train-bucket", Key="data/imagenet/x", Body=b"x"))
+        assert _denied(lambda: s3.get_object(Bucket="train-bucket", Key="models/secret"))
+
+    run()
+
+
+# -- (9) one EFA device plugin, one owner -------------------------------------------------------------------------------------
+def test_efa_deploy_replaces_eksctls_plugin_before_applying_its_own(state_dir):
+    from doeks import efa
+
+    from .conftest import invoke
+
+    result = invoke("efa.deploy", "--dry-run", env={"TARGET": "eks"})
+    assert result.returncode == 0, result.stderr
+    replace = "kubectl delete daemonset -n kube-system --field-selector metadata.name=aws-efa-k8s-device-plugin-daemonset " \
+              "-l 'app.kubernetes.io/part-of!=doeks' --ignore-not-found"
+    assert replace in result.stderr
+    assert result.stderr.index(replace) < result.stderr.index("kubectl apply --server-side --field-manager=doeks")
+    # the DaemonSet doeks applies carries the label, so a second deploy never deletes it
+    assert efa.device_plugin(load(TARGET="eks"))[0]["metadata"]["labels"]["app.kubernetes.io/part-of"] == "doeks"
