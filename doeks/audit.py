@@ -20,6 +20,8 @@ EKS_CLUSTER_HOUR = 0.10
 FSX_LUSTRE_GB_MONTH = {("PERSISTENT_2", 125): 0.145, ("PERSISTENT_2", 250): 0.210, ("PERSISTENT_2", 500): 0.340,
                        ("PERSISTENT_2", 1000): 0.600, ("PERSISTENT_1", 50): 0.140, ("PERSISTENT_1", 100): 0.190,
                        ("PERSISTENT_1", 200): 0.290, ("SCRATCH_2", None): 0.140}
+EBS_GB_MONTH = {"gp3": 0.08, "gp2": 0.10, "io1": 0.125, "io2": 0.125, "st1": 0.045, "sc1": 0.015, "standard": 0.05}
+LOAD_BALANCER_HOUR = 0.0225  # an ALB/NLB/classic ELB's hourly charge, before capacity units
 INSTANCE_HOUR = {"c5.2xlarge": 0.34, "c5.4xlarge": 0.68, "m5.xlarge": 0.192, "m5.2xlarge": 0.384, "g5.xlarge": 1.006,
                  "g5.12xlarge": 5.672, "g5.48xlarge": 16.288}
 
@@ -87,6 +89,7 @@ def scan(settings) -> list[Found]:
     for endpoint in endpoints:
         if endpoint.get("State", "").lower() not in ("deleted", "deleting"):
             found.append(Found("vpc endpoint", endpoint["VpcEndpointId"], endpoint.get("ServiceName", "")))
+    found += made_for_doeks(settings, ec2)
     efs = client(settings, "efs")
     for fs in efs.describe_file_systems()["FileSystems"]:
         if fs.get("CreationToken") == storage.efs_token(settings) or _tags(fs.get("Tags")).get(TAG) == name:
@@ -97,10 +100,64 @@ def scan(settings) -> list[Found]:
                            f"{fs.get('LustreConfiguration', {}).get('DeploymentType', '')}", fsx_per_hour(fs)))
     iam = client(settings, "iam")
     prefix = f"doeks-{name}-"
+    from . import identity
+
+    names = {identity.role_name(settings, w) for w in identity.WORKLOADS}  # a long cluster name's are cut
     for page in iam.get_paginator("list_roles").paginate():
         for role in page["Roles"]:
-            if role["RoleName"].startswith(prefix) or _tags(role.get("Tags")).get(TAG) == name:
+            if role["RoleName"].startswith(prefix) or role["RoleName"] in names or _tags(role.get("Tags")).get(TAG) == name:
                 found.append(Found("iam role", role["RoleName"]))
+    return found
+
+
+def made_for_doeks(settings, ec2) -> list[Found]:
+    """What controllers and add-ons create on doeks' behalf, found by the marks they leave: EBS volumes of claims
+    (the EBS CSI driver: doeks' gp3 class has it tag them doeks/cluster; `kubernetes.io/cluster/<name>` from the
+    in-tree provider), network interfaces the VPC CNI made (cluster.k8s.amazonaws.com/name; a leaked one keeps the VPC),
+    load balancers of Services (kubernetes.io/cluster/<name>, the AWS Load Balancer Controller's elbv2.k8s.aws/cluster)
+    and the CloudWatch add-on's and control plane's log groups (/aws/containerinsights/<name>/, /aws/eks/<name>/)."""
+    from .aws import client
+
+    name = settings.cluster_name
+    found: list[Found] = []
+    seen: set[str] = set()
+    for filters in ([{"Name": f"tag:{TAG}", "Values": [name]}], [{"Name": f"tag:kubernetes.io/cluster/{name}", "Values": ["owned"]}]):
+        for volume in ec2.describe_volumes(Filters=filters)["Volumes"]:
+            if volume["VolumeId"] in seen or volume.get("State") in ("deleting", "deleted"):
+                continue
+            seen.add(volume["VolumeId"])
+            claim = _tags(volume.get("Tags")).get("kubernetes.io/created-for/pvc/name", "")
+            price = EBS_GB_MONTH.get(volume.get("VolumeType", ""))
+            found.append(Found("ebs volume", volume["VolumeId"], f"{volume.get('Size')} GiB {volume.get('VolumeType', '')} "
+                               f"{volume.get('State', '')}{' pvc ' + claim if claim else ''}".strip(),
+                               None if price is None else round(volume.get("Size", 0) * price / HOURS_PER_MONTH, 3)))
+    for interface in ec2.describe_network_interfaces(
+            Filters=[{"Name": "tag:cluster.k8s.amazonaws.com/name", "Values": [name]}])["NetworkInterfaces"]:
+        found.append(Found("network interface", interface["NetworkInterfaceId"], interface.get("Status", "")))
+    marks = {f"kubernetes.io/cluster/{name}": None, "elbv2.k8s.aws/cluster": name}
+
+    def ours(tags: dict[str, str]) -> bool:
+        return any(key in tags and (value is None or tags[key] == value) for key, value in marks.items())
+
+    elbv2 = client(settings, "elbv2")
+    balancers = [b for page in elbv2.get_paginator("describe_load_balancers").paginate() for b in page["LoadBalancers"]]
+    for start in range(0, len(balancers), 20):
+        chunk = {b["LoadBalancerArn"]: b for b in balancers[start:start + 20]}
+        for description in elbv2.describe_tags(ResourceArns=list(chunk))["TagDescriptions"]:
+            if ours(_tags(description.get("Tags"))):
+                balancer = chunk[description["ResourceArn"]]
+                found.append(Found("load balancer", balancer["LoadBalancerName"], balancer.get("Type", ""), LOAD_BALANCER_HOUR))
+    elb = client(settings, "elb")
+    classic = [b["LoadBalancerName"] for b in elb.describe_load_balancers()["LoadBalancerDescriptions"]]
+    for start in range(0, len(classic), 20):
+        for description in elb.describe_tags(LoadBalancerNames=classic[start:start + 20])["TagDescriptions"]:
+            if ours(_tags(description.get("Tags"))):
+                found.append(Found("load balancer", description["LoadBalancerName"], "classic", LOAD_BALANCER_HOUR))
+    logs = client(settings, "logs")
+    for prefix in (f"/aws/containerinsights/{name}/", f"/aws/eks/{name}/"):
+        for page in logs.get_paginator("describe_log_groups").paginate(logGroupNamePrefix=prefix):
+            for group in page["logGroups"]:
+                found.append(Found("log group", group["logGroupName"], f"{group.get('storedBytes', 0)} bytes"))
     return found
 
 

@@ -8,15 +8,25 @@ from typing import Any
 from .jobspec import EFA_ADAPTERS, GPUS
 
 DEVICE_PLUGIN_VERSION = "v0.5.10"
-DEVICE_PLUGIN_IMAGE = "602401143452.dkr.ecr.{region}.amazonaws.com/eks/aws-efa-k8s-device-plugin:" + DEVICE_PLUGIN_VERSION
+DEVICE_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"  # in the region's EKS add-on registry (doeks.catalog)
 # kubeflow/mpi-operator v0.8.0 (2026-02-18): deploy/v2beta1/mpi-operator.yaml holds the one MPIJob CRD on the cluster
 # (mpijobs.kubeflow.org, v2beta1 served + storage); the training operator is deployed without its v1 copy
 # (doeks.kubeflow.operator_kustomization), so the two never fight over storedVersions (kubeflow/trainer#1930).
 MPI_OPERATOR_VERSION = "v0.8.0"
 MPIJOB_CRD = "mpijobs.kubeflow.org"
 MPI_OPERATOR_MANIFEST = f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{MPI_OPERATOR_VERSION}/deploy/v2beta1/mpi-operator.yaml"
-NCCL_TESTS_IMAGE = "public.ecr.aws/hpc-cloud/nccl-tests:latest-efa"
+# aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/buildspec.yaml (commit bd491b3) pushes
+# public.ecr.aws/hpc-cloud/nccl-tests:efa<EFA>-ofi<OFI>-nccl<NCCL>-tests<TESTS> and :latest (no `latest-efa`): pinned.
+NCCL_TESTS_TAG = "efa1.34.0-ofiv1.11.0-aws-ncclv2.23.4-1-testsv2.13.10"
+NCCL_TESTS_IMAGE = f"public.ecr.aws/hpc-cloud/nccl-tests:{NCCL_TESTS_TAG}"
+DAEMONSET = "aws-efa-k8s-device-plugin-daemonset"  # eksctl's name too (pkg/addons/assets/efa-device-plugin.yaml)
 LABELS = {"app.kubernetes.io/part-of": "doeks", "app.kubernetes.io/name": "aws-efa-k8s-device-plugin"}
+
+
+def device_plugin_image(region: str) -> str:
+    from .catalog import eks_addon_registry
+
+    return f"{eks_addon_registry(region)}/{DEVICE_PLUGIN_REPOSITORY}:{DEVICE_PLUGIN_VERSION}"
 
 
 def device_plugin(settings) -> list[dict[str, Any]]:
@@ -26,7 +36,7 @@ def device_plugin(settings) -> list[dict[str, Any]]:
     }]}}}
     return [{
         "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": "aws-efa-k8s-device-plugin-daemonset", "namespace": "kube-system", "labels": LABELS},
+        "metadata": {"name": DAEMONSET, "namespace": "kube-system", "labels": LABELS},
         "spec": {
             "selector": {"matchLabels": {"name": "aws-efa-k8s-device-plugin"}},
             "updateStrategy": {"type": "RollingUpdate"},
@@ -41,7 +51,7 @@ def device_plugin(settings) -> list[dict[str, Any]]:
                                     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                     "containers": [{
                         "name": "aws-efa-k8s-device-plugin",
-                        "image": DEVICE_PLUGIN_IMAGE.format(region=settings.aws_region),
+                        "image": device_plugin_image(settings.aws_region),
                         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
                         "resources": {"requests": {"cpu": "10m", "memory": "20Mi"}, "limits": {"memory": "100Mi"}},
                         "volumeMounts": [{"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
@@ -53,6 +63,14 @@ def device_plugin(settings) -> list[dict[str, Any]]:
             },
         },
     }]
+
+
+
+
+def replace_eksctl_plugin_argv() -> list[str]:
+    """kubectl arguments deleting the EFA plugin DaemonSet unless doeks made it (eksctl's carries no doeks label)."""
+    return ["delete", "daemonset", "-n", "kube-system", "--field-selector", f"metadata.name={DAEMONSET}",
+            "-l", f"app.kubernetes.io/part-of!={LABELS['app.kubernetes.io/part-of']}", "--ignore-not-found"]
 
 
 def test_sizes(settings, nodes: int | None = None) -> tuple[int, int, int]:
@@ -73,22 +91,29 @@ def nccl_mpijob(settings, nodes: int | None = None, name: str = "test-efa-nccl",
                "-x", "FI_PROVIDER=efa", "-x", "FI_EFA_USE_DEVICE_RDMA=1", "-x", "NCCL_PROTO=simple",
                "--mca", "pml", "^cm", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_exclude", "lo,docker0",
                "/opt/nccl-tests/build/all_reduce_perf", "-b", begin, "-e", end, "-f", "2", "-g", "1", "-c", "1", "-n", "100"]
+    # As upstream's kubernetes/nccl-tests.yaml: the launcher restarts OnFailure (and is only created once every worker
+    # is Ready, mpi-operator's launcherCreationPolicy), so a launcher that reaches a worker before its sshd listens
+    # tries again instead of failing the test for good; workers get a RAM-backed /dev/shm (NCCL's shared-memory
+    # transport needs more than the container runtime's 64 MiB).
     return {
         "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
         "metadata": {"name": name, "namespace": settings.namespace, "labels": {"app.kubernetes.io/part-of": "doeks"}},
         "spec": {
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0},
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 6},
             "slotsPerWorker": gpus,
             "mpiImplementation": "OpenMPI",
+            "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiReplicaSpecs": {
-                "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": {"spec": {
+                "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": {"spec": {
                     "containers": [{"name": "launcher", "image": NCCL_TESTS_IMAGE, "imagePullPolicy": "IfNotPresent",
                                     "command": command}]}}},
                 "Worker": {"replicas": count, "template": {"spec": {
                     "nodeSelector": {"node.kubernetes.io/instance-type": settings.gpu_instance_type},
                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                     "containers": [{"name": "worker", "image": NCCL_TESTS_IMAGE, "imagePullPolicy": "IfNotPresent",
-                                    "resources": {"limits": resources, "requests": resources}}]}}},
+                                    "resources": {"limits": resources, "requests": resources},
+                                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}],
+                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]}}},
             },
         },
     }

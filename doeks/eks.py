@@ -15,14 +15,19 @@ ADDONS = ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent")  # eks-p
 EBS_ADDON = "aws-ebs-csi-driver"  # added by doeks after eksctl (its role is in the identity table), with a gp3 default class
 
 
-def gp3_storage_class() -> dict[str, Any]:
+TAG = "doeks/cluster"
+
+
+def gp3_storage_class(cluster: str) -> dict[str, Any]:
     """The default StorageClass Kubeflow's claims (MySQL, MinIO, Katib) need. The in-tree gp2 class is migrated to
     ebs.csi.aws.com (kubernetes CSIMigrationAWS, GA in 1.25), so without the EBS CSI driver those claims stay Pending."""
     return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
             "metadata": {"name": "gp3", "labels": {"app.kubernetes.io/part-of": "doeks"},
                          "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
             "provisioner": "ebs.csi.aws.com", "volumeBindingMode": "WaitForFirstConsumer", "allowVolumeExpansion": True,
-            "reclaimPolicy": "Delete", "parameters": {"type": "gp3", "encrypted": "true"}}
+            "reclaimPolicy": "Delete", "parameters": {"type": "gp3", "encrypted": "true",
+                                                      # the EBS CSI driver tags each volume it makes: `invoke audit` finds it
+                                                      "tagSpecification_1": f"{TAG}={cluster}"}}
 
 
 def ensure_addons(settings, runner) -> None:
@@ -33,7 +38,7 @@ def ensure_addons(settings, runner) -> None:
     if runner.dry_run or not storage.addon_exists(settings, EBS_ADDON):
         runner.call(_client(settings), "create_addon", clusterName=settings.cluster_name, addonName=EBS_ADDON,
                     resolveConflicts="OVERWRITE", podIdentityAssociations=associations, tags={storage.TAG: settings.cluster_name})
-    kube.apply(runner, [gp3_storage_class()])
+    kube.apply(runner, [gp3_storage_class(settings.cluster_name)])
     kube.run(runner, ["annotate", "storageclass", "gp2", "storageclass.kubernetes.io/is-default-class=false", "--overwrite"]) \
         if runner.dry_run else runner.run([kube.kubectl(), "annotate", "storageclass", "gp2",
                                            "storageclass.kubernetes.io/is-default-class=false", "--overwrite"], check=False)
@@ -89,8 +94,71 @@ def _nodegroup(settings, name: str, instance: str, low: int, desired: int, high:
     return group
 
 
-def cluster_config(settings) -> dict[str, Any]:
-    """The eksctl ClusterConfig (eksctl.io/v1alpha5) for the cluster in `settings`."""
+# eksctl's own default: 3 zones (2 in us-east-1, where some zones lack capacity for the control plane's subnets)
+def _zone_count(region: str) -> int:
+    return 2 if region == "us-east-1" else 3
+
+
+def choose_zones(settings, offered: list[str], available: list[str], reserved: str | None = None) -> tuple[list[str], str]:
+    """(the cluster's zones, the GPU node group's zone) from where GPU_INSTANCE_TYPE is offered (`offered`) and the
+    region's zones (`available`): the GPU zone is the reservation's, else the first offering zone; the cluster's zones
+    start with it, so eksctl makes a subnet there. EKS_ZONES, when set, is used as given (first = GPU zone)."""
+    if settings.eks_zones:
+        return list(settings.eks_zones), settings.eks_zones[0]
+    if settings.gpu_nodes_max > 0 and not (reserved or offered):
+        raise DoeksError(f"GPU_INSTANCE_TYPE={settings.gpu_instance_type} is offered in no zone of {settings.aws_region}: "
+                         f"choose another instance type or AWS_REGION")
+    gpu = reserved or (sorted(offered)[0] if offered else sorted(available)[0])
+    rest = [z for z in sorted(available) if z != gpu]
+    return [gpu] + rest[: _zone_count(settings.aws_region) - 1], gpu
+
+
+_ZONES: dict[tuple, tuple[list[str], str]] = {}
+
+
+def zones(settings, runner=None) -> tuple[list[str], str] | None:
+    """The cluster's zones and the GPU zone (see choose_zones), asked of EC2 once per process; None in a dry run
+    without credentials (the plan says so)."""
+    if settings.eks_zones:
+        return choose_zones(settings, [], [])
+    key = (settings.aws_region, settings.gpu_instance_type, settings.capacity_reservation_id, settings.aws_endpoint_url)
+    if key in _ZONES:
+        return _ZONES[key]
+    from .aws import lookup
+
+    def read():
+        ec2 = _client(settings, "ec2")
+        offered = [o["Location"] for o in ec2.describe_instance_type_offerings(
+            LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [settings.gpu_instance_type]}]
+        )["InstanceTypeOfferings"]]
+        available = [z["ZoneName"] for z in ec2.describe_availability_zones(
+            Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}, {"Name": "state", "Values": ["available"]}]
+        )["AvailabilityZones"]]
+        reserved = None
+        if settings.capacity_reservation_id:
+            found = ec2.describe_capacity_reservations(CapacityReservationIds=[settings.capacity_reservation_id])["CapacityReservations"]
+            reserved = found[0]["AvailabilityZone"] if found else None
+        return choose_zones(settings, offered, available, reserved)
+
+    found = lookup(runner, f"zones of {settings.aws_region} where {settings.gpu_instance_type} is offered", read)
+    if found is not None:
+        _ZONES[key] = found
+    return found
+
+
+def gpu_zone(settings, runner=None) -> str:
+    chosen = zones(settings, runner)
+    return chosen[1] if chosen else f"<zone of {settings.aws_region} offering {settings.gpu_instance_type}>"
+
+
+_ASK = object()
+
+
+def cluster_config(settings, chosen: Any = _ASK) -> dict[str, Any]:
+    """The eksctl ClusterConfig (eksctl.io/v1alpha5) for the cluster in `settings`; `chosen` = (cluster zones, GPU
+    zone), by default from `zones()` (EC2's offerings); None = not known (a dry run without credentials)."""
+    if chosen is _ASK:
+        chosen = zones(settings)
     config: dict[str, Any] = {
         "apiVersion": "eksctl.io/v1alpha5",
         "kind": "ClusterConfig",
@@ -102,8 +170,8 @@ def cluster_config(settings) -> dict[str, Any]:
         "addons": [{"name": name} for name in ADDONS],
         "managedNodeGroups": [],
     }
-    if settings.eks_zones:
-        config["availabilityZones"] = list(settings.eks_zones)
+    if chosen:
+        config["availabilityZones"] = list(chosen[0])
     groups = config["managedNodeGroups"]
     groups.append(_nodegroup(settings, "sys", settings.system_instance_type, settings.system_nodes_min,
                              settings.system_nodes, settings.system_nodes_max, "cpu"))
@@ -119,8 +187,7 @@ def cluster_config(settings) -> dict[str, Any]:
             gpu["efaEnabled"] = True
         if efa or settings.placement_group or settings.capacity_reservation_id:
             # EFA, placement groups, reservations and FSx for Lustre all live in one AZ: pin the group to it
-            zone = settings.eks_zones[0] if settings.eks_zones else f"{settings.aws_region}a"
-            gpu["availabilityZones"] = [zone]
+            gpu["availabilityZones"] = [chosen[1] if chosen else f"<zone of {settings.aws_region} offering {settings.gpu_instance_type}>"]
         if settings.placement_group:
             gpu["placement"] = {"groupName": settings.placement_group}
         if settings.capacity_reservation_id:
@@ -131,7 +198,7 @@ def cluster_config(settings) -> dict[str, Any]:
     return config
 
 
-def config_yaml(settings) -> str:
+def config_yaml(settings, runner=None) -> str:
     import yaml
 
     if settings.eks_yaml:
@@ -139,7 +206,42 @@ def config_yaml(settings) -> str:
         if not path.is_file():
             raise DoeksError(f"EKS_YAML={settings.eks_yaml!r}: no such file")
         return path.read_text()
-    return yaml.safe_dump(cluster_config(settings), sort_keys=False)
+    return yaml.safe_dump(cluster_config(settings, zones(settings, runner)), sort_keys=False)
+
+
+def check_version(settings, runner=None) -> str:
+    """EKS_VERSION against what EKS offers in the region (DescribeClusterVersions): refused with one line when EKS
+    does not offer it; a warning when it is in extended support (6x the control-plane price). Returns its status."""
+    from . import catalog
+    from .aws import lookup
+
+    eks = _client(settings)
+
+    def read():
+        try:
+            return eks.describe_cluster_versions(clusterType="eks", includeAll=True)["clusterVersions"]
+        except eks.exceptions.ClientError as error:  # an endpoint without the API (moto): the calendar stands in
+            if error.response.get("Error", {}).get("Code") not in ("404", "UnknownOperationException", "InvalidAction"):
+                raise
+            return None
+
+    offered = lookup(runner, f"Kubernetes versions EKS offers in {settings.aws_region}", read)
+    if offered is None:  # a dry run without credentials: the calendar stands in
+        status = catalog.support_phase(settings.eks_version)
+    else:
+        by_version = {v["clusterVersion"]: (v.get("versionStatus") or v.get("status") or "").upper().replace("-", "_")
+                      for v in offered}
+        supported = sorted((v for v, st in by_version.items() if st in ("STANDARD_SUPPORT", "EXTENDED_SUPPORT")),
+                           key=catalog.version_key)
+        if by_version.get(settings.eks_version) not in ("STANDARD_SUPPORT", "EXTENDED_SUPPORT"):
+            raise DoeksError(f"EKS_VERSION={settings.eks_version} is not offered by EKS in {settings.aws_region}: "
+                             f"one of {', '.join(supported) or 'none'}")
+        status = {"STANDARD_SUPPORT": "standard", "EXTENDED_SUPPORT": "extended"}[by_version[settings.eks_version]]
+    if status == "extended":
+        ui.say(f"warning: EKS_VERSION={settings.eks_version} is in extended support (6x the control-plane price): "
+               f"set EKS_VERSION={catalog.newest_standard()}")
+    ui.say(f"Kubernetes {settings.eks_version} ({status} support)")
+    return status
 
 
 def config_path(settings) -> Path:
@@ -173,7 +275,8 @@ def nodegroups(settings) -> list[dict[str, Any]]:
 
 
 def create(settings, runner) -> None:
-    text = config_yaml(settings)
+    check_version(settings, runner)
+    text = config_yaml(settings, runner)
     import sys
 
     sys.stdout.write(runner.mask(text if text.startswith("---") else "---\n" + text))

@@ -82,3 +82,26 @@ def epoch_seconds(metrics_csv: Path) -> float:
     first = next(float(r["time"]) for r in rows if r["kind"] == "train")
     end = next(float(r["time"]) for r in rows if r["kind"] == "val")
     return end - first
+
+
+def cluster_data_source(settings, runner=None) -> str:
+    """s3://S3_BUCKET/DATA_S3_PREFIX, which `invoke up` stages into SHARED_PVC on a cluster before the job starts;
+    one line naming the missing step when it holds no train/ data (a dry run without credentials plans on)."""
+    from .aws import client, lookup
+
+    source = f"s3://{settings.s3_bucket}/{settings.data_s3_prefix.strip('/')}"
+
+    def count():
+        s3 = client(settings, "s3")
+        try:
+            return s3.list_objects_v2(Bucket=settings.s3_bucket, Prefix=f"{settings.data_s3_prefix.strip('/')}/train/",
+                                      MaxKeys=1).get("KeyCount", 0)
+        except s3.exceptions.NoSuchBucket:
+            return 0
+
+    found = lookup(runner, f"training data under {source}/train/", count, unknown=1)
+    if not found:
+        raise DoeksError(f"no training data under {source}/train/: upload the ImageNet layout (train/ and val/) there, "
+                         f"e.g. `aws s3 sync ./imagenet {source}`, or set S3_BUCKET/DATA_S3_PREFIX; `invoke up` then stages "
+                         f"it into {settings.shared_pvc}")
+    return source

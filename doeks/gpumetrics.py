@@ -82,6 +82,12 @@ def manifests(settings, interval: int = 60) -> list[dict[str, Any]]:
     ]
 
 
+def delete_manifests(settings) -> list[dict[str, Any]]:
+    """What `gpu-metrics.delete` removes, in reverse order: the agent's objects but never the amazon-cloudwatch
+    Namespace, which the CloudWatch add-on owns (and may still run in)."""
+    return [m for m in reversed(manifests(settings)) if m["kind"] != "Namespace"]
+
+
 # -- local sampler ------------------------------------------------------------------------------------------------
 def sample() -> list[tuple[str, dict[str, str], float, str]]:
     """(metric, dimensions, value, unit) now: GPU metrics from nvidia-smi, else host CPU and memory."""

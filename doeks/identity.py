@@ -68,7 +68,16 @@ class Workload:
 
 
 def role_name(settings, workload: Workload) -> str:
-    return f"doeks-{settings.cluster_name}-{workload.key}"[:64]
+    """doeks-<cluster>-<key>; where that passes IAM's 64 characters, the cluster part is cut and a digest of the whole
+    cluster name keeps the roles of two clusters (and the workloads of one) apart."""
+    name = f"doeks-{settings.cluster_name}-{workload.key}"
+    if len(name) <= 64:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(settings.cluster_name.encode()).hexdigest()[:8]
+    room = 64 - len(f"doeks--{digest}-{workload.key}")
+    return f"doeks-{settings.cluster_name[:room].rstrip('-')}-{digest}-{workload.key}"
 
 
 def policy_name(workload: Workload) -> str:
@@ -77,22 +86,17 @@ def policy_name(workload: Workload) -> str:
 
 # -- policies -----------------------------------------------------------------------------------------------------
 def fsx_driver_policy(settings) -> dict[str, Any]:
-    """What the FSx CSI driver needs, scoped to FSx and to the import bucket (no fsx:* on everything else)."""
-    statements = [
+    """What the FSx CSI controller calls, as the driver's docs/install.md policy gives it (kubernetes-sigs/
+    aws-fsx-csi-driver, the policy for the chart doeks pins, FSX_CHART_VERSION), less what doeks' StorageClass never
+    asks the driver to do: no s3ImportPath, so neither s3:ListBucket nor the s3.data-source.lustre service-linked
+    role. The data repository association (FSX_IMPORT_PATH) and its S3 side are doeks' own calls, made with doeks'
+    credentials (storage.fsx_associate); the StorageClass names subnet and security group, so no ec2:Describe*."""
+    return {"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Action": ["fsx:CreateFileSystem", "fsx:DeleteFileSystem", "fsx:DescribeFileSystems",
-                                       "fsx:UpdateFileSystem", "fsx:TagResource", "fsx:CreateDataRepositoryAssociation",
-                                       "fsx:DescribeDataRepositoryAssociations"], "Resource": "*"},
-        {"Effect": "Allow", "Action": ["iam:CreateServiceLinkedRole", "iam:AttachRolePolicy", "iam:PutRolePolicy"],
-         "Resource": "arn:aws:iam::*:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/*"},
+                                       "fsx:UpdateFileSystem", "fsx:TagResource"], "Resource": "*"},
         {"Effect": "Allow", "Action": "iam:CreateServiceLinkedRole", "Resource": "*",
          "Condition": {"StringLike": {"iam:AWSServiceName": ["fsx.amazonaws.com"]}}},
-        {"Effect": "Allow", "Action": ["ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:DescribeNetworkInterfaces"], "Resource": "*"},
-    ]
-    if settings.fsx_import_path:
-        bucket = settings.fsx_import_path[len("s3://"):].split("/", 1)[0]
-        statements.append({"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:GetBucketPolicy",
-                                                         "s3:PutBucketPolicy"], "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]})
-    return {"Version": "2012-10-17", "Statement": statements}
+    ]}
 
 
 def fsx_policy(settings) -> dict[str, Any]:
@@ -142,7 +146,7 @@ def pipeline_runner_policy(settings) -> dict[str, Any]:
 WORKLOADS: tuple[Workload, ...] = (
     Workload("fsx-csi", "csi", "FSx for Lustre CSI controller", "kube-system", "fsx-csi-controller-sa",
              calls=("fsx:CreateFileSystem", "fsx:DeleteFileSystem", "fsx:DescribeFileSystems", "fsx:TagResource",
-                    "fsx:UpdateFileSystem", "iam:CreateServiceLinkedRole", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"),
+                    "fsx:UpdateFileSystem", "iam:CreateServiceLinkedRole"),
              # kubernetes-sigs/aws-fsx-csi-driver v1.11.0 (chart 1.11.0): docs/install.md (example IAM policy),
              # pkg/cloud/cloud.go (CreateFileSystem, DeleteFileSystem, DescribeFileSystems, UpdateFileSystem on resize);
              # chart values controller.serviceAccount.name = fsx-csi-controller-sa

@@ -227,9 +227,14 @@ def operator_dir(settings) -> Path:
     return settings.state_dir / "kubeflow" / "training-operator"
 
 
-def operator_kustomization(base: str = TRAINING_OPERATOR_BASE, drop_mpijob: bool = True) -> str:
+OPERATOR_NAMESPACE = "kubeflow"  # the standalone overlay's namespace.yaml: shared with the platform's kubeflow namespace
+
+
+def operator_kustomization(base: str = TRAINING_OPERATOR_BASE, drop_mpijob: bool = True, for_delete: bool = False) -> str:
     """The standalone training operator over `base`: without its MPIJob CRD (the MPI operator owns it) and with
-    `--enable-scheme` for every scheme but MPIJob, so the operator neither installs nor reconciles MPIJobs."""
+    `--enable-scheme` for every scheme but MPIJob, so the operator neither installs nor reconciles MPIJobs.
+    `for_delete`: also without the overlay's Namespace `kubeflow`, which the Kubeflow platform (and whatever else
+    runs there) shares: deleting the operator never deletes that namespace."""
     import yaml
 
     args = [f"--enable-scheme={scheme}" for scheme in OPERATOR_SCHEMES]
@@ -240,18 +245,22 @@ def operator_kustomization(base: str = TRAINING_OPERATOR_BASE, drop_mpijob: bool
         patches.insert(0, {"patch": yaml.safe_dump({"$patch": "delete", "apiVersion": "apiextensions.k8s.io/v1",
                                                     "kind": "CustomResourceDefinition", "metadata": {"name": MPIJOB_CRD}},
                                                    sort_keys=False)})
+    if for_delete:
+        patches.insert(0, {"patch": yaml.safe_dump({"$patch": "delete", "apiVersion": "v1", "kind": "Namespace",
+                                                    "metadata": {"name": OPERATOR_NAMESPACE}}, sort_keys=False)})
     return yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                            "resources": [base], "patches": patches}, sort_keys=False)
 
 
-def write_operator_kustomization(settings, base: str = TRAINING_OPERATOR_BASE) -> Path:
+def write_operator_kustomization(settings, base: str = TRAINING_OPERATOR_BASE, folder: Path | None = None,
+                                 for_delete: bool = False) -> Path:
     import os
 
-    folder = operator_dir(settings)
+    folder = folder or operator_dir(settings)
     folder.mkdir(parents=True, exist_ok=True)
     if os.path.isabs(base):  # a local overlay (doeks' own cluster): kustomize takes a base by relative path only
         base = os.path.relpath(base, folder)
-    (folder / "kustomization.yaml").write_text(operator_kustomization(base))
+    (folder / "kustomization.yaml").write_text(operator_kustomization(base, for_delete=for_delete))
     return folder
 
 
@@ -290,12 +299,19 @@ def operator_deploy(settings, runner) -> None:
 
 
 def operator_delete(settings, runner) -> None:
-    """Deletes exactly what operator_deploy applies (never the MPI operator's MPIJob CRD); safe twice."""
+    """Deletes what operator_deploy applies but the shared `kubeflow` namespace (and never the MPI operator's MPIJob
+    CRD); safe twice."""
     from . import kube
 
-    folder = operator_dir(settings)
-    if not runner.dry_run:
-        write_operator_kustomization(settings, operator_base(settings))
+    folder = operator_dir(settings) / "delete"
+    base = operator_base(settings)
+    if runner.dry_run:
+        import yaml
+
+        runner.step(f"write {folder}/kustomization.yaml (printed on stdout)", lambda: None)
+        runner.emit([yaml.safe_load(operator_kustomization(base, for_delete=True))])
+    else:
+        write_operator_kustomization(settings, base, folder=folder, for_delete=True)
     kube.run(runner, ["delete", "--ignore-not-found", "-k", str(folder)])
 
 

@@ -365,3 +365,81 @@ def run_local(settings, args: dict[str, Any]):
     root.mkdir(parents=True, exist_ok=True)
     kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
     return for_settings(settings, here=True)(**args)
+
+
+# -- the shared volume in the profile namespace --------------------------------------------------------------------
+# The local branch mounts SHARED_PVC in KFP_NAMESPACE and the kubernetes branch's job does too, but the claim that
+# csi.fsx/efs make lives in NAMESPACE. A claim binds one volume, so the profile namespace gets its own claim bound to a
+# second PersistentVolume that names the same file system (volumeHandle): no second file system, Retain so that
+# deleting it never deletes the data.
+def shared_claim_name(settings) -> str:
+    return f"{settings.shared_pvc}-{settings.kfp_namespace}"[:253]
+
+
+def shared_claim(settings, pv: dict[str, Any]) -> list[dict[str, Any]]:
+    """PV + PVC in KFP_NAMESPACE for the file system behind `pv` (the PersistentVolume SHARED_PVC is bound to)."""
+    from .errors import DoeksError
+
+    spec = pv["spec"]
+    if "csi" not in spec:
+        raise DoeksError(f"SHARED_PVC {settings.shared_pvc} in namespace {settings.namespace} is not a CSI volume "
+                         f"(FSx or EFS): create {settings.shared_pvc} in {settings.kfp_namespace} yourself")
+    labels = {"app.kubernetes.io/part-of": "doeks"}
+    name, capacity = shared_claim_name(settings), spec.get("capacity", {}).get("storage", "1Gi")
+    volume = {"capacity": {"storage": capacity}, "volumeMode": "Filesystem",
+              "accessModes": spec.get("accessModes", ["ReadWriteMany"]), "persistentVolumeReclaimPolicy": "Retain",
+              "storageClassName": "", "csi": {k: v for k, v in spec["csi"].items() if k in ("driver", "volumeHandle", "volumeAttributes")},
+              "claimRef": {"namespace": settings.kfp_namespace, "name": settings.shared_pvc}}
+    if spec.get("mountOptions"):
+        volume["mountOptions"] = spec["mountOptions"]
+    return [{"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name, "labels": labels}, "spec": volume},
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": {"name": settings.shared_pvc, "namespace": settings.kfp_namespace, "labels": labels},
+             "spec": {"accessModes": volume["accessModes"], "storageClassName": "", "volumeName": name,
+                      "resources": {"requests": {"storage": capacity}}}}]
+
+
+def _get(runner, argv: list[str]) -> dict[str, Any] | None:
+    from . import kube
+    from .errors import MissingTool, NotConnected
+
+    try:
+        result = runner.run([kube.kubectl(), "get", *argv, "-o", "json"], mutating=False, check=False, capture=True)
+    except (MissingTool, NotConnected):
+        if runner.dry_run:
+            return None
+        raise
+    try:
+        return json.loads(result.stdout) if result and result.returncode == 0 and result.stdout.strip() else None
+    except ValueError:
+        return None
+
+
+def ensure_shared_claim(settings, runner) -> list[dict[str, Any]]:
+    """SHARED_PVC in KFP_NAMESPACE for the pipeline's local and kubernetes branches (see above); what it applies.
+    Without SHARED_PVC in NAMESPACE there is nothing to share yet: one line says which step makes it."""
+    from . import kube, ui
+
+    if settings.kfp_namespace == settings.namespace:
+        return []
+    claim = _get(runner, ["pvc", settings.shared_pvc, "-n", settings.namespace])
+    pv = _get(runner, ["pv", claim["spec"]["volumeName"]]) if claim and claim.get("spec", {}).get("volumeName") else None
+    if pv is None and runner.dry_run:
+        pv = {"spec": {"capacity": {"storage": "<capacity>"}, "accessModes": ["ReadWriteMany"],
+                       "csi": {"driver": "<driver of SHARED_PVC>", "volumeHandle": f"<file system of {settings.namespace}/{settings.shared_pvc}>"}}}
+    if pv is None:
+        ui.say(f"no bound claim {settings.shared_pvc} in namespace {settings.namespace}: the pipeline's local and kubernetes "
+               f"branches need it in {settings.kfp_namespace}; `invoke csi.fsx.deploy` (or csi.efs.deploy), then "
+               f"`invoke kubeflow.pipeline.deploy` again", style="yellow")
+        return []
+    manifests = shared_claim(settings, pv)
+    kube.apply(runner, manifests)
+    return manifests
+
+
+def shared_claim_refs(settings) -> list[dict[str, Any]]:
+    """What kubeflow.pipeline.delete removes of the above (the claim first; the file system stays)."""
+    if settings.kfp_namespace == settings.namespace:
+        return []
+    return [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": settings.shared_pvc, "namespace": settings.kfp_namespace}},
+            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": shared_claim_name(settings)}}]

@@ -354,9 +354,12 @@ def sagemaker_checks(settings, client=None) -> list[Check]:
         reachable = docker_reachable()
         rows.append(("docker daemon (SAGEMAKER_LOCAL)", reachable, "reachable" if reachable else "invoke setup --docker", True))
     else:
-        match = re.match(r"(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com/", settings.sagemaker_image)
+        match = re.match(r"(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/", settings.sagemaker_image)
         if match and match.group(2) != settings.aws_region:
-            fixed = settings.sagemaker_image.replace(f".{match.group(2)}.", f".{settings.aws_region}.", 1)
+            from .catalog import dlc_registry
+
+            # the region's own registry: another account in some regions (doeks.catalog.DLC_ACCOUNTS)
+            fixed = dlc_registry(settings.aws_region) + settings.sagemaker_image[match.end() - 1:]
             rows.append(("image for the region", False, f"SAGEMAKER_IMAGE is in {match.group(2)}, training runs in "
                          f"{settings.aws_region} (SageMaker pulls from its own region): set SAGEMAKER_IMAGE={fixed}", True))
         else:
@@ -459,10 +462,6 @@ def _family(instance_type: str) -> str:
     return re.match(r"[a-z]+", instance_type).group(0)
 
 
-def gpu_zone(settings) -> str:
-    return settings.eks_zones[0] if settings.eks_zones else f"{settings.aws_region}a"
-
-
 def cluster_checks(settings, client=None) -> list[tuple[str, bool, str]]:
     """(what, ok, detail or fix) for the account and region of TARGET=eks, before `invoke up`."""
     from .aws import client as aws_client
@@ -484,13 +483,13 @@ def cluster_checks(settings, client=None) -> list[tuple[str, bool, str]]:
                          f"(ec2 {code}) or lower GPU_NODES_MAX"))
         offered = {o["Location"] for o in ec2.describe_instance_type_offerings(
             LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [kind]}])["InstanceTypeOfferings"]}
-        zone = gpu_zone(settings)
+        zone = settings.eks_zones[0] if settings.eks_zones else (sorted(offered) or [f"any zone of {settings.aws_region}"])[0]
         rows.append((f"{kind} offered in {zone}", zone in offered,
                      "yes" if zone in offered else f"not offered there: set EKS_ZONES to one of {', '.join(sorted(offered)) or 'none in this region'}"))
     if settings.capacity_reservation_id:
         found = ec2.describe_capacity_reservations(CapacityReservationIds=[settings.capacity_reservation_id])["CapacityReservations"]
         where = found[0]["AvailabilityZone"] if found else None
-        ok = where == gpu_zone(settings) and found[0].get("InstanceType") == kind
+        ok = (where == settings.eks_zones[0] if settings.eks_zones else where is not None) and found[0].get("InstanceType") == kind
         rows.append((f"capacity reservation {settings.capacity_reservation_id}", ok,
                      f"{where}, {found[0].get('InstanceType')}" if ok else
                      f"in {where} for {found[0].get('InstanceType') if found else '?'}: set EKS_ZONES={where} and "

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from . import catalog as _catalog
 from .errors import SettingsError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +21,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("local", "docker", "kubernetes", "eks", "sagemaker")
 RDZV_BACKENDS = ("etcd", "etcd-v2", "c10d")
 ARCHES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "efficientnet_b7", "mobilenet_v3_small")
-EKS_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34")
+EKS_VERSIONS = tuple(_catalog.EKS_SUPPORT)  # the calendar doeks knows; newer 1.NN are accepted, `invoke up` asks EKS
 AMI_FAMILIES = ("AmazonLinux2023", "AmazonLinux2", "Bottlerocket", "Ubuntu2204", "Ubuntu2404")
 VOLUME_TYPES = ("gp2", "gp3", "io1", "io2")
 SECRET_WORDS = ("SECRET", "PASSWORD", "TOKEN")
@@ -61,6 +62,17 @@ def _choice(options: tuple[str, ...]):
         return canonical
 
     return parse, f"one of {', '.join(options)}"
+
+
+def _eks_version(raw: str) -> str:
+    accepted = (f"a Kubernetes version EKS offers: {', '.join(EKS_VERSIONS)} or a newer 1.NN "
+                f"(`invoke up` checks it with EKS)")
+    if not re.fullmatch(r"1\.\d{2}", raw) or _catalog.version_key(raw) < _catalog.version_key(EKS_VERSIONS[0]):
+        raise _Bad(accepted)
+    return raw
+
+
+_EKS_VERSION = (_eks_version, f"a Kubernetes version EKS offers: {', '.join(EKS_VERSIONS)} or a newer 1.NN")
 
 
 def _int(low: int, high: int):
@@ -113,6 +125,23 @@ def _dns_label(max_len: int = 63):
 
     def parse(raw: str) -> str:
         if len(raw) > max_len or not _DNS1123_LABEL.fullmatch(raw):
+            raise _Bad(accepted)
+        return raw
+
+    return parse, accepted
+
+
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _dns1035_label(max_len: int):
+    """A name that becomes Service and pod names (a PyTorchJob's `<name>-worker-<i>`, a TrainJob's JobSet
+    `<name>-node-0-<i>`): DNS-1035, a letter first, short enough for what the operators append (63 in all)."""
+    accepted = (f"a Kubernetes DNS-1035 name: a lower-case letter first, then lower-case letters, digits and '-', "
+                f"ending alphanumeric, at most {max_len} characters")
+
+    def parse(raw: str) -> str:
+        if len(raw) > max_len or not _DNS1035_LABEL.fullmatch(raw):
             raise _Bad(accepted)
         return raw
 
@@ -211,7 +240,7 @@ KEYS: tuple[Key, ...] = (
     _key("STORAGE_CLASS", "kubernetes", "", "StorageClass of SHARED_PVC on TARGET=kubernetes (empty = on doeks' cluster a volume in a folder of this machine; elsewhere the cluster's default class)", _text),
     _key("KUBE_GPUS", "kubernetes", "0", "nvidia.com/gpu each training pod asks for on TARGET=kubernetes (0 = train on CPU)", _int(0, 64)),
     _key("CLUSTER_NAME", "eks", "doeks", "EKS cluster name", _pattern(_CLUSTER_NAME, "a cluster name: a letter, then letters, digits and '-', at most 100")),
-    _key("EKS_VERSION", "eks", "1.33", "Kubernetes version of the cluster", _choice(EKS_VERSIONS)),
+    _key("EKS_VERSION", "eks", "1.35", "Kubernetes version of the cluster (default: the newest in EKS standard support; older ones cost 6x in extended support)", _EKS_VERSION),
     _key("EKS_ZONES", "eks", "", "Availability zones for the cluster (empty = eksctl picks)", _zones),
     _key("VPC_CIDR", "eks", "192.168.0.0/16", "CIDR of the cluster VPC", _cidr),
     _key("EKS_YAML", "eks", "", "Path of a hand-written eksctl ClusterConfig to use as-is instead of rendering one (empty = render)", _path()),
@@ -237,7 +266,7 @@ KEYS: tuple[Key, ...] = (
     _key("PLACEMENT_GROUP", "eks", "", "Existing cluster placement group for the GPU nodes (empty = none)", _text),
     _key("CAPACITY_RESERVATION_ID", "eks", "", "EC2 capacity reservation for the GPU nodes (empty = none)", _pattern(_CAPACITY_RESERVATION, "cr- and 8 to 17 hex digits", optional=True)),
     # elastic job
-    _key("JOB_NAME", "elasticjob", "imagenet", "Name of the elastic training job", _dns_label(50)),
+    _key("JOB_NAME", "elasticjob", "imagenet", "Name of the elastic training job (also its Services and pods: <name>-worker-<i>)", _dns1035_label(50)),
     _key("NAMESPACE", "elasticjob", "default", "Kubernetes namespace for jobs", _dns_label(63)),
     _key("REPLICAS", "elasticjob", "2", "Number of nodes (worker replicas) to start with", _int(1, 1000)),
     _key("MIN_REPLICAS", "elasticjob", "1", "Fewest nodes the job keeps training with", _int(1, 1000)),
@@ -278,7 +307,7 @@ KEYS: tuple[Key, ...] = (
     _key("S3_BUCKET", "sagemaker", "doeks-training", "S3 bucket for code, data, checkpoints and models", _pattern(re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"), "an S3 bucket name: 3-63 lower-case letters, digits, '.', '-'")),
     _key("DATA_S3_PREFIX", "sagemaker", "data/imagenet", "Prefix of the training data in S3_BUCKET (train/ and val/ under it)", _pattern(re.compile(r"[A-Za-z0-9!_.*'()/-]+"), "an S3 key prefix")),
     _key("SAGEMAKER_ROLE_NAME", "sagemaker", "doeks-sagemaker-execution", "IAM execution role for SageMaker training jobs", _pattern(re.compile(r"[\w+=,.@-]{1,64}"), "an IAM role name")),
-    _key("SAGEMAKER_IMAGE", "sagemaker", "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker", "Training image (a PyTorch Deep Learning Container)", _pattern(_IMAGE_REF, "an image reference")),
+    _key("SAGEMAKER_IMAGE", "sagemaker", "", f"Training image (empty = the PyTorch Deep Learning Container pytorch-training:{_catalog.SAGEMAKER_DLC_TAG} in AWS_REGION's DLC registry: SageMaker pulls from its own region)", _pattern(_IMAGE_REF, "an image reference", optional=True)),
     _key("SAGEMAKER_INSTANCE_TYPE", "sagemaker", "ml.g5.12xlarge", "Instance type of SageMaker training", _pattern(re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+"), "a SageMaker instance type such as ml.g5.12xlarge")),
     _key("SAGEMAKER_INSTANCE_COUNT", "sagemaker", "2", "Instances in the SageMaker training job", _int(1, 100)),
     _key("SAGEMAKER_LOCAL", "sagemaker", "false", "TARGET=sagemaker: run the training job here, one container of the training image per instance, with SageMaker's contract (/opt/ml, SM_* environment, hyperparameters, model.tar.gz)", _bool),
@@ -375,9 +404,16 @@ class Settings:
         return path if path.is_absolute() else PROJECT_ROOT / path
 
     def rows(self) -> list[list[str]]:
-        """[unit, key, value, source]; a value not accepted is marked `NOT ACCEPTED` (lenient loads only)."""
-        return [[k.unit, k.name, mask_value(k, self._raw[k.name]) + (" (NOT ACCEPTED: see below)" if k.name in self._problems else ""),
-                 self._sources[k.name]] for k in KEYS]
+        def shown(k: Key) -> list[str]:
+            if k.name in _DERIVED and not self._raw[k.name].strip():
+                return [str(self._values[k.name]), f"{self._sources[k.name]} ({_DERIVED[k.name]})"]
+            marked = " (NOT ACCEPTED: see below)" if k.name in self._problems else ""
+            return [mask_value(k, self._raw[k.name]) + marked, self._sources[k.name]]
+
+        return [[k.unit, k.name, *shown(k)] for k in KEYS]
+
+
+_DERIVED = {"SAGEMAKER_IMAGE": "from AWS_REGION"}  # empty = derived: `invoke config` shows the value in effect
 
 
 def mask_value(key: Key, raw: str) -> str:
@@ -480,6 +516,8 @@ def _validate(raw: dict[str, str], sources: dict[str, str], lenient: bool = Fals
         if not lenient:
             raise SettingsError(f"{error}{_where(str(error), sources)}") from None
         problems[str(error).split("=", 1)[0]] = f"{error}{_where(str(error), sources)}"
+    if not values["SAGEMAKER_IMAGE"]:  # derived from the region (doeks.catalog), shown as such by `invoke config`
+        values["SAGEMAKER_IMAGE"] = _catalog.sagemaker_image(values["AWS_REGION"])
     return Settings(values, raw, sources, problems)
 
 
@@ -498,6 +536,10 @@ def _check_ranges(values: dict[str, Any], raw: dict[str, str]) -> None:
         raise SettingsError(f"EFS_FILE_SYSTEM_ID={raw['EFS_FILE_SYSTEM_ID']!r} is not accepted: expected SAGEMAKER_SUBNETS to be set too (EFS data needs VPC training)")
     for group in ("SYSTEM", "CPU", "GPU"):
         ordered(f"{group}_NODES_MIN", f"{group}_NODES", f"{group}_NODES_MAX")
+    if values["AMI_FAMILY"] == "AmazonLinux2" and \
+            _catalog.version_key(values["EKS_VERSION"]) > _catalog.version_key(_catalog.AL2_LAST_VERSION):
+        raise SettingsError(f"AMI_FAMILY='AmazonLinux2' is not accepted: expected AmazonLinux2023 (or Bottlerocket, Ubuntu) "
+                            f"with EKS_VERSION={values['EKS_VERSION']} (EKS builds no AL2 AMIs after {_catalog.AL2_LAST_VERSION})")
     if values["CAPACITY_RESERVATION_ID"] and values["GPU_SPOT"]:
         raise SettingsError("GPU_SPOT='true' is not accepted: expected false when CAPACITY_RESERVATION_ID is set")
 

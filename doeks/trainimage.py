@@ -14,6 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from . import catalog as _catalog
 from . import ui
 from .container import _client, stream_build
 from .errors import DoeksError
@@ -25,9 +26,12 @@ TORCH_VERSION = "2.13.0"
 TORCHVISION_VERSION = "0.28.0"
 SHIM = PROJECT_ROOT / "doeks" / "local" / "torchvision_shim.py"
 # An AWS Deep Learning Container for EC2/EKS: CUDA, NCCL, the EFA installer and aws-ofi-nccl (libnccl-ofi), torchrun.
-# Source: aws/deep-learning-containers pytorch/training/buildspec-2-9-ec2.yml (release repository pytorch-training in
-# account 763104351884, every commercial region). The training Dockerfile adds python-etcd on top.
-DLC_BASE = "763104351884.dkr.ecr.{region}.amazonaws.com/pytorch-training:2.9.0-gpu-py312-cu130-ubuntu22.04-ec2"
+# Source: aws/deep-learning-containers pytorch/training/buildspec-2-9-ec2.yml. Pulled from the public ECR gallery
+# (public.ecr.aws/deep-learning-containers, the same repositories and tags as the release account's private ECR,
+# doeks.catalog): anonymous pulls, so a build needs no registry login (the management container mounts no docker
+# credentials). The training Dockerfile adds python-etcd on top.
+DLC_TAG = "2.9.0-gpu-py312-cu130-ubuntu22.04-ec2"
+DLC_BASE = f"{_catalog.DLC_PUBLIC}/pytorch-training:{DLC_TAG}"
 DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile"
 BASE_DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile.torch-cpu"
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
@@ -49,7 +53,7 @@ def base_image(settings, on_this_machine: bool) -> str:
     """TRAIN_BASE_IMAGE, or the default for where the image runs: the CPU base made here, or the AWS DLC."""
     if settings.train_base_image:
         return settings.train_base_image
-    return CPU_BASE if on_this_machine else DLC_BASE.format(region=settings.aws_region)
+    return CPU_BASE if on_this_machine else DLC_BASE
 
 
 def workload_files() -> list[Path]:
@@ -230,12 +234,17 @@ def push(settings, runner, on_this_machine: bool = False) -> str:
     base = base_image(settings, on_this_machine)
     ref = local_ref(base)
     host = (settings.registry if settings.registry and settings.registry != "default" else None) or registry_host(settings)
+    if host is None and runner.dry_run:  # `up --dry-run` on a fresh clone: the plan names the step all the same
+        runner.unknown("this account's ECR registry")
+        host = f"{PLACEHOLDER_ACCOUNT}.dkr.ecr.{settings.aws_region}.amazonaws.com"
     if host is None:
         raise DoeksError("cannot tell this account's ECR registry: no AWS credentials (set AWS_PROFILE or AWS_ACCESS_KEY_ID, "
                          "or REGISTRY=<host>)")
     remote = f"{host}/{ref}"
     is_ecr = ".dkr.ecr." in host
-    if is_ecr:
+    if is_ecr and PLACEHOLDER_ACCOUNT in host:
+        runner.step(f"create ECR repository {REPOSITORY} if missing", lambda: None)
+    elif is_ecr:
         ecr = aws_client(settings, "ecr")
         try:
             ecr.describe_repositories(repositoryNames=[REPOSITORY])

@@ -41,6 +41,9 @@ def deploy(c, dry_run=False):
         ui.say("TARGET=kubernetes: EFA is an AWS network adapter; no device plugin to deploy on this cluster")
         return
     r = runner(dry_run)
+    # one plugin, one owner: eksctl's efaEnabled installs its own DaemonSet of the same name (v0.3.3, fields such as
+    # runAsNonRoot that an apply would keep); doeks replaces it rather than merging into it, and efa.delete removes it
+    kube.run(r, efa.replace_eksctl_plugin_argv())
     kube.apply(r, efa.device_plugin(s))
     kube.run(r, ["apply", "--server-side", "-f", efa.MPI_OPERATOR_MANIFEST])
 

@@ -3,6 +3,8 @@
 Every task goes through the job's target (`doeks.targets`, chosen by TARGET): local processes, docker containers of
 the training image, the EKS cluster, or SageMaker. A verb a target cannot do says so in one line.
 """
+from pathlib import Path
+
 from invoke import Collection
 
 from doeks.taskkit import Int, Unit, runner, settings, task
@@ -314,7 +316,9 @@ def tensorboard(c, port=6006):
 
 
 def _up(c, dry_run=False):
-    """`invoke up`'s step: on this machine, make the synthetic data first when the volume has none; then deploy."""
+    """`invoke up`'s step: what the job needs, then deploy. On this machine: the synthetic data when the volume has
+    none. On a cluster: the training image built and pushed (unless TRAIN_IMAGE names one) and the data staged from
+    s3://S3_BUCKET/DATA_S3_PREFIX into SHARED_PVC (the staging Job, waited for); a missing piece is one line."""
     from doeks import elastic
     from doeks.errors import DoeksError
 
@@ -327,7 +331,36 @@ def _up(c, dry_run=False):
             elastic.check_data(s)
         except DoeksError:
             data(c, dry_run=dry_run)
+    else:
+        _cluster_needs(c, s, dry_run)
     deploy(c, dry_run=dry_run)
+
+
+def _cluster_needs(c, s, dry_run):
+    import importlib.util
+
+    from doeks import elastic, kube
+    from doeks.errors import DoeksError
+
+    if not s.train_image:
+        from doeks import trainimage, ui
+
+        try:
+            trainimage.build(s, runner(dry_run), on_this_machine=False)
+            ui.say(f"training image: {trainimage.push(s, runner(dry_run), on_this_machine=False)}")
+        except DoeksError as error:
+            raise DoeksError(f"the training image: {error} (`invoke elasticjob.build elasticjob.push`, or set TRAIN_IMAGE "
+                             "to an image the nodes can pull)") from None
+    source = elastic.cluster_data_source(s, runner(dry_run))
+    spec = importlib.util.spec_from_file_location("doeks_unit_csi_for_up", Path(__file__).resolve().parents[1] / "csi" / "tasks.py")
+    csi = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(csi)
+    csi.data_stage(c, source=source, dry_run=dry_run)
+    wait = ["wait", "-n", s.namespace, "--for=condition=complete", f"job/{s.job_name}-stage", "--timeout=6h"]
+    if dry_run:  # the plan shows the wait; a real run waits (the job must not start on an empty volume)
+        runner(dry_run).run(["kubectl"] + wait)
+    else:
+        runner().run([kube.kubectl()] + wait, mutating=False)
 
 
 ns = Collection("elasticjob", data, build, push, deploy, status, describe, logs, history, scale, delete, artifacts, plot,

@@ -69,7 +69,7 @@ def delete(c, dry_run=False):
 
         storage.delete_addon(s, r, gpumetrics.ADDON)
         identity.remove(s, r, identity.get("cloudwatch-observability"))
-        kube.delete(r, list(reversed(gpumetrics.manifests(s))))
+        kube.delete(r, gpumetrics.delete_manifests(s))
         identity.remove(s, r, identity.get("cloudwatch-agent-gpu"))
         return
     sampler = services.gpu_sampler(s.state_dir)

@@ -214,11 +214,13 @@ def pipeline_run(c, runtime="local", local=False, steps=5, dry_run=False):
 
 @task(name="deploy", help={"dry_run": "print the Role, RoleBinding and AWS calls; change nothing"})
 def pipeline_deploy(c, dry_run=False):
-    """What the pipeline's pods need in the profile namespace: RBAC on TrainJobs/PyTorchJobs, Pod Identity for SageMaker."""
+    """What the pipeline's pods need in the profile namespace: RBAC on TrainJobs/PyTorchJobs, SHARED_PVC (a claim on the
+    same file system), Pod Identity for SageMaker."""
     from doeks import identity, kube, pipeline
 
     def step(s, r):
         kube.apply(r, pipeline.rbac(s))
+        pipeline.ensure_shared_claim(s, r)  # SHARED_PVC in KFP_NAMESPACE for the local and kubernetes branches
         identity.ensure(s, r, identity.get("pipeline-runner"))
 
     _on_the_cluster(step, "nothing to deploy; `invoke kubeflow.pipeline.run --local` runs the pipeline here", dry_run)
@@ -231,7 +233,7 @@ def pipeline_delete(c, dry_run=False):
 
     def step(s, r):
         identity.remove(s, r, identity.get("pipeline-runner"))
-        kube.delete(r, pipeline.rbac(s))
+        kube.delete(r, pipeline.shared_claim_refs(s) + pipeline.rbac(s))
 
     _on_the_cluster(step, "nothing to delete", dry_run)
 

@@ -37,9 +37,11 @@ def eksctl():
         tags = [{"Key": k, "Value": v} for k, v in {**meta.get("tags", {}), "alpha.eksctl.io/cluster-name": meta["name"]}.items()]
         vpc = ec2.create_vpc(CidrBlock=config["vpc"]["cidr"], TagSpecifications=[{"ResourceType": "vpc", "Tags": tags}])["Vpc"]["VpcId"]
         base = config["vpc"]["cidr"].rsplit(".", 2)[0]
-        private = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"{base}.{i}.0/24", AvailabilityZone=f"{region}{z}")["Subnet"]["SubnetId"]
-                   for i, z in ((1, "a"), (2, "b"))]
-        public = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{base}.3.0/24", AvailabilityZone=f"{region}a")["Subnet"]["SubnetId"]
+        # eksctl makes a subnet pair in each of the config's zones (its own picks when there are none)
+        zones = config.get("availabilityZones") or [f"{region}a", f"{region}b"]
+        private = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"{base}.{i}.0/24", AvailabilityZone=z)["Subnet"]["SubnetId"]
+                   for i, z in enumerate(zones[:2], start=1)]
+        public = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{base}.3.0/24", AvailabilityZone=zones[0])["Subnet"]["SubnetId"]
         ec2.modify_subnet_attribute(SubnetId=public, MapPublicIpOnLaunch={"Value": True})
         group = ec2.create_security_group(GroupName=f"eks-cluster-sg-{meta['name']}", Description="cluster", VpcId=vpc)["GroupId"]
         eks.create_cluster(name=meta["name"], version=meta["version"], roleArn="arn:aws:iam::123456789012:role/eks",

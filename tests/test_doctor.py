@@ -131,7 +131,9 @@ def test_sagemaker_role_bucket_data_and_image_region(state_dir):
     s3.put_object(Bucket="sm-doctor", Key="data/imagenet/train/n01/x.JPEG", Body=b"x")
     assert all(ok for ok, _, required in rows(s).values() if required)
 
-    elsewhere = rows(S.load(environ={**env, "AWS_REGION": "eu-west-1"}, path=ROOT / ".env"))["image for the region"]
+    assert rows(S.load(environ={**env, "AWS_REGION": "eu-west-1"}, path=ROOT / ".env"))["image for the region"][0] is True
+    pinned = {**env, "AWS_REGION": "eu-west-1", "SAGEMAKER_IMAGE": S.load(environ=env, path=ROOT / ".env").sagemaker_image}
+    elsewhere = rows(S.load(environ=pinned, path=ROOT / ".env"))["image for the region"]
     assert elsewhere[0] is False
     assert "SAGEMAKER_IMAGE=763104351884.dkr.ecr.eu-west-1.amazonaws.com/pytorch-training:" in elsewhere[1]
 

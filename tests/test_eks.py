@@ -22,7 +22,9 @@ SCHEMA = json.loads((SCHEMAS / "eksctl-clusterconfig-v1alpha5.schema.json").read
 
 
 def render(**env):
-    return eks.cluster_config(S.load(environ={k: str(v) for k, v in env.items()}, path=ROOT / ".env"))
+    settings = S.load(environ={k: str(v) for k, v in env.items()}, path=ROOT / ".env")
+    region = settings.aws_region  # zones as EC2 would answer (tests/test_first_run.py asks moto)
+    return eks.cluster_config(settings, eks.choose_zones(settings, [f"{region}b"], [f"{region}{z}" for z in "abcd"]))
 
 
 def validate(config):

@@ -221,7 +221,7 @@ def test_cluster_gets_the_ebs_driver_with_identity_and_a_default_gp3_class(cloud
     classes = [d for d in yaml.safe_load_all(result.stdout) if d and d.get("kind") == "StorageClass"]
     defaults = [c for c in classes if c["metadata"].get("annotations", {}).get("storageclass.kubernetes.io/is-default-class") == "true"]
     assert len(defaults) == 1 and defaults[0]["provisioner"] == "ebs.csi.aws.com" and defaults[0]["parameters"]["type"] == "gp3"
-    assert eks.gp3_storage_class() == defaults[0]
+    assert eks.gp3_storage_class("doeks") == defaults[0]
     assert "storageclass.kubernetes.io/is-default-class=false" in result.stderr  # gp2 no longer a second default
 
 

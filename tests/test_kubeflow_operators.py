@@ -136,8 +136,9 @@ def test_operator_deploy_and_delete_dry_run_use_the_same_kustomization(state_dir
     assert not folder.exists()  # a dry run writes nothing
     delete = invoke("kubeflow.training-operator.delete", "--dry-run", env=env)
     assert delete.returncode == 0, delete.stderr
-    # delete goes through the same kustomization, so it never deletes the MPI operator's MPIJob CRD
-    assert f"kubectl delete --ignore-not-found -k {folder}" in delete.stderr
+    # delete goes through the same kustomization (less the shared namespace), so it never deletes the MPI operator's
+    # MPIJob CRD
+    assert f"kubectl delete --ignore-not-found -k {folder / 'delete'}" in delete.stderr
     assert "github.com" not in delete.stderr
 
 

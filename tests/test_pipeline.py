@@ -360,4 +360,5 @@ def test_pipeline_deploy_then_delete_twice_leaves_no_role_or_association(cloud, 
     assert "doeks-doeks-pipeline-runner" not in [r["RoleName"] for r in iam.list_roles()["Roles"]]
     deleted = [d["kind"] for c in recorded(cloud) if c["tool"] == "kubectl" and "delete" in c["argv"]
                for d in yaml.safe_load_all(c["stdin"]) if d]
-    assert deleted == ["Role", "RoleBinding"] * 2
+    # the profile namespace's claim on the shared file system (and its volume: Retain, the data stays), then the RBAC
+    assert deleted == ["PersistentVolumeClaim", "PersistentVolume", "Role", "RoleBinding"] * 2

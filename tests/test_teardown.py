@@ -25,7 +25,9 @@ from doeks.runner import Runner
 from . import moto_eks
 from .conftest import ROOT, invoke
 
-SMALL = {"GPU_NODES_MAX": "1", "GPU_NODES": "1", "GPU_NODES_MIN": "0", "GPU_INSTANCE_TYPE": "g5.xlarge"}
+SMALL = {"GPU_NODES_MAX": "1", "GPU_NODES": "1", "GPU_NODES_MIN": "0", "GPU_INSTANCE_TYPE": "g5.xlarge",
+         # what a first run needs besides (issue 23): an image the nodes pull, data in S3 that `up` stages
+         "TRAIN_IMAGE": "123456789012.dkr.ecr.us-west-2.amazonaws.com/doeks-train:1", "S3_BUCKET": "teardown-data"}
 
 
 @pytest.fixture
@@ -33,6 +35,9 @@ def account(state_dir, tmp_path):
     server = moto_eks.server(state_dir)
     server.start()
     kw = dict(endpoint_url=server.endpoint(), region_name="us-west-2", aws_access_key_id="testing", aws_secret_access_key="testing")
+    s3 = boto3.client("s3", **kw)
+    s3.create_bucket(Bucket=SMALL["S3_BUCKET"], CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    s3.put_object(Bucket=SMALL["S3_BUCKET"], Key="data/imagenet/train/n01440764/a.JPEG", Body=b"x")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in ("eksctl", "kubectl", "helm"):

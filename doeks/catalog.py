@@ -1,0 +1,95 @@
+"""Facts about AWS that change with time or region, in one place: EKS's Kubernetes versions and their support
+windows, and the accounts of the region-bound registries doeks pulls from (EKS add-on images, Deep Learning
+Containers). Everything else derives its names from here; tests cover each region family.
+
+Sources (read 2026-11): the EKS user guide's "Kubernetes versions on standard/extended support" (release calendar)
+and "View Amazon container image registries for Amazon EKS add-ons"; aws/deep-learning-containers available_images.md.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+
+# version: (end of standard support, end of extended support). Standard support lasts 14 months from EKS's release;
+# extended support 12 months more at 6x the control-plane price. EKS stopped building AL2 AMIs with 1.33.
+EKS_SUPPORT: dict[str, tuple[str, str]] = {
+    "1.30": ("2025-07-23", "2026-07-23"),
+    "1.31": ("2025-11-26", "2026-11-26"),
+    "1.32": ("2026-03-23", "2027-03-23"),
+    "1.33": ("2026-07-29", "2027-07-29"),
+    "1.34": ("2026-12-02", "2027-12-02"),
+    "1.35": ("2027-03-27", "2028-03-27"),
+}
+AL2_LAST_VERSION = "1.32"
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def standard_support(today: _dt.date | None = None) -> list[str]:
+    """The versions in EKS standard support on `today`, oldest first (from the calendar above)."""
+    today = today or _dt.date.today()
+    return sorted((v for v, (end, _) in EKS_SUPPORT.items() if _dt.date.fromisoformat(end) > today), key=version_key)
+
+
+def newest_standard(today: _dt.date | None = None) -> str:
+    """The newest version in standard support (the calendar's newest when all are past it: refresh the calendar)."""
+    return (standard_support(today) or [max(EKS_SUPPORT, key=version_key)])[-1]
+
+
+def support_phase(version: str, today: _dt.date | None = None) -> str:
+    """standard, extended, ended, or unknown (a version newer than the calendar: EKS says, at `up`)."""
+    today = today or _dt.date.today()
+    if version not in EKS_SUPPORT:
+        return "unknown"
+    standard, extended = (_dt.date.fromisoformat(d) for d in EKS_SUPPORT[version])
+    return "standard" if today < standard else "extended" if today < extended else "ended"
+
+
+# ---- region-bound registries -----------------------------------------------------------------------------------------
+# EKS add-on images (aws-efa-k8s-device-plugin and the others EKS replicates): 602401143452 except these regions.
+EKS_ADDON_ACCOUNT = "602401143452"
+EKS_ADDON_ACCOUNTS = {
+    "af-south-1": "877085696533", "ap-east-1": "800184023465", "ap-east-2": "533267051163",
+    "ap-south-2": "900889452093", "ap-southeast-3": "296578399912", "ap-southeast-4": "491585149902",
+    "ap-southeast-5": "151610086707", "ap-southeast-6": "333609536671", "ap-southeast-7": "121268973566",
+    "ca-west-1": "761377655185", "cn-north-1": "918309763551", "cn-northwest-1": "961992271922",
+    "eu-central-2": "900612956339", "eu-south-1": "590381155156", "eu-south-2": "455263428931",
+    "il-central-1": "066635153087", "me-central-1": "759879836304", "me-south-1": "558608220178",
+    "mx-central-1": "730335286997", "us-gov-east-1": "151742754352", "us-gov-west-1": "013241004608",
+}
+# AWS Deep Learning Containers: 763104351884 except these regions.
+DLC_ACCOUNT = "763104351884"
+DLC_ACCOUNTS = {
+    "af-south-1": "626614931356", "ap-east-1": "871362719292", "ap-northeast-3": "364406365360",
+    "ap-south-2": "772153158452", "ap-southeast-3": "907027046896", "ap-southeast-4": "457447274322",
+    "ap-southeast-5": "550225433462", "ap-southeast-7": "590183813437", "ca-west-1": "204538143572",
+    "eu-central-2": "380420809688", "eu-south-1": "692866216735", "eu-south-2": "503227376785",
+    "il-central-1": "780543022126", "me-central-1": "914824155844", "me-south-1": "217643126080",
+    "mx-central-1": "637423239942", "cn-north-1": "727897471807", "cn-northwest-1": "727897471807",
+    "us-gov-east-1": "446045086412", "us-gov-west-1": "442386744353",
+}
+# The same DLC images, published without a login in the public ECR gallery (same repository names and tags).
+DLC_PUBLIC = "public.ecr.aws/deep-learning-containers"
+
+
+def ecr_host(account: str, region: str) -> str:
+    suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+    return f"{account}.dkr.ecr.{region}.{suffix}"
+
+
+def eks_addon_registry(region: str) -> str:
+    return ecr_host(EKS_ADDON_ACCOUNTS.get(region, EKS_ADDON_ACCOUNT), region)
+
+
+def dlc_registry(region: str) -> str:
+    return ecr_host(DLC_ACCOUNTS.get(region, DLC_ACCOUNT), region)
+
+
+# The PyTorch training DLC for SageMaker that SAGEMAKER_IMAGE defaults to (in AWS_REGION's DLC registry).
+SAGEMAKER_DLC_TAG = "2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker"
+
+
+def sagemaker_image(region: str, tag: str = SAGEMAKER_DLC_TAG) -> str:
+    """A PyTorch training DLC for SageMaker in `region` (SageMaker pulls from its own region's registry)."""
+    return f"{dlc_registry(region)}/pytorch-training:{tag}"
