@@ -34,7 +34,9 @@ def cluster_network(settings, runner=None) -> dict[str, Any]:
 
     cluster = describe_cluster(settings, runner)
     if cluster is None and runner is not None and runner.dry_run:
-        zone = eks.gpu_zone(settings, runner)
+        from .zones import gpu_zone
+
+        zone = gpu_zone(settings, runner)
         return {"vpc": f"<vpc of cluster {settings.cluster_name}>", "cidr": settings.vpc_cidr,
                 "subnets": {zone: f"<private subnet of cluster {settings.cluster_name} in {zone}>"},
                 "security_group": f"<cluster security group of {settings.cluster_name}>", "placeholder": True}
@@ -300,7 +302,7 @@ def fsx_subnet(settings, net) -> str:
         return settings.fsx_subnet_id
     if net.get("placeholder"):  # a dry run's plan: the one placeholder subnet, in the GPU zone already
         return next(iter(net["subnets"].values()))
-    from .eks import gpu_zone
+    from .zones import gpu_zone
 
     zone = gpu_zone(settings)
     return net["subnets"].get(zone) or sorted(net["subnets"].items())[0][1]
