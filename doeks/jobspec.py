@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 ETCD_PORT = 2379
-CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks/workload/train.py
+CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks/workload/train.py (doeks.code)
 RDZV_CONF = {"last_call_timeout": "1", "timeout": "600"}
 
 # EFA adapters per instance (vpc.amazonaws.com/efa a node advertises)
@@ -57,6 +57,15 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
 
 
 def train_args(settings, mount: str | None = None) -> list[str]:
+    """The script's arguments: the built-in workload's ImageNet flags (only when it is the script), then TRAIN_ARGS."""
+    from .code import resolve
+
+    code = resolve(settings)
+    return (imagenet_args(settings, mount) if code.builtin else []) + list(code.args)
+
+
+def imagenet_args(settings, mount: str | None = None) -> list[str]:
+    """The built-in workload's own flags (doeks/workload/train.py): data, model, schedule and output folders."""
     mount = mount or settings.shared_mount
     crop = settings.crop  # CROP_SIZE, or by where the job trains (see Settings.crop)
     return ["--data", f"{mount}/data", "--arch", settings.arch, "--epochs", str(settings.epochs),
@@ -96,15 +105,22 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     }
     if settings.rdzv_backend.startswith("etcd"):
         elastic.update(rdzvHost="etcd-service", rdzvPort=ETCD_PORT)
+    from .code import CODE_DIR, contract, env_list, host_names, resolve
+
+    code = resolve(settings)
+    hosts = host_names(settings.job_name, settings.replicas)
     container = {
         "name": "pytorch",
         "image": image or _cluster_image(settings),
         "imagePullPolicy": "IfNotPresent",
-        "command": ["torchrun", CONTAINER_SCRIPT],
+        "command": code.launcher(),
         "args": train_args(settings) + list(extra_args or []),
+        "workingDir": CODE_DIR,
         "env": [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
-                {"name": "NCCL_DEBUG", "value": "INFO"}],
+                {"name": "NCCL_DEBUG", "value": "INFO"}]
+        + env_list(contract(settings, settings.shared_mount, run, hosts))
+        + [{"name": "SM_CURRENT_HOST", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "resources": resources,
         "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
@@ -155,7 +171,7 @@ def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | N
     spec = job["spec"]
     del spec["elasticPolicy"]
     worker = spec["pytorchReplicaSpecs"]["Worker"]
-    worker["template"]["spec"]["containers"][0]["command"] = ["torchrun", CONTAINER_SCRIPT]
+
     master = copy.deepcopy(worker)
     master["replicas"] = 1
     spec["pytorchReplicaSpecs"] = {"Master": master}

@@ -253,6 +253,11 @@ KEYS: tuple[Key, ...] = (
     _key("DATA_TRAIN_PER_CLASS", "elasticjob", "400", "Generated training images per class", _int(1, 100000)),
     _key("DATA_VAL_PER_CLASS", "elasticjob", "50", "Generated validation images per class", _int(1, 100000)),
     _key("DATA_IMAGE_SIZE", "elasticjob", "48", "Typical short side of generated images in pixels (each is 0.75-1.5x that, aspect ratio up to 5:3)", _int(16, 512)),
+    # the job's code (doeks.code): empty TRAIN_SCRIPT = doeks' own ImageNet workload (doeks/workload/train.py)
+    _key("TRAIN_SCRIPT", "elasticjob", "", "Your training script: a .py file, or -m package.module (empty = doeks' built-in ImageNet workload); relative paths are relative to the project", _text),
+    _key("TRAIN_SOURCE", "elasticjob", "", "Folder of your code, copied into the training image and run from (empty = TRAIN_SCRIPT's folder; for -m: the project)", _path()),
+    _key("TRAIN_ARGS", "elasticjob", "", "Arguments for your script, passed verbatim (shell-quoted; on SageMaker as hyperparameters, given back as --key value)", _text),
+    _key("TRAIN_REQUIREMENTS", "elasticjob", "", "A pip requirements file installed into the training image with your code (empty = TRAIN_SOURCE/requirements.txt if there is one)", _path()),
     _key("TRAIN_IMAGE", "elasticjob", "", "Image of the training containers and pods (empty = the image `invoke elasticjob.build` makes: doeks-train:<content hash>, in REGISTRY or this account's ECR when it runs on a cluster)", _pattern(_IMAGE_REF, "an image reference", optional=True)),
     _key("TRAIN_BASE_IMAGE", "elasticjob", "", "Base of the training image (empty = by target: a CPU torch base made here for docker and SageMaker local mode; the AWS PyTorch training container with NCCL, EFA and aws-ofi-nccl for eks)", _pattern(_IMAGE_REF, "an image reference", optional=True)),
     _key("ETCD_IMAGE", "elasticjob", "quay.io/coreos/etcd:v3.4.35", "Pinned etcd image for the rendezvous server on EKS (v3.4: v2 API)", _pattern(_IMAGE_REF, "an image reference")),

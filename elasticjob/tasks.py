@@ -107,6 +107,13 @@ def _finish(s, status):
             fix = f" (fix: {status.fix})" if status.fix else ""
             raise DoeksError(f"job {s.job_name} ended {status.state} after {status.restarts} restarts: {status.reason}{fix}")
         raise DoeksError(f"job {s.job_name} ended {status.state}: see `invoke elasticjob.logs --tail 50`")
+    from doeks.code import resolve
+
+    if not resolve(s).builtin:  # a user's script: what it reported, nothing made up
+        steps = [r.step for r in status.replicas if r.step is not None]
+        ui.say(f"job {s.job_name} succeeded" + (f" after {max(steps)} steps" if steps else " (the script reports no "
+               "step count: docs/your-own-script.md)"), style="green")
+        return {"step": max(steps)} if steps else {}
     result = _final_result(s)
     ui.say(f"job {s.job_name} succeeded: final validation accuracy {result.get('val_accuracy', float('nan')):.3f} "
            f"after {result.get('step', '?')} steps", style="green")

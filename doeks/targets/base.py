@@ -94,6 +94,7 @@ class ReplicaStatus:
     samples_per_s: float | None = None
     world: int | None = None
     detail: str = ""     # pid, container id, pod name, host ...
+    total: int | None = None  # the steps the run will take, when the script said so (doeks.report total=)
 
 
 @dataclass
@@ -148,10 +149,11 @@ class Target:
     def manifest_plan(self, job: Job) -> Plan:
         """A plan's start for the targets that run the manifests (eks) or interpret them (local, docker): the training
         arguments checked against the script's own parser, the manifests, and the image their workers run."""
-        from .. import jobspec
+        from .. import code, jobspec
         from .reasons import check_train_args
 
-        check_train_args(job.train_args)
+        if code.resolve(job.settings).builtin:  # a user's script parses its own arguments
+            check_train_args(job.train_args)
         manifests = self.manifests(job)
         return Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(manifests[-1])["containers"][0]["image"])
 

@@ -40,8 +40,9 @@ class Reason:
 # (code, permanent, pattern, text template, fix); the first rule that matches a line wins, in this order.
 # The argparse form is "<prog>: error: <message>" (cpython Lib/argparse.py ArgumentParser.error, 3.12).
 _LINE_RULES = [
-    ("bad-arguments", True, re.compile(r"train\.py: error: (?P<m>.+)"),
-     "bad arguments to the training script: {m}", "fix --train-args (`python doeks/workload/train.py --help` lists them)"),
+    ("bad-arguments", True, re.compile(r"(?:^|[\s\]/])[\w.-]+\.py: error: (?P<m>.+)"),
+     "bad arguments to the training script: {m}", "fix --train-args or TRAIN_ARGS (the script's --help lists them; "
+     "the built-in one's: `python doeks/workload/train.py --help`)"),
     ("data-missing", True, re.compile(r"error: (?P<m>data folder \S+ is missing or empty)"),
      "data missing: {m}", "make or stage the data: `invoke elasticjob.data` here, `invoke csi.data.stage` on a cluster"),
     ("data-missing", True, re.compile(r"error: (?P<m>\S+ holds files, not class folders)"),
@@ -50,6 +51,12 @@ _LINE_RULES = [
      "unusable checkpoint: {m}", "move the checkpoint folder away or deploy with --fresh"),
     ("import-error", True, re.compile(r"(?P<m>(ModuleNotFoundError|ImportError): .+)"),
      "import error: {m}", "the training image lacks a module: add it to elasticjob/Dockerfile and `invoke elasticjob.build`"),
+    # an exception a script raised that running the same code again cannot cure (a bug, a bad value); others
+    # (RuntimeError: NCCL, a lost peer, OSError) may pass with a restart and end in the crash-loop or failed reason
+    ("exception", True, re.compile(r"^(?:\[[^\]]*\]:?\s*)?(?P<m>(?:NameError|TypeError|AttributeError|ValueError|KeyError|"
+                                   r"IndexError|AssertionError|ZeroDivisionError|NotImplementedError|UnboundLocalError|"
+                                   r"SyntaxError|IndentationError)(?::.*)?)$"),
+     "the script raised {m}", "fix the script (`invoke elasticjob.logs --tail 50` shows the traceback), then deploy again"),
     ("missing-file", True, re.compile(r"(?P<m>FileNotFoundError: .+|can't open file .+No such file or directory.*)"),
      "missing file: {m}", "check the paths in --train-args and the shared volume (SHARED_PVC, SHARED_MOUNT)"),
     ("oom", False, re.compile(r"(?P<m>(torch\.)?(cuda\.)?OutOfMemoryError.*|CUDA out of memory.*|Cannot allocate memory.*)"),
@@ -126,11 +133,20 @@ def classify(lines: Iterable[str] = (), exit_codes: Iterable[int | None] = (), e
     return None
 
 
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(Error|Exception|Interrupt|Exit)(: .*)?$")
+
+
 def last_error(lines: list[str]) -> str:
-    for line in reversed(lines):
-        text = line.split("] ", 1)[-1] if line.startswith("[") else line
-        if re.search(r"(error|Error|Exception)\b", text) and "ChildFailedError" not in text:
-            return text.strip()[:200]
+    """The last exception a traceback ended with (`ValueError: ...`), else the last line that names an error; never
+    torchrun's own summary around it (ChildFailedError, the `error_file:` / `traceback:` lines of its table)."""
+    texts = [(line.split("] ", 1)[-1] if line.startswith("[") else line).strip() for line in lines]
+    for text in reversed(texts):
+        if EXCEPTION_LINE.match(text) and "ChildFailedError" not in text:
+            return text[:200]
+    for text in reversed(texts):
+        if (re.search(r"(error|Error|Exception)\b", text) and "ChildFailedError" not in text
+                and not re.match(r"(error_file|traceback|exitcode)\s*:", text)):
+            return text[:200]
     return ""
 
 
