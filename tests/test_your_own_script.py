@@ -1,0 +1,159 @@
+"""Your own training code (TRAIN_SCRIPT, TRAIN_SOURCE, TRAIN_ARGS): a script outside the repository, with strict
+argparse, runs unchanged on the local target from its own folder, gets its arguments exactly, resumes from its
+checkpoint folder, shows its own steps (no made-up totals) and fails with its exception as the reason. The examples in
+examples/ run as they are. Docker and SageMaker local mode: tests/test_your_own_script_docker.py."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from doeks import code, elastic, jobspec, targets
+from doeks.errors import DoeksError
+from doeks.runner import Runner
+
+from .conftest import ROOT, invoke, job_settings
+
+EXAMPLES = ROOT / "examples"
+ARGS = "--steps 6 --checkpoint-every 3 --note 'two words, one arg' --lr 0.05"
+SMALL = {"REPLICAS": "1", "MIN_REPLICAS": "1", "MAX_REPLICAS": "2", "NPROC_PER_NODE": "2", "MAX_RESTARTS": "1",
+         "TARGET": "local"}
+
+
+@pytest.fixture
+def user_script(tmp_path):
+    """examples/ddp-plain/train.py copied outside the repository, as a user's own project."""
+    folder = tmp_path / "my-project"
+    folder.mkdir()
+    shutil.copyfile(EXAMPLES / "ddp-plain" / "train.py", folder / "fit.py")
+    return folder / "fit.py"
+
+
+def _settings(monkeypatch, **values):
+    return job_settings({**SMALL, **values}, monkeypatch)
+
+
+def _run(s, timeout=300):
+    target = targets.get(s)
+    target.submit(target.plan(targets.Job(s)), Runner(echo=False))
+    return target.wait(timeout=timeout, quiet=True)
+
+
+def _log(s) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted(elastic.home(s).glob("runs/*/replicas/*/agent.log")))
+
+
+def test_the_jobs_command_is_the_users_script_and_its_arguments_alone(user_script, state_dir, monkeypatch):
+    s = _settings(monkeypatch, TRAIN_SCRIPT=str(user_script), TRAIN_ARGS=ARGS, JOB_NAME="byo-spec")
+    worker = jobspec.worker_pod(jobspec.pytorchjob(s, ["--step-delay", "0"]))["containers"][0]
+    assert worker["command"] == ["torchrun", "/workspace/fit.py"] and worker["workingDir"] == "/workspace"
+    assert worker["args"] == shlex.split(ARGS) + ["--step-delay", "0"]  # no ImageNet flags: exactly its own
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["DOEKS_CHECKPOINT_DIR"] == "/fsx-shared/checkpoints/byo-spec" and env["SM_CHANNEL_TRAINING"] == "/fsx-shared/data"
+    assert json.loads(env["SM_HOSTS"]) == ["byo-spec-worker-0"] and env["DOEKS_RUN_ID"].startswith("byo-spec-")
+    # the built-in workload is just the default job: its flags, in the same place
+    builtin = jobspec.worker_pod(jobspec.pytorchjob(s.with_overrides(train_script="")))["containers"][0]
+    assert builtin["command"] == ["torchrun", "/workspace/train.py"] and "--data" in builtin["args"]
+    assert builtin["args"][-len(shlex.split(ARGS)):] == shlex.split(ARGS)  # TRAIN_ARGS after its own
+    module = code.resolve(s.with_overrides(train_script="-m my_pkg.train", train_source=str(user_script.parent)))
+    assert module.launcher() == ["torchrun", "-m", "my_pkg.train"] and module.source == user_script.parent
+
+
+def test_bad_settings_are_one_line_and_a_users_arguments_are_not_checked_against_doeks_parser(user_script, state_dir):
+    missing = invoke("elasticjob.deploy", "--dry-run", env={"TRAIN_SCRIPT": str(user_script.parent / "nope.py")})
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip().splitlines()[-1].endswith(f"TRAIN_SCRIPT={str(user_script.parent / 'nope.py')!r}: "
+                                                             f"no such file ({user_script.parent / 'nope.py'})")
+    quoted = invoke("elasticjob.deploy", "--dry-run", env={"TRAIN_SCRIPT": str(user_script), "TRAIN_ARGS": "--note 'x"})
+    assert quoted.returncode != 0 and "Traceback" not in quoted.stderr and "TRAIN_ARGS=" in quoted.stderr
+    # --steps is no flag of doeks/workload/train.py: for a user's script that is the script's business
+    ok = invoke("elasticjob.deploy", "--dry-run", "--train-args", "--steps 3", env={"TRAIN_SCRIPT": str(user_script)})
+    assert ok.returncode == 0, ok.stderr
+    worker = jobspec.worker_pod(list(yaml.safe_load_all(ok.stdout))[-1])["containers"][0]
+    assert worker["args"] == ["--steps", "3"]
+    assert f"{user_script.parent}" in ok.stderr  # the local processes run from the script's folder
+    refused = invoke("elasticjob.deploy", "--dry-run", "--train-args", "--steps 3")  # the built-in one is checked
+    assert refused.returncode != 0 and "unrecognized arguments: --steps 3" in refused.stderr
+
+
+@pytest.mark.slow
+def test_a_script_outside_the_repo_trains_locally_with_its_arguments_exactly_and_resumes(user_script, state_dir,
+                                                                                        monkeypatch):
+    s = _settings(monkeypatch, TRAIN_SCRIPT=str(user_script), TRAIN_ARGS=ARGS, JOB_NAME="byo-local")
+    status = _run(s)
+    assert status.state == "Succeeded", (status.reason, _log(s)[-3000:])
+    log = _log(s)
+    assert json.loads(re.search(r"argv: (.*)", log).group(1)) == shlex.split(ARGS)  # exactly, quoting and all
+    assert f"cwd={user_script.parent} " in log and "world=2 " in log
+    assert [r.step for r in status.replicas] == [6] and [r.total for r in status.replicas] == [6]
+    assert (elastic.checkpoint_dir(s) / "checkpoint.pt").is_file()
+    assert (state_dir / "volumes" / s.shared_pvc / "models" / "byo-local" / "model.pt").is_file()
+    # the same job again, more steps: it resumes from its checkpoint folder (DOEKS_CHECKPOINT_DIR)
+    s = s.with_overrides(train_args=ARGS.replace("--steps 6", "--steps 8"))
+    status = _run(s)
+    assert status.state == "Succeeded" and [r.step for r in status.replicas] == [8]
+    assert re.search(r"resumed from .*checkpoint\.pt at step 6", _log(s))
+
+
+@pytest.mark.slow
+def test_a_script_that_raises_ends_failed_with_its_exception_as_the_reason(user_script, state_dir, monkeypatch):
+    monkeypatch.setenv("JOB_NAME", "byo-fail")
+    _settings(monkeypatch, TRAIN_SCRIPT=str(user_script), TRAIN_ARGS="--steps 6 --fail-at 2")
+    result = invoke("elasticjob.deploy", "--follow", timeout=300)
+    assert result.returncode != 0 and "Traceback" not in result.stderr.splitlines()[-1]
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: job byo-fail ended Failed after 0 restarts: the script raised ValueError: --fail-at 2: failing on "
+        "purpose at step 2")
+    shown = invoke("elasticjob.status")
+    assert "reason: the script raised ValueError: --fail-at 2" in shown.stdout + shown.stderr
+
+
+@pytest.mark.slow
+def test_a_script_that_reports_nothing_shows_no_step_count_and_no_made_up_result(tmp_path, state_dir, monkeypatch):
+    (tmp_path / "quiet.py").write_text("import os, sys\nprint('quiet rank', os.environ['RANK'], sys.argv[1:])\n")
+    _settings(monkeypatch, TRAIN_SCRIPT=str(tmp_path / "quiet.py"), JOB_NAME="byo-quiet")
+    result = invoke("elasticjob.deploy", "--follow", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "job byo-quiet succeeded (the script reports no step count" in result.stderr
+    assert "nan" not in result.stderr and "/200" not in result.stderr and "accuracy" not in result.stderr
+    shown = invoke("elasticjob.status")
+    assert "no step count" in shown.stdout + shown.stderr and "Succeeded" in shown.stdout + shown.stderr
+
+
+@pytest.mark.slow
+def test_the_sagemaker_style_example_runs_locally_with_the_sm_environment(state_dir, monkeypatch):
+    s = _settings(monkeypatch, TRAIN_SCRIPT=str(EXAMPLES / "sagemaker-style" / "train.py"),
+                  TRAIN_ARGS="--epochs 2 --learning-rate 0.2", JOB_NAME="byo-sm")
+    status = _run(s)
+    assert status.state == "Succeeded", (status.reason, _log(s)[-3000:])
+    log = _log(s)
+    data = state_dir / "volumes" / s.shared_pvc / "data"
+    assert f"host byo-sm-worker-0 of ['byo-sm-worker-0'], world 2, channels {{'training': '{data}'}}" in log
+    assert (state_dir / "volumes" / s.shared_pvc / "models" / "byo-sm" / "model.pt").is_file()
+    assert [r.step for r in status.replicas] == [8] and status.replicas[0].samples_per_s  # doeks.report's rate
+
+
+def test_report_prints_the_documented_line(capsys, monkeypatch):
+    import doeks
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    doeks._last_report.clear()
+    assert doeks.report(step=1, loss=0.5) == "doeks: step=1 loss=0.5 world=4"
+    line = doeks.report(step=2, loss=0.25, samples=32, total=10)
+    from doeks.local.jobs import parse_progress
+
+    progress = parse_progress(capsys.readouterr().out)
+    assert progress["step"] == 2 and progress["loss"] == 0.25 and progress["world"] == 4 and progress["total"] == 10
+    assert progress["samples_per_s"] > 0 and line.startswith("doeks: step=2 loss=0.25 samples/s=")
+    with pytest.raises(DoeksError):
+        code.resolve(_FakeSettings(train_script="notes.txt"))
+
+
+class _FakeSettings:
+    def __init__(self, **values):
+        self.__dict__.update({"train_script": "", "train_source": "", "train_args": "", "train_requirements": ""}, **values)
