@@ -20,6 +20,20 @@ GPUS = {"p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8, 
         "g5.12xlarge": 4, "g5.48xlarge": 8, "g6.48xlarge": 8}
 
 
+def idle_gpus_warning(settings) -> str:
+    """One line when NPROC_PER_NODE does not match the GPUs of the nodes doeks sizes (GPU_INSTANCE_TYPE): GPUs left
+    idle, or more processes than GPUs (the pods cannot be scheduled); "" when they match or the type is not known."""
+    gpus = GPUS.get(settings.gpu_instance_type)
+    n = settings.nproc_per_node
+    if gpus is None or n == gpus:
+        return ""
+    if n < gpus:
+        return (f"warning: NPROC_PER_NODE={n} uses {n} of the {gpus} GPUs of each {settings.gpu_instance_type} node: "
+                f"{gpus - n} idle (NPROC_PER_NODE=auto or {gpus} uses them all)")
+    return (f"warning: NPROC_PER_NODE={n} asks for {n} GPUs per pod, but a {settings.gpu_instance_type} node has "
+            f"{gpus}: the pods cannot be scheduled (NPROC_PER_NODE=auto or {gpus})")
+
+
 def labels(settings) -> dict[str, str]:
     return {"app.kubernetes.io/part-of": "doeks", "doeks/job": settings.job_name}
 

@@ -74,6 +74,15 @@ def _int(low: int, high: int):
     return parse, f"an integer from {low} to {high}"
 
 
+def _auto_int(low: int, high: int):
+    whole, accepted = _int(low, high)
+
+    def parse(raw: str):
+        return "auto" if raw.strip() == "auto" else whole(raw)
+
+    return parse, f"auto or {accepted}"
+
+
 def _float(low: float, high: float):
     def parse(raw: str) -> float:
         try:
@@ -236,7 +245,7 @@ KEYS: tuple[Key, ...] = (
     _key("REPLICAS", "elasticjob", "2", "Number of nodes (worker replicas) to start with", _int(1, 1000)),
     _key("MIN_REPLICAS", "elasticjob", "1", "Fewest nodes the job keeps training with", _int(1, 1000)),
     _key("MAX_REPLICAS", "elasticjob", "3", "Most nodes the job can grow to", _int(1, 1000)),
-    _key("NPROC_PER_NODE", "elasticjob", "2", "Processes per node (GPUs per node on EKS)", _int(1, 64)),
+    _key("NPROC_PER_NODE", "elasticjob", "auto", "Processes per node (auto = on eks the GPUs of a GPU_INSTANCE_TYPE node, e.g. 8 on p4d.24xlarge; else 2)", _auto_int(1, 64)),
     _key("MAX_RESTARTS", "elasticjob", "10", "Times torchrun restarts a node's workers before giving up", _int(0, 1000)),
     _key("RDZV_BACKEND", "elasticjob", "etcd", "Rendezvous backend: etcd (an etcd server) or c10d (no extra server)", _choice(RDZV_BACKENDS)),
     _key("ETCD_ENDPOINT", "elasticjob", "", "External etcd (http://host:port, v2 API) for local rendezvous (empty = doeks starts its own)", _url),
@@ -404,6 +413,11 @@ def _validate(raw: dict[str, str], sources: dict[str, str]) -> Settings:
             shown = mask_value(key, value)
             raise SettingsError(f"{key.name}={shown!r} is not accepted: expected {bad}") from None
     _check_ranges(values, raw)
+    if values["NPROC_PER_NODE"] == "auto":  # GPUs per node follow the node (doeks.jobspec.GPUS)
+        from .jobspec import GPUS
+
+        on_cluster = values["TARGET"] in ("eks", "kubernetes")
+        values["NPROC_PER_NODE"] = GPUS.get(values["GPU_INSTANCE_TYPE"], 2) if on_cluster else 2
     return Settings(values, raw, sources)
 
 

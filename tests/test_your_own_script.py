@@ -157,3 +157,32 @@ def test_report_prints_the_documented_line(capsys, monkeypatch):
 class _FakeSettings:
     def __init__(self, **values):
         self.__dict__.update({"train_script": "", "train_source": "", "train_args": "", "train_requirements": ""}, **values)
+
+
+REGISTRY = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
+
+
+def test_eks_dry_run_names_the_users_image_and_command_and_a_process_per_gpu(user_script, state_dir):
+    env = {"TARGET": "eks", "TRAIN_SCRIPT": str(user_script), "TRAIN_ARGS": "--steps 100 --note 'a b'",
+           "REGISTRY": REGISTRY, "JOB_NAME": "byo-eks", "GPU_INSTANCE_TYPE": "p4d.24xlarge"}
+    built = invoke("elasticjob.build", "--dry-run", env=env)
+    assert built.returncode == 0, built.stderr
+    image = re.search(r"training image: (\S+)", built.stderr).group(1)
+    out = invoke("elasticjob.deploy", "--dry-run", env=env)
+    assert out.returncode == 0, out.stderr
+    job = list(yaml.safe_load_all(out.stdout))[-1]
+    worker = jobspec.worker_pod(job)["containers"][0]
+    assert worker["image"] == image and image.startswith(f"{REGISTRY}/doeks-train:")
+    assert worker["command"] == ["torchrun", "/workspace/fit.py"] and worker["args"] == ["--steps", "100", "--note", "a b"]
+    assert job["spec"]["nprocPerNode"] == "8" and worker["resources"]["limits"]["nvidia.com/gpu"] == 8  # all 8 GPUs
+    assert "warning" not in out.stderr
+    # the image is the user's code: another script is another tag
+    other = user_script.parent / "other.py"
+    other.write_text("print('other')\n")
+    assert re.search(r"training image: (\S+)", invoke("elasticjob.build", "--dry-run", env={
+        **env, "TRAIN_SCRIPT": str(other)}).stderr).group(1) != image
+    g5 = list(yaml.safe_load_all(invoke("elasticjob.deploy", "--dry-run", env={**env, "GPU_INSTANCE_TYPE": "g5.12xlarge"}).stdout))
+    assert g5[-1]["spec"]["nprocPerNode"] == "4"
+    idle = invoke("elasticjob.deploy", "--dry-run", env={**env, "NPROC_PER_NODE": "2"})
+    assert idle.returncode == 0 and ("warning: NPROC_PER_NODE=2 uses 2 of the 8 GPUs of each p4d.24xlarge node: 6 idle"
+                                     in idle.stderr)

@@ -67,6 +67,13 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     image: str = ""
     context: dict[str, Any] = field(default_factory=dict)   # what steps hand on to later steps at run time
+    warnings: list[str] = field(default_factory=list)       # shown before the steps, by a dry run and a submission
+
+    def warn(self) -> None:
+        from .. import ui
+
+        for warning in self.warnings:
+            ui.say(warning, style="yellow")
 
     def describe(self) -> list[str]:
         """Every step's line, in order (what a dry run prints on stderr)."""
@@ -81,6 +88,7 @@ class Plan:
         for request in self.requests:
             sys.stdout.write(runner.mask(json.dumps(request, indent=2, default=str)) + "\n")
         sys.stdout.flush()
+        self.warn()
         for step in self.steps:
             runner.step(step.what, lambda: None)
 
@@ -155,10 +163,16 @@ class Target:
         if code.resolve(job.settings).builtin:  # a user's script parses its own arguments
             check_train_args(job.train_args)
         manifests = self.manifests(job)
-        return Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(manifests[-1])["containers"][0]["image"])
+        plan = Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(manifests[-1])["containers"][0]["image"])
+        warning = "" if self.on_this_machine else jobspec.idle_gpus_warning(job.settings)
+        if warning:  # GPUs per node follow the node: a setting that leaves some idle is a warning in the plan
+            plan.warnings.append(warning)
+        return plan
 
     def submit(self, plan: Plan, runner) -> None:
         """Execute a plan's steps in order (each through the runner, so secrets stay masked); then record the run."""
+        if not getattr(runner, "dry_run", False):
+            plan.warn()
         for step in plan.steps:
             if step.run is not None:
                 runner.step(step.what, step.run)
