@@ -140,6 +140,9 @@ def last_error(lines: list[str]) -> str:
     """The last exception a traceback ended with (`ValueError: ...`), else the last line that names an error; never
     torchrun's own summary around it (ChildFailedError, the `error_file:` / `traceback:` lines of its table)."""
     texts = [(line.split("] ", 1)[-1] if line.startswith("[") else line).strip() for line in lines]
+    for text in reversed(texts):  # the script's own, before torchrun's (a closed rendezvous, a signal) that follow it
+        if EXCEPTION_LINE.match(text) and not text.startswith("torch.distributed.elastic."):
+            return text[:200]
     for text in reversed(texts):
         if EXCEPTION_LINE.match(text) and "ChildFailedError" not in text:
             return text[:200]
