@@ -123,7 +123,7 @@ def _requirements(settings, source: Path) -> Path | None:
 
 
 # -- the environment contract: the same names on every target ------------------------------------------------------
-def contract(settings, mount: str, run: str, hosts: list[str]) -> dict[str, str]:
+def contract(settings, mount: str, run_id: str, hosts: list[str]) -> dict[str, str]:
     """What every job's processes find in their environment on the Kubernetes-shaped targets (local, docker,
     kubernetes/eks): doeks' names and SageMaker's for the same folders, so a script written for either runs on both.
     SageMaker sets its own SM_* (and doeks.targets.sagemaker the DOEKS_* ones) to its /opt/ml folders."""
@@ -133,7 +133,7 @@ def contract(settings, mount: str, run: str, hosts: list[str]) -> dict[str, str]
         "DOEKS_CHECKPOINT_DIR": f"{mount}/checkpoints/{job}",
         "DOEKS_MODEL_DIR": f"{mount}/models/{job}",
         "DOEKS_OUTPUT_DIR": f"{mount}/output/{job}",
-        "DOEKS_RUN_ID": f"{job}-{run}",
+        "DOEKS_RUN_ID": run_id,
         "SM_CHANNEL_TRAINING": f"{mount}/data",
         "SM_CHANNELS": json.dumps(["training"]),
         "SM_MODEL_DIR": f"{mount}/models/{job}",

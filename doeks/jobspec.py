@@ -133,7 +133,7 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         "env": [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
                 {"name": "NCCL_DEBUG", "value": "INFO"}]
-        + env_list(contract(settings, settings.shared_mount, run, hosts))
+        + env_list(contract(settings, settings.shared_mount, f"{settings.job_name}-{run}", hosts))
         + [{"name": "SM_CURRENT_HOST", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "resources": resources,
         "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
