@@ -97,6 +97,10 @@ def trainjob_submit(c, replicas=None, dry_run=False):
     s = settings(replicas=replicas)
     if s.target != "eks" and not dry_run:
         raise DoeksError(f"TARGET={s.target}: TrainJobs run on the cluster (TARGET=eks); locally use `invoke elasticjob.deploy`")
+    from doeks import jobspec, ui
+
+    if jobspec.idle_gpus_warning(s):  # GPUs per node follow the node
+        ui.say(jobspec.idle_gpus_warning(s), style="yellow")
     kube.apply(runner(dry_run), [trainjob.trainjob(s)])
 
 

@@ -186,3 +186,6 @@ def test_eks_dry_run_names_the_users_image_and_command_and_a_process_per_gpu(use
     idle = invoke("elasticjob.deploy", "--dry-run", env={**env, "NPROC_PER_NODE": "2"})
     assert idle.returncode == 0 and ("warning: NPROC_PER_NODE=2 uses 2 of the 8 GPUs of each p4d.24xlarge node: 6 idle"
                                      in idle.stderr)
+    for task in ("efa.test", "kubeflow.trainjob.submit"):  # the NCCL test and the TrainJob say so too
+        shown = invoke(task, "--dry-run", env={**env, "NPROC_PER_NODE": "2"})
+        assert shown.returncode == 0 and "6 idle" in shown.stderr, (task, shown.stderr[-2000:])
