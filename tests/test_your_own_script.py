@@ -189,3 +189,30 @@ def test_eks_dry_run_names_the_users_image_and_command_and_a_process_per_gpu(use
     for task in ("efa.test", "kubeflow.trainjob.submit"):  # the NCCL test and the TrainJob say so too
         shown = invoke(task, "--dry-run", env={**env, "NPROC_PER_NODE": "2"})
         assert shown.returncode == 0 and "6 idle" in shown.stderr, (task, shown.stderr[-2000:])
+
+
+def test_the_pipelines_kubernetes_and_sagemaker_branches_run_the_users_script(user_script, state_dir, monkeypatch):
+    import base64
+    import io
+    import tarfile
+
+    from doeks import pipeline
+
+    (user_script.parent / "helpers.py").write_text("X = 1\n")
+    s = _settings(monkeypatch, TRAIN_SCRIPT=str(user_script), TRAIN_ARGS="--steps 7 --note 'a b'", REGISTRY=REGISTRY,
+                  JOB_NAME="byo-kfp")
+    for kind in ("trainjob", "pytorchjob"):
+        args = pipeline.arguments(s.with_overrides(pipeline_job_kind=kind), "kubernetes")
+        assert args["steps"] == 0  # no --max-steps for a script that does not know it
+        job = json.loads(args["job"])
+        container = job["spec"]["trainer"] if kind == "trainjob" else jobspec.worker_pod(
+            {"spec": {"pytorchReplicaSpecs": {"Worker": job["spec"]["pytorchReplicaSpecs"]["Master"]}}})["containers"][0]
+        assert container["command"] == ["torchrun", "/workspace/fit.py"] and container["args"] == ["--steps", "7", "--note", "a b"]
+        assert {e["name"] for e in container["env"]} >= {"DOEKS_CHECKPOINT_DIR", "SM_MODEL_DIR", "SM_HOSTS"}
+    request = json.loads(args["sagemaker_request"])
+    assert request["HyperParameters"]["sagemaker_program"] == "fit.py"
+    assert {k: v for k, v in request["HyperParameters"].items() if not k.startswith("sagemaker_")} == {"steps": "7", "note": "a b"}
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(args["source_tar_b64"]))) as tar:
+        assert sorted(tar.getnames()) == ["fit.py", "helpers.py"]  # the source folder is the source archive
+    with pytest.raises(DoeksError, match="local branch runs the built-in ImageNet workload only"):
+        pipeline.arguments(s, "local")
