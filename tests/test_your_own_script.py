@@ -216,3 +216,17 @@ def test_the_pipelines_kubernetes_and_sagemaker_branches_run_the_users_script(us
         assert sorted(tar.getnames()) == ["fit.py", "helpers.py"]  # the source folder is the source archive
     with pytest.raises(DoeksError, match="local branch runs the built-in ImageNet workload only"):
         pipeline.arguments(s, "local")
+
+
+def test_an_exception_is_the_scripts_reason_only_when_its_own_code_raised_it():
+    from doeks.targets import reasons
+
+    mine = ["Traceback (most recent call last):", '  File "/workspace/fit.py", line 9, in <module>', "ValueError: boom"]
+    assert reasons.from_lines(mine).text == "the script raised ValueError: boom" and reasons.from_lines(mine).permanent
+    # the etcd client's own IndexError when the rendezvous server is gone is no bug of the script
+    library = ["Traceback (most recent call last):",
+               '  File "/usr/lib/python3.11/site-packages/etcd/client.py", line 3, in api_execute',
+               "IndexError: pop from empty list"]
+    assert reasons.from_lines(library) is None
+    assert reasons.last_error(["RuntimeError: NCCL boom", "torch.distributed.elastic.rendezvous.api.RendezvousClosedError",
+                               "  error_file: <N/A>"]) == "RuntimeError: NCCL boom"

@@ -299,7 +299,7 @@ class LogScanner:
                 continue
             recent.append(line)
             if self.permanent is None and ("error" in line or "Error" in line):
-                found = reasons.from_lines([line])
+                found = reasons.from_lines(recent[-80:])  # with the traceback before it (whose code raised)
                 if found is not None and found.permanent:
                     self.permanent = found
         del recent[:-400]

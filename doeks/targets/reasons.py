@@ -82,9 +82,12 @@ _EVENT_RULES = {
 def from_lines(lines: Iterable[str]) -> Reason | None:
     """The reason the log lines show: the first permanent one, else the last transient one."""
     transient = None
-    for line in lines:
+    lines = list(lines)
+    for index, line in enumerate(lines):
         for code, permanent, pattern, text, fix in _LINE_RULES:
             match = pattern.search(line)
+            if match and code == "exception" and not _raised_by_script(lines[max(0, index - 80):index]):
+                continue  # raised inside a library (torch, etcd): not the script's bug
             if match:
                 found = match.groupdict().get("m", "").strip().rstrip('"').strip()[:200]
                 reason = Reason(code, text.format(m=found), fix, permanent)
@@ -93,6 +96,21 @@ def from_lines(lines: Iterable[str]) -> Reason | None:
                 transient = reason
                 break
     return transient
+
+
+_FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+')
+
+
+def _raised_by_script(before: list[str]) -> bool:
+    """The traceback before an exception line ends in a frame of the script's own code, not of the standard library,
+    an installed package or the interpreter's frozen modules."""
+    for line in reversed(before):
+        frame = _FRAME.search(line)
+        if frame:
+            path = frame.group("path")
+            return not ("site-packages" in path or "dist-packages" in path or "/lib/python" in path
+                        or path.startswith("<"))
+    return False
 
 
 def from_events(reasons: Iterable[str]) -> Reason | None:
