@@ -93,3 +93,8 @@ SAGEMAKER_DLC_TAG = "2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker"
 def sagemaker_image(region: str, tag: str = SAGEMAKER_DLC_TAG) -> str:
     """A PyTorch training DLC for SageMaker in `region` (SageMaker pulls from its own region's registry)."""
     return f"{dlc_registry(region)}/pytorch-training:{tag}"
+
+# GPUs per instance type (nvidia.com/gpu a node advertises): NPROC_PER_NODE=auto on eks
+GPUS = {"p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8, "p4d.24xlarge": 8, "p4de.24xlarge": 8,
+        "p5.48xlarge": 8, "p5e.48xlarge": 8, "p5en.48xlarge": 8, "g4dn.xlarge": 1, "g4dn.12xlarge": 4, "g5.xlarge": 1,
+        "g5.12xlarge": 4, "g5.48xlarge": 8, "g6.48xlarge": 8}

@@ -57,6 +57,20 @@ def make_data(settings, runner) -> dict | None:
     return result
 
 
+def check_job_data(settings) -> None:
+    """Before a job starts: the built-in workload's ImageNet layout is checked (check_data); a user's script gets its
+    data folder as it is, even empty (made if missing), and its output folders."""
+    from .code import resolve
+
+    if resolve(settings).builtin:
+        check_data(settings)
+        return
+    root = runtime.shared_volume(settings)
+    for folder in (root / "data", checkpoint_dir(settings), root / "models" / settings.job_name,
+                   root / "output" / settings.job_name):
+        folder.mkdir(parents=True, exist_ok=True)
+
+
 def check_data(settings) -> None:
     root = data_root(settings)
     for split in ("train", "val"):

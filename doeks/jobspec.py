@@ -8,16 +8,28 @@ from __future__ import annotations
 from typing import Any
 
 ETCD_PORT = 2379
-CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks/workload/train.py
+CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks/workload/train.py (doeks.code)
 RDZV_CONF = {"last_call_timeout": "1", "timeout": "600"}
 
 # EFA adapters per instance (vpc.amazonaws.com/efa a node advertises)
 EFA_ADAPTERS = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
                 "p6-b200.48xlarge": 8, "trn1.32xlarge": 8, "trn1n.32xlarge": 16, "g5.48xlarge": 1, "g6.48xlarge": 1,
                 "g4dn.metal": 1, "c5n.18xlarge": 1, "hpc7g.16xlarge": 1}
-GPUS = {"p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8, "p4d.24xlarge": 8, "p4de.24xlarge": 8,
-        "p5.48xlarge": 8, "p5e.48xlarge": 8, "p5en.48xlarge": 8, "g4dn.xlarge": 1, "g4dn.12xlarge": 4, "g5.xlarge": 1,
-        "g5.12xlarge": 4, "g5.48xlarge": 8, "g6.48xlarge": 8}
+from .catalog import GPUS  # noqa: E402 - GPUs per instance type, with the other AWS tables
+
+
+def idle_gpus_warning(settings) -> str:
+    """One line when NPROC_PER_NODE does not match the GPUs of the nodes doeks sizes (GPU_INSTANCE_TYPE): GPUs left
+    idle, or more processes than GPUs (the pods cannot be scheduled); "" when they match or the type is not known."""
+    gpus = GPUS.get(settings.gpu_instance_type)
+    n = settings.nproc_per_node
+    if gpus is None or n == gpus:
+        return ""
+    if n < gpus:
+        return (f"warning: NPROC_PER_NODE={n} uses {n} of the {gpus} GPUs of each {settings.gpu_instance_type} node: "
+                f"{gpus - n} idle (NPROC_PER_NODE=auto or {gpus} uses them all)")
+    return (f"warning: NPROC_PER_NODE={n} asks for {n} GPUs per pod, but a {settings.gpu_instance_type} node has "
+            f"{gpus}: the pods cannot be scheduled (NPROC_PER_NODE=auto or {gpus})")
 
 
 def labels(settings) -> dict[str, str]:
@@ -57,6 +69,15 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
 
 
 def train_args(settings, mount: str | None = None) -> list[str]:
+    """The script's arguments: the built-in workload's ImageNet flags (only when it is the script), then TRAIN_ARGS."""
+    from .code import resolve
+
+    code = resolve(settings)
+    return (imagenet_args(settings, mount) if code.builtin else []) + list(code.args)
+
+
+def imagenet_args(settings, mount: str | None = None) -> list[str]:
+    """The built-in workload's own flags (doeks/workload/train.py): data, model, schedule and output folders."""
     mount = mount or settings.shared_mount
     crop = settings.crop  # CROP_SIZE, or by where the job trains (see Settings.crop)
     return ["--data", f"{mount}/data", "--arch", settings.arch, "--epochs", str(settings.epochs),
@@ -114,15 +135,22 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     }
     if settings.rdzv_backend.startswith("etcd"):
         elastic.update(rdzvHost="etcd-service", rdzvPort=ETCD_PORT)
+    from .code import CODE_DIR, contract, env_list, host_names, resolve
+
+    code = resolve(settings)
+    hosts = host_names(settings.job_name, settings.replicas)
     container = {
         "name": "pytorch",
         "image": image or _cluster_image(settings),
         "imagePullPolicy": "IfNotPresent",
-        "command": ["torchrun", CONTAINER_SCRIPT],
+        "command": code.launcher(),
         "args": train_args(settings) + list(extra_args or []),
+        "workingDir": CODE_DIR,
         "env": [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
-                {"name": "NCCL_DEBUG", "value": "INFO"}],
+                {"name": "NCCL_DEBUG", "value": "INFO"}]
+        + env_list(contract(settings, settings.shared_mount, f"{settings.job_name}-{run}", hosts))
+        + [{"name": "SM_CURRENT_HOST", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "resources": resources,
         "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
@@ -174,7 +202,7 @@ def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | N
     spec = job["spec"]
     del spec["elasticPolicy"]
     worker = spec["pytorchReplicaSpecs"]["Worker"]
-    worker["template"]["spec"]["containers"][0]["command"] = ["torchrun", CONTAINER_SCRIPT]
+
     master = copy.deepcopy(worker)
     master["replicas"] = 1
     spec["pytorchReplicaSpecs"] = {"Master": master}

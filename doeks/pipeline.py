@@ -255,14 +255,21 @@ def arguments(settings, runtime: str, steps: int = 5, endpoint_url: str = "", ro
     from . import sagemaker
     from .errors import DoeksError
 
+    from .code import resolve
+
     if runtime not in RUNTIMES:
         raise DoeksError(f"--runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    if not resolve(settings).builtin:  # a user's script: its own arguments alone (TRAIN_ARGS), no --max-steps
+        if runtime == "local":
+            raise DoeksError("--runtime local: the pipeline's local branch runs the built-in ImageNet workload only; "
+                             "your TRAIN_SCRIPT runs on --runtime kubernetes or sagemaker")
+        steps = 0
     request = sagemaker.training_request(settings, "", sagemaker.name_prefix(settings))
     del request["RoleArn"]
     args: dict[str, Any] = {"training_runtime": runtime, "arch": settings.arch, "steps": steps,
                             "namespace": settings.kfp_namespace, "job": json.dumps(cluster_job(settings)),
                             "sagemaker_request": json.dumps(request), "sagemaker_role_arn": role,
-                            "source_tar_b64": base64.b64encode(sagemaker.source_archive()).decode(),
+                            "source_tar_b64": base64.b64encode(sagemaker.source_archive(settings)).decode(),
                             "aws_region": settings.aws_region, "aws_endpoint_url": endpoint_url,
                             "script": "/workspace/train.py", "data_dir": f"{settings.shared_mount}/data"}
     if here:

@@ -93,12 +93,41 @@ def delete_role(settings, runner) -> None:
         ui.say(f"role {name} does not exist: nothing to delete")
 
 
-def source_archive() -> bytes:
-    """doeks/workload as sourcedir.tar.gz (train.py at the top, as SageMaker's framework containers expect)."""
+# the environment contract (docs/your-own-script.md): doeks' names on SageMaker, for SageMaker's own folders
+ENVIRONMENT = {"DOEKS_DATA_DIR": "/opt/ml/input/data/training", "DOEKS_CHECKPOINT_DIR": "/opt/ml/checkpoints",
+               "DOEKS_MODEL_DIR": "/opt/ml/model", "DOEKS_OUTPUT_DIR": "/opt/ml/output/data"}
+
+
+def hyperparameters_from_args(args: list[str], flag: str = "--train-args") -> dict[str, str]:
+    """`--key value` pairs (the script's own flags) as SageMaker hyperparameters; one line for anything else."""
+    import shlex
+
+    result: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        key = args[i]
+        if not key.startswith("--") or i + 1 >= len(args) or args[i + 1].startswith("--"):
+            raise DoeksError(f"{flag} {shlex.join(args)!r}: SageMaker passes hyperparameters as '--key value' "
+                             f"pairs; {key!r} has no value")
+        result[key[2:]] = args[i + 1]
+        i += 2
+    return result
+
+
+def source_archive(settings=None) -> bytes:
+    """The job's source folder as sourcedir.tar.gz (its script at the path sagemaker_program names, as SageMaker's
+    framework containers expect): doeks/workload (train.py at the top), or the user's TRAIN_SOURCE."""
+    from .code import resolve
+
+    code = resolve(settings) if settings is not None else None
+    if code is None or code.builtin:
+        files = [(path, path.name) for path in sorted(WORKLOAD.glob("*.py"))]
+    else:
+        files = [(path, path.relative_to(code.source).as_posix()) for path in code.files()]
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for path in sorted(WORKLOAD.glob("*.py")):
-            info = tar.gettarinfo(str(path), arcname=path.name)
+        for path, name in files:
+            info = tar.gettarinfo(str(path), arcname=name)
             info.mtime = 0
             with open(path, "rb") as f:
                 tar.addfile(info, f)
@@ -160,14 +189,25 @@ def vpc_config(settings) -> dict[str, Any] | None:
 
 def training_request(settings, role_arn: str, name: str, max_steps: int = 0) -> dict[str, Any]:
     """The full CreateTrainingJob request: same script, same data layout, torchrun distribution."""
+    from .code import resolve
+
     check_instance_type(settings)
+    code = resolve(settings)
+    if code.module:
+        raise DoeksError(f"TRAIN_SCRIPT={settings.train_script!r}: SageMaker runs a script file (sagemaker_program), "
+                         "not -m module: name the module's .py file")
     prefix = f"s3://{settings.s3_bucket}/doeks/{name}"
-    hyper = {"sagemaker_program": "train.py", "sagemaker_submit_directory": f"{prefix}/source/sourcedir.tar.gz",
-             "sagemaker_torch_distributed_enabled": "true", "sagemaker_region": settings.aws_region,
+    hyper = {"sagemaker_program": code.entry, "sagemaker_submit_directory": f"{prefix}/source/sourcedir.tar.gz",
+             "sagemaker_torch_distributed_enabled": "true", "sagemaker_region": settings.aws_region}
+    if not code.builtin:  # a user's script: its own arguments alone, as hyperparameters (given back as --key value)
+        hyper.update(hyperparameters_from_args(list(code.args), "TRAIN_ARGS"))
+    else:
+        hyper.update({
              "arch": settings.arch, "epochs": str(settings.epochs), "batch-size": str(settings.batch_size),
              "lr": str(settings.learning_rate), "checkpoint-every": str(settings.checkpoint_every),
              "checkpoint-dir": "/opt/ml/checkpoints", "workers": str(settings.data_workers),
-             "crop-size": str(settings.crop)}  # train.py's defaults are the ImageNet recipe
+             "crop-size": str(settings.crop)})  # train.py's defaults are the ImageNet recipe
+        hyper.update(hyperparameters_from_args(list(code.args), "TRAIN_ARGS"))
     if max_steps:
         hyper["max-steps"] = str(max_steps)
     if settings.efs_file_system_id:
@@ -185,6 +225,7 @@ def training_request(settings, role_arn: str, name: str, max_steps: int = 0) -> 
                                                          {"Name": "val:accuracy", "Regex": r"val_acc=([0-9.]+)"},
                                                          {"Name": "train:samples_per_s", "Regex": r"samples/s=([0-9.]+)"}]},
         "HyperParameters": hyper,
+        "Environment": ENVIRONMENT | {"DOEKS_RUN_ID": name},  # doeks' names for SageMaker's folders (doeks.code)
         "InputDataConfig": [{"ChannelName": "training", "DataSource": source, "InputMode": "File"}],
         "OutputDataConfig": {"S3OutputPath": f"{prefix}/output"},
         "ResourceConfig": {"InstanceType": settings.sagemaker_instance_type, "InstanceCount": settings.sagemaker_instance_count,
@@ -220,7 +261,7 @@ def submit(settings, runner, max_steps: int = 0) -> dict[str, Any]:
     request = training_request(settings, role_arn, name, max_steps)
     s3 = client(settings, "s3")
     key = request["HyperParameters"]["sagemaker_submit_directory"].split(f"s3://{settings.s3_bucket}/", 1)[1]
-    runner.call(s3, "put_object", Bucket=settings.s3_bucket, Key=key, Body=f"<sourcedir.tar.gz of {WORKLOAD}>" if runner.dry_run else source_archive())
+    runner.call(s3, "put_object", Bucket=settings.s3_bucket, Key=key, Body=f"<sourcedir.tar.gz of {WORKLOAD}>" if runner.dry_run else source_archive(settings))
     runner.call(client(settings, "sagemaker"), "create_training_job", **request)
     if not runner.dry_run:
         ui.say(f"training job {name} submitted ({settings.sagemaker_instance_count} x {settings.sagemaker_instance_type})")

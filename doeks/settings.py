@@ -87,6 +87,15 @@ def _int(low: int, high: int):
     return parse, f"an integer from {low} to {high}"
 
 
+def _auto_int(low: int, high: int):
+    whole, accepted = _int(low, high)
+
+    def parse(raw: str):
+        return "auto" if raw.strip() == "auto" else whole(raw)
+
+    return parse, f"auto or {accepted}"
+
+
 def _float(low: float, high: float):
     def parse(raw: str) -> float:
         try:
@@ -271,7 +280,7 @@ KEYS: tuple[Key, ...] = (
     _key("REPLICAS", "elasticjob", "2", "Number of nodes (worker replicas) to start with", _int(1, 1000)),
     _key("MIN_REPLICAS", "elasticjob", "1", "Fewest nodes the job keeps training with", _int(1, 1000)),
     _key("MAX_REPLICAS", "elasticjob", "3", "Most nodes the job can grow to", _int(1, 1000)),
-    _key("NPROC_PER_NODE", "elasticjob", "2", "Processes per node (GPUs per node on EKS)", _int(1, 64)),
+    _key("NPROC_PER_NODE", "elasticjob", "auto", "Processes per node (auto = on eks the GPUs of a GPU_INSTANCE_TYPE node, e.g. 8 on p4d.24xlarge; else 2)", _auto_int(1, 64)),
     _key("MAX_RESTARTS", "elasticjob", "10", "Times torchrun restarts a node's workers before giving up", _int(0, 1000)),
     _key("RDZV_BACKEND", "elasticjob", "etcd", "Rendezvous backend: etcd (an etcd server) or c10d (no extra server)", _choice(RDZV_BACKENDS)),
     _key("ETCD_ENDPOINT", "elasticjob", "", "External etcd (http://host:port, v2 API) for local rendezvous (empty = doeks starts its own)", _url),
@@ -288,6 +297,11 @@ KEYS: tuple[Key, ...] = (
     _key("DATA_TRAIN_PER_CLASS", "elasticjob", "400", "Generated training images per class", _int(1, 100000)),
     _key("DATA_VAL_PER_CLASS", "elasticjob", "50", "Generated validation images per class", _int(1, 100000)),
     _key("DATA_IMAGE_SIZE", "elasticjob", "48", "Typical short side of generated images in pixels (each is 0.75-1.5x that, aspect ratio up to 5:3)", _int(16, 512)),
+    # the job's code (doeks.code): empty TRAIN_SCRIPT = doeks' own ImageNet workload (doeks/workload/train.py)
+    _key("TRAIN_SCRIPT", "elasticjob", "", "Your training script: a .py file, or -m package.module (empty = doeks' built-in ImageNet workload); relative paths are relative to the project", _text),
+    _key("TRAIN_SOURCE", "elasticjob", "", "Folder of your code, copied into the training image and run from (empty = TRAIN_SCRIPT's folder; for -m: the project)", _path()),
+    _key("TRAIN_ARGS", "elasticjob", "", "Arguments for your script, passed verbatim (shell-quoted; on SageMaker as hyperparameters, given back as --key value)", _text),
+    _key("TRAIN_REQUIREMENTS", "elasticjob", "", "A pip requirements file installed into the training image with your code (empty = TRAIN_SOURCE/requirements.txt if there is one)", _path()),
     _key("TRAIN_IMAGE", "elasticjob", "", "Image of the training containers and pods (empty = the image `invoke elasticjob.build` makes: doeks-train:<content hash>, in REGISTRY or this account's ECR when it runs on a cluster)", _pattern(_IMAGE_REF, "an image reference", optional=True)),
     _key("TRAIN_BASE_IMAGE", "elasticjob", "", "Base of the training image (empty = by target: a CPU torch base made here for docker and SageMaker local mode; the AWS PyTorch training container with NCCL, EFA and aws-ofi-nccl for eks)", _pattern(_IMAGE_REF, "an image reference", optional=True)),
     _key("ETCD_IMAGE", "elasticjob", "quay.io/coreos/etcd:v3.4.35", "Pinned etcd image for the rendezvous server on EKS (v3.4: v2 API)", _pattern(_IMAGE_REF, "an image reference")),
@@ -516,6 +530,11 @@ def _validate(raw: dict[str, str], sources: dict[str, str], lenient: bool = Fals
         if not lenient:
             raise SettingsError(f"{error}{_where(str(error), sources)}") from None
         problems[str(error).split("=", 1)[0]] = f"{error}{_where(str(error), sources)}"
+    if values["NPROC_PER_NODE"] == "auto":  # GPUs per node follow the node (doeks.catalog.GPUS)
+        if values["TARGET"] == "eks":
+            values["NPROC_PER_NODE"] = _catalog.GPUS.get(values["GPU_INSTANCE_TYPE"], 2)
+        else:  # kubernetes: KUBE_GPUS per pod when it asks for GPUs; CPU targets: 2 processes
+            values["NPROC_PER_NODE"] = values["KUBE_GPUS"] if values["TARGET"] == "kubernetes" and values["KUBE_GPUS"] else 2
     if not values["SAGEMAKER_IMAGE"]:  # derived from the region (doeks.catalog), shown as such by `invoke config`
         values["SAGEMAKER_IMAGE"] = _catalog.sagemaker_image(values["AWS_REGION"])
     return Settings(values, raw, sources, problems)

@@ -60,19 +60,24 @@ def workload_files() -> list[Path]:
     return sorted(p for p in WORKLOAD.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix == ".py")
 
 
-def content_tag(base: str) -> str:
+def content_tag(base: str, code=None) -> str:
+    """A hash of the Dockerfile, the base, the job's code (doeks/workload, or the user's source and requirements,
+    doeks.code) and the stager: a changed script is a new tag."""
     digest = hashlib.sha256()
     digest.update(DOCKERFILE.read_bytes())
     digest.update(base.encode())
-    for path in workload_files():
-        digest.update(path.relative_to(WORKLOAD).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    if code is None or code.builtin:
+        for path in workload_files():
+            digest.update(path.relative_to(WORKLOAD).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    else:
+        digest.update(b"user-code\0" + code.digest().encode())
     for path in STAGE_FILES:
         digest.update(b"stage/" + path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]
 
 
-def local_ref(base: str) -> str:
-    return f"{REPOSITORY}:{content_tag(base)}"
+def local_ref(base: str, code=None) -> str:
+    return f"{REPOSITORY}:{content_tag(base, code)}"
 
 
 def _credentials_configured(settings) -> bool:
@@ -119,9 +124,11 @@ def require_resolved(ref: str) -> str:
 def reference(settings, on_this_machine: bool) -> str:
     """The image reference a job's manifests name: TRAIN_IMAGE, else the content-tagged training image (in the
     registry when the image runs elsewhere or REGISTRY is set; a local name only for this machine)."""
+    from .code import resolve
+
     if settings.train_image:
         return settings.train_image
-    ref = local_ref(base_image(settings, on_this_machine))
+    ref = local_ref(base_image(settings, on_this_machine), resolve(settings))
     if on_this_machine and not settings.registry:
         return ref
     host = registry_host(settings) or f"{PLACEHOLDER_ACCOUNT}.dkr.ecr.{settings.aws_region}.amazonaws.com"
@@ -181,16 +188,22 @@ def build_cpu_base(settings, runner, client) -> str:
 def build(settings, runner, on_this_machine: bool) -> str:
     """Build the training image (and the CPU base first when it is the base and missing); returns the reference the
     manifests name. Idempotent: an image with the same content tag is not built again."""
+    from .code import CODE_DIR, resolve
+
+    code = resolve(settings)
     base = base_image(settings, on_this_machine)
-    ref = local_ref(base)
+    ref = local_ref(base, code)
     named = reference(settings, on_this_machine) if not settings.train_image else ref
-    workdir = WORKDIR
+    workdir = CODE_DIR
+    entry = "" if code.module else code.entry
+    files = code.files()
     if runner.dry_run:
         if base == CPU_BASE:
             runner.step(f"docker build {CPU_BASE} from {BASE_DOCKERFILE.relative_to(PROJECT_ROOT)} (if missing)", lambda: None)
         runner.step(f"docker build --network host --build-arg TRAIN_BASE_IMAGE={base} --build-arg WORKDIR={workdir} "
-                    f"-t {ref}{' -t ' + named if named != ref else ''} ({DOCKERFILE.relative_to(PROJECT_ROOT)}, "
-                    f"{len(workload_files())} workload files -> {workdir}/)", lambda: None)
+                    f"--build-arg ENTRY={entry} -t {ref}{' -t ' + named if named != ref else ''} "
+                    f"({DOCKERFILE.relative_to(PROJECT_ROOT)}, {len(files)} files of {code.source} -> {workdir}/"
+                    + (f", pip install -r {code.requirements}" if code.requirements else "") + ")", lambda: None)
         return named
     client = _client()
     if base == CPU_BASE and not _has_image(client, CPU_BASE):
@@ -202,16 +215,18 @@ def build(settings, runner, on_this_machine: bool) -> str:
         context = settings.state_dir / "build" / "train"
         shutil.rmtree(context, ignore_errors=True)
         (context / "workload").mkdir(parents=True)
-        for path in workload_files():
-            target = context / "workload" / path.relative_to(WORKLOAD)
+        for path in files:  # the job's code: doeks/workload, or the user's TRAIN_SOURCE
+            target = context / "workload" / path.relative_to(code.source)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
+        (context / "requirements").mkdir()
+        (context / "requirements" / "requirements.txt").write_bytes(code.requirements.read_bytes() if code.requirements else b"")
         (context / "stage" / "doeks").mkdir(parents=True)
         for path in STAGE_FILES:
             shutil.copyfile(path, context / "stage" / "doeks" / path.name)
         shutil.copyfile(DOCKERFILE, context / "Dockerfile")
         try:
-            stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir})
+            stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir, "ENTRY": entry})
         finally:
             shutil.rmtree(context, ignore_errors=True)
         ui.say(f"built training image {ref}")
@@ -230,9 +245,10 @@ def require_image(ref: str) -> str:
 def push(settings, runner, on_this_machine: bool = False) -> str:
     """Push the training image to REGISTRY or this account's ECR (repository created if missing); returns the ref."""
     from .aws import client as aws_client
+    from .code import resolve
 
     base = base_image(settings, on_this_machine)
-    ref = local_ref(base)
+    ref = local_ref(base, resolve(settings))
     host = (settings.registry if settings.registry and settings.registry != "default" else None) or registry_host(settings)
     if host is None and runner.dry_run:  # `up --dry-run` on a fresh clone: the plan names the step all the same
         runner.unknown("this account's ECR registry")

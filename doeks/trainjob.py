@@ -16,7 +16,7 @@ from typing import Any
 
 from . import trainimage
 from .errors import DoeksError
-from .jobspec import CONTAINER_SCRIPT, EFA_ADAPTERS, labels, node_resources, node_selector, train_args
+from .jobspec import EFA_ADAPTERS, labels, node_resources, node_selector, train_args
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 TRAINER_VERSION = "v2.3.0"
@@ -49,7 +49,13 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
     nodes = nodes or settings.replicas
     if nodes < 1:
         raise DoeksError(f"a TrainJob needs at least one node (got {nodes})")
-    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "NCCL_DEBUG", "value": "INFO"}]
+    from .code import contract, env_list, resolve
+
+    code = resolve(settings)
+    # the environment contract (doeks.code); JobSet's pod host names are <jobset>-<replicatedJob>-<job>-<pod>
+    hosts = [f"{name}-{REPLICATED_JOB}-0-{i}" for i in range(nodes)]
+    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "NCCL_DEBUG", "value": "INFO"}] + env_list(
+        contract(settings, settings.shared_mount, name, hosts))
     pod_spec: dict[str, Any] = {
         "nodeSelector": node_selector(settings),
         "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": settings.shared_pvc}},
@@ -65,7 +71,7 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
             "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": RUNTIME_KIND, "name": RUNTIME},
             "trainer": {
                 "image": trainimage.reference(settings, on_this_machine=settings.own_cluster),
-                "command": ["torchrun", CONTAINER_SCRIPT],
+                "command": code.launcher(),
                 "args": train_args(settings) + list(extra_args or []),
                 "env": env,
                 "numNodes": nodes,

@@ -105,6 +105,10 @@ def test(c, nodes=None, end=None, dry_run=False):
         _report(result.stdout, plots.plot_path(s, "allreduce-local-busbw.png"),
                 f"all_reduce, {s.nproc_per_node} local processes", require_efa=False)
         return
+    from doeks import jobspec
+
+    if jobspec.idle_gpus_warning(s):  # the test uses every GPU of a node; the training job would not
+        ui.say(jobspec.idle_gpus_warning(s) + "; efa.test measures all of them", style="yellow")
     job = efa.nccl_mpijob(s, nodes, end=end or "1G")
     r = runner(dry_run)
     kube.apply(r, [job])

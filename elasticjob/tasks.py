@@ -17,6 +17,10 @@ _JOB_FLAGS = {
     "arch": "torchvision model (ARCH)",
     "epochs": "epochs (EPOCHS)",
     "rdzv_backend": "etcd or c10d (RDZV_BACKEND)",
+    "train_script": "your training script, a .py file or '-m module' (TRAIN_SCRIPT; empty = the built-in ImageNet job)",
+    "train_source": "the folder of your code (TRAIN_SOURCE; default the script's folder)",
+    "train_requirements": "a pip requirements file for the training image (TRAIN_REQUIREMENTS)",
+    "train_image": "a prebuilt training image (TRAIN_IMAGE)",
     "dry_run": "print the plan: manifests and requests (stdout), commands and steps (stderr); change nothing",
 }
 
@@ -43,12 +47,16 @@ def data(c, dry_run=False):
     elastic.make_data(s, runner(dry_run))
 
 
-@task(help={"dry_run": "print the docker build; change nothing"})
-def build(c, dry_run=False):
-    """Build the training image (elasticjob/Dockerfile: the script at /workspace/train.py on TRAIN_BASE_IMAGE)."""
+_CODE_FLAGS = {k: _JOB_FLAGS[k] for k in ("train_script", "train_source", "train_requirements")}
+
+
+@task(help={"dry_run": "print the docker build; change nothing", **_CODE_FLAGS})
+def build(c, train_script=None, train_source=None, train_requirements=None, dry_run=False):
+    """Build the training image: the job's code (TRAIN_SOURCE, or doeks/workload) at /workspace and its requirements
+    on TRAIN_BASE_IMAGE (elasticjob/Dockerfile), tagged by content."""
     from doeks import trainimage, ui
 
-    s = settings()
+    s = settings(train_script=train_script, train_source=train_source, train_requirements=train_requirements)
     ref = trainimage.build(s, runner(dry_run), on_this_machine=_target(s).on_this_machine)
     ui.say(f"training image: {ref}")
 
@@ -65,9 +73,10 @@ def push(c, dry_run=False):
 
 @task(help={**_JOB_FLAGS, "follow": "stream all nodes' logs with a progress bar until the job ends",
             "fresh": "remove this job's old checkpoints and metrics first (else it resumes)",
-            "train_args": "extra arguments for the training script, e.g. '--log-every 1'"})
+            "train_args": "more arguments for the training script, after TRAIN_ARGS, e.g. '--log-every 1'"})
 def deploy(c, replicas=None, min_replicas=None, max_replicas=None, nproc_per_node=None, arch=None, epochs=None,
-           rdzv_backend=None, follow=False, fresh=False, train_args="", dry_run=False):
+           rdzv_backend=None, train_script=None, train_source=None, train_requirements=None, train_image=None,
+           follow=False, fresh=False, train_args="", dry_run=False):
     """Launch the elastic job on TARGET; returns at once unless --follow."""
     import shlex
 
@@ -76,7 +85,9 @@ def deploy(c, replicas=None, min_replicas=None, max_replicas=None, nproc_per_nod
     from doeks.targets import runs
 
     s = _job_settings(replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas,
-                      nproc_per_node=nproc_per_node, arch=arch, epochs=epochs, rdzv_backend=rdzv_backend)
+                      nproc_per_node=nproc_per_node, arch=arch, epochs=epochs, rdzv_backend=rdzv_backend,
+                      train_script=train_script, train_source=train_source, train_requirements=train_requirements,
+                      train_image=train_image)
     target = targets.get(s)
     r = runner(dry_run)
     try:
@@ -138,6 +149,13 @@ def _finish(s, status):
             fix = f" (fix: {status.fix})" if status.fix else ""
             raise DoeksError(f"job {s.job_name} ended {status.state} after {status.restarts} restarts: {status.reason}{fix}")
         raise DoeksError(f"job {s.job_name} ended {status.state}: see `invoke elasticjob.logs --tail 50`")
+    from doeks.code import resolve
+
+    if not resolve(s).builtin:  # a user's script: what it reported, nothing made up
+        steps = [r.step for r in status.replicas if r.step is not None]
+        ui.say(f"job {s.job_name} succeeded" + (f" after {max(steps)} steps" if steps else " (the script reports no "
+               "step count: docs/your-own-script.md)"), style="green")
+        return {"step": max(steps)} if steps else {}
     result = _final_result(s)
     ui.say(f"job {s.job_name} succeeded: final validation accuracy {result.get('val_accuracy', float('nan')):.3f} "
            f"after {result.get('step', '?')} steps", style="green")

@@ -128,6 +128,10 @@ def trainjob_submit(c, replicas=None, dry_run=False):
     if s.on_this_machine and not dry_run:
         raise DoeksError(f"TARGET={s.target}: TrainJobs run on a cluster (TARGET=kubernetes or eks); here use "
                          "`invoke elasticjob.deploy`")
+    from doeks import jobspec, ui
+
+    if jobspec.idle_gpus_warning(s):  # GPUs per node follow the node
+        ui.say(jobspec.idle_gpus_warning(s), style="yellow")
     kube.use(s)
     job = trainjob.trainjob(s)
     _image_on_the_node(s, {"containers": [{"image": job["spec"]["trainer"]["image"]}]}, dry_run)

@@ -23,7 +23,12 @@ from .services import kill_group, pid_alive, reap_exited
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
-STEP_LINE = re.compile(r"step=(\d+) epoch=(\d+) loss=([\d.]+) acc=([\d.]+) samples/s=([\d.]+) world=(\d+)")
+# A training step in a log: the built-in workload's own line, or the line any script prints (doeks.report, the format
+# docs/your-own-script.md documents): "doeks: step=<int> [loss=<float>] [samples/s=<float>] [world=<int>] [total=<int>]"
+STEP_LINE = re.compile(r"step=(?P<step>\d+) epoch=(?P<epoch>\d+) loss=(?P<loss>[\d.]+) acc=[\d.]+ samples/s=(?P<rate>[\d.]+) "
+                       r"world=(?P<world>\d+)"
+                       r"|doeks: step=(?P<rstep>\d+)(?: loss=(?P<rloss>[-+\w.]+))?(?: samples/s=(?P<rrate>[\d.]+))?"
+                       r"(?: world=(?P<rworld>\d+))?(?: total=(?P<total>\d+))?")
 LATER_STEP = re.compile(r"\[rank \d+\] (?:epoch=\d+ val_acc=.* |checkpoint |done .*|training already finished at |resumed from checkpoint )steps?=(\d+)")
 RESTART_DELAY = 1.0
 SCAN_EVERY = 0.5
@@ -52,13 +57,15 @@ def runs(home: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 
-def volume_map(job: dict[str, Any], volumes_dir: Path) -> dict[str, Path]:
-    """Container mount path -> local folder, from the pod's volumes and mounts; code lives in the repo."""
+def volume_map(job: dict[str, Any], volumes_dir: Path, source: Path = WORKLOAD) -> dict[str, Path]:
+    """Container mount path -> local folder, from the pod's volumes and mounts; the code's folder in the image
+    (doeks.code.CODE_DIR) is the job's source folder here: doeks/workload, or the user's TRAIN_SOURCE."""
+    from ..code import CODE_DIR
     from ..jobspec import worker_pod
 
     pod = worker_pod(job)
     claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v}
-    mapping = {"/workspace": WORKLOAD}
+    mapping = {CODE_DIR: Path(source)}
     for mount in pod["containers"][0].get("volumeMounts", []):
         if mount["name"] in claims:
             mapping[mount["mountPath"]] = volumes_dir / claims[mount["name"]]
@@ -73,19 +80,22 @@ def _rewrite(arg: str, mapping: dict[str, Path]) -> str:
 
 
 def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str,
-                    preload: bool = True) -> tuple[list[str], dict[str, str]]:
-    """The argv and extra environment of one replica's torchrun agent, interpreted from the PyTorchJob.
+                    preload: bool = True, source: Path = WORKLOAD) -> tuple[list[str], dict[str, str]]:
+    """The argv and extra environment of one replica's torchrun agent, interpreted from the PyTorchJob: paths in the
+    container (the code's folder, the shared volume) become this machine's folders, in the arguments and the
+    environment alike.
 
     `preload`: workers are forks of a process that has imported torch and torchvision (doeks.local.zygote)."""
     from ..jobspec import pet_env, worker_pod
 
     container = worker_pod(job)["containers"][0]
-    mapping = volume_map(job, volumes_dir)
+    mapping = volume_map(job, volumes_dir, source)
     command = [_rewrite(a, mapping) for a in container["command"] + container.get("args", [])]
     if command[0] == "torchrun":
         command = [sys.executable, "-m", "doeks.local.agent", "--local-addr", "127.0.0.1"] + command[1:]
-    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    env = {e["name"]: _rewrite(e["value"], mapping) for e in container.get("env", []) if "value" in e}
     env.pop("NCCL_DEBUG", None)
+    env["SM_NUM_GPUS"] = "0"  # processes on this machine's CPU
     env.update(pet_env(job, rdzv_endpoint))
     env["OMP_NUM_THREADS"] = "1"
     env["DOEKS_PRELOAD"] = "1" if preload else "0"
@@ -93,13 +103,14 @@ def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str,
 
 
 def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str, preload: bool = True,
-           run: str = "") -> int:
-    """Write the job and start its supervisor; returns the supervisor's pid."""
+           run: str = "", source: Path = WORKLOAD) -> int:
+    """Write the job and start its supervisor; returns the supervisor's pid. The agents run in `source` (the
+    container's working directory, the code's folder), as the pods do."""
     import subprocess
 
     if is_active(home):
         raise DoeksError(f"job {job['metadata']['name']} is already running: see `invoke elasticjob.status`, or `invoke elasticjob.delete` first")
-    argv, env = replica_command(job, volumes_dir, rdzv_endpoint, preload)
+    argv, env = replica_command(job, volumes_dir, rdzv_endpoint, preload, source)
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
     elastic = job["spec"]["elasticPolicy"]
     home.mkdir(parents=True, exist_ok=True)
@@ -108,7 +119,7 @@ def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: st
     spec = {"name": job["metadata"]["name"], "argv": argv, "env": env, "replicas": worker["replicas"],
             "min": elastic["minReplicas"], "max": elastic["maxReplicas"],
             "backoff_limit": job["spec"].get("runPolicy", {}).get("backoffLimit", 10), "created": time.time(),
-            "run": run}
+            "run": run, "cwd": str(source), "hosts": [f"{job['metadata']['name']}-worker-{i}" for i in range(elastic["maxReplicas"])]}
     (home / "job.json").write_text(json.dumps(spec, indent=2))
     (home / "pytorchjob.json").write_text(json.dumps(job, indent=2))
     (home / "run").write_text(run)
@@ -173,14 +184,26 @@ def parse_progress(text: str) -> dict[str, Any] | None:
     matches = list(STEP_LINE.finditer(text))
     progress: dict[str, Any] | None = None
     if matches:
-        step, epoch, loss, acc, rate, world = matches[-1].groups()
-        progress = {"step": int(step), "epoch": int(epoch), "loss": float(loss), "samples_per_s": float(rate),
-                    "world": int(world)}
+        g = matches[-1].groupdict()
+        if g["step"] is not None:
+            progress = {"step": int(g["step"]), "epoch": int(g["epoch"]), "loss": float(g["loss"]),
+                        "samples_per_s": float(g["rate"]), "world": int(g["world"])}
+        else:  # a script's own line: what it reported, nothing made up
+            progress = {"step": int(g["rstep"]), "loss": _number(g["rloss"]), "samples_per_s": _number(g["rrate"]),
+                        "world": int(g["rworld"]) if g["rworld"] else None,
+                        "total": int(g["total"]) if g["total"] else None}
     later = [int(n) for n in LATER_STEP.findall(text[matches[-1].end():] if matches else text)]
     if later:
         progress = progress or {}
         progress["step"] = max(later + ([progress["step"]] if "step" in progress else []))
     return progress
+
+
+def _number(raw: str | None) -> float | None:
+    try:
+        return None if raw is None else float(raw)
+    except ValueError:
+        return None
 
 
 def last_progress(log: Path) -> dict[str, Any] | None:
@@ -276,7 +299,7 @@ class LogScanner:
                 continue
             recent.append(line)
             if self.permanent is None and ("error" in line or "Error" in line):
-                found = reasons.from_lines([line])
+                found = reasons.from_lines(recent[-80:])  # with the traceback before it (whose code raised)
                 if found is not None and found.permanent:
                     self.permanent = found
         del recent[:-400]
@@ -327,6 +350,7 @@ class Supervisor:
         folder = self.run_dir / "replicas" / str(index)
         folder.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec["env"], "DOEKS_REPLICA": str(index), "DOEKS_JOB_HOME": str(self.home),
+               "SM_CURRENT_HOST": self.spec.get("hosts", [])[index] if index < len(self.spec.get("hosts", [])) else f"node-{index}",
                # torchrun's --log-dir (its error files): unset, every node start left a /tmp/torchelastic_* folder
                # (torch/distributed/elastic/multiprocessing/api.py DefaultLogsSpecs: tempfile.mkdtemp when empty)
                "PET_LOG_DIR": str(folder / "torchelastic")}
@@ -334,7 +358,7 @@ class Supervisor:
         log.write(f"==== doeks: replica {index} start #{record['restarts']} at {time.strftime('%H:%M:%S')}\n".encode())
         log.flush()
         process = subprocess.Popen(self.spec["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=env, cwd=PROJECT_ROOT, start_new_session=True)
+                                   env=env, cwd=self.spec.get("cwd") or PROJECT_ROOT, start_new_session=True)
         log.close()
         self.agents[index] = process.pid
         record.update(state="Running", pid=process.pid, started=time.time(), exit_code=None)

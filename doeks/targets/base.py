@@ -70,6 +70,13 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     image: str = ""
     context: dict[str, Any] = field(default_factory=dict)   # what steps hand on to later steps at run time
+    warnings: list[str] = field(default_factory=list)       # shown before the steps, by a dry run and a submission
+
+    def warn(self) -> None:
+        from .. import ui
+
+        for warning in self.warnings:
+            ui.say(warning, style="yellow")
 
     def describe(self) -> list[str]:
         """Every step's line, in order (what a dry run prints on stderr)."""
@@ -84,6 +91,7 @@ class Plan:
         for request in self.requests:
             sys.stdout.write(runner.mask(json.dumps(request, indent=2, default=str)) + "\n")
         sys.stdout.flush()
+        self.warn()
         for step in self.steps:
             runner.step(step.what, lambda: None)
 
@@ -97,6 +105,7 @@ class ReplicaStatus:
     samples_per_s: float | None = None
     world: int | None = None
     detail: str = ""     # pid, container id, pod name, host ...
+    total: int | None = None  # the steps the run will take, when the script said so (doeks.report total=)
 
 
 @dataclass
@@ -156,12 +165,17 @@ class Target:
     def manifest_plan(self, job: Job) -> Plan:
         """A plan's start for the targets that run the manifests (eks) or interpret them (local, docker): the training
         arguments checked against the script's own parser, the manifests, and the image their workers run."""
-        from .. import jobspec
+        from .. import code, jobspec
         from .reasons import check_train_args
 
-        check_train_args(job.train_args)
+        if code.resolve(job.settings).builtin:  # a user's script parses its own arguments
+            check_train_args(job.train_args)
         manifests = self.manifests(job)
-        return Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(manifests[-1])["containers"][0]["image"])
+        plan = Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(manifests[-1])["containers"][0]["image"])
+        warning = "" if self.on_this_machine else jobspec.idle_gpus_warning(job.settings)
+        if warning:  # GPUs per node follow the node: a setting that leaves some idle is a warning in the plan
+            plan.warnings.append(warning)
+        return plan
 
     def refuse(self, plan: Plan) -> None:
         """Raise the DoeksError a submission of `plan` would meet (the job runs already, its image is not built or not
@@ -170,6 +184,8 @@ class Target:
 
     def submit(self, plan: Plan, runner) -> None:
         """Execute a plan's steps in order (each through the runner, so secrets stay masked); then record the run."""
+        if not getattr(runner, "dry_run", False):
+            plan.warn()
         for step in plan.steps:
             if step.run is not None:
                 runner.step(step.what, step.run)

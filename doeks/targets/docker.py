@@ -71,6 +71,8 @@ def container_spec(pytorchjob: dict[str, Any], replica: int, rdzv_endpoint: str,
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     env.update(jobspec.pet_env(pytorchjob, rdzv_endpoint))
     env["PET_LOCAL_ADDR"] = "127.0.0.1"  # every "pod" shares the host's network here
+    env["SM_CURRENT_HOST"] = container_name(name, replica)  # the pod's name, which the downward API gives on a cluster
+    env["SM_NUM_GPUS"] = "0"  # the training base here is CPU torch
     labels = {PART_OF: "doeks", JOB: name, RUN: run, REPLICA: str(replica), TARGET: "docker", STATE: state}
     spec: dict[str, Any] = {
         "image": container["image"], "name": container_name(name, replica), "detach": True, "labels": labels,
@@ -174,7 +176,7 @@ class DockerTarget(Target):
         for stale in self.containers():
             self._archive(stale)
             stale.remove(force=True)
-        elastic.check_data(s)
+        elastic.check_job_data(s)
 
     def _archive(self, container) -> None:
         """Keep a finished run's logs (STATE_DIR/docker/<job>/runs/<run>/node-N.log) before its container goes."""
@@ -341,7 +343,8 @@ def read_replica(container, name: str, seen: dict | None = None) -> ReplicaStatu
         replica_state = FAILED
     progress = parse_progress(tail) or {}
     return ReplicaStatus(name, replica_state, int(container.attrs.get("RestartCount", 0)) + worker_restarts,
-                         progress.get("step"), progress.get("samples_per_s"), progress.get("world"), container.short_id)
+                         progress.get("step"), progress.get("samples_per_s"), progress.get("world"), container.short_id,
+                         progress.get("total"))
 
 
 def container_job_status(target: str, job_name: str, run: str, containers: list, name_of) -> JobStatus:

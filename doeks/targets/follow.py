@@ -154,8 +154,13 @@ def expected_steps(settings) -> int:
 def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float | None = None, quiet: bool = False,
                        poll: float = 0.25):
     """Stream new log lines (unless quiet) and a progress bar of steps until the job reaches a final state."""
+    from ..code import resolve
+
     settings = target.settings
-    total = expected_steps(settings)
+    # the built-in workload's steps follow from the data and the settings; a user's script says its own (total=) or
+    # the bar counts steps without an end (never a made-up total)
+    builtin = resolve(settings).builtin
+    total = expected_steps(settings) if builtin else None
     deadline = time.monotonic() + timeout if timeout else None
     with ui.progress() as bar:
         task_id = bar.add_task(f"{settings.job_name}: steps", total=total)
@@ -166,8 +171,12 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
                     bar.console.print(line, markup=False, highlight=False)
             status = target.describe()
             steps = [r.step for r in status.replicas if r.step is not None]
+            totals = [r.total for r in status.replicas if r.total]
+            if not builtin and totals:
+                total = max(totals)
+                bar.update(task_id, total=total)
             if steps:
-                bar.update(task_id, completed=min(max(steps), total))
+                bar.update(task_id, completed=min(max(steps), total) if total else max(steps))
             if status.permanent and not status.finished:
                 # a restart cannot help (bad arguments, missing data, an import error): end the job now
                 from ..runner import Runner
@@ -181,7 +190,7 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
                 if not quiet:
                     for line in cursor():
                         bar.console.print(line, markup=False, highlight=False)
-                if status.state == "Succeeded":
+                if status.state == "Succeeded" and builtin:
                     bar.update(task_id, completed=total)
                 return status
             if deadline and time.monotonic() > deadline:

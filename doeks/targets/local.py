@@ -2,10 +2,11 @@
 replica, a local etcd for rendezvous, a folder as the shared volume, a supervisor that restarts replicas like pods."""
 from __future__ import annotations
 
+import shlex
 import time
 from typing import Iterator
 
-from .. import elastic
+from .. import code, elastic
 from ..errors import DoeksError
 from ..local import jobs as local_jobs
 from ..local import runtime
@@ -34,6 +35,7 @@ class LocalTarget(Target):
         pytorchjob = plan.manifests[-1]
         ctx: dict = {"endpoint": None, "started_etcd": False}
         plan.context = ctx
+        source = code.resolve(s).source
         plan.steps.append(Step(f"check that job {s.job_name} is not running and its data is in {elastic.data_root(s)}",
                                lambda: self._check(s)))
         etcd_server = etcd(s.state_dir)
@@ -51,14 +53,14 @@ class LocalTarget(Target):
         else:
             ctx["endpoint"] = f"127.0.0.1:{free_port()}"
             shown = "127.0.0.1:PORT" if job.dry_run else ctx["endpoint"]  # a shown plan is the same every time
-        argv, env = local_jobs.replica_command(pytorchjob, runtime.volumes_dir(s), shown, s.local_preload)
+        argv, env = local_jobs.replica_command(pytorchjob, runtime.volumes_dir(s), shown, s.local_preload, source)
         for replica in range(s.replicas):
-            line = " ".join(f"{k}={v}" for k, v in sorted(env.items())) + f" DOEKS_REPLICA={replica}"
-            plan.steps.append(Step(f"start node {replica}: {line} {' '.join(argv)}"))
+            line = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + f" DOEKS_REPLICA={replica}"
+            plan.steps.append(Step(f"start node {replica}: {line} {shlex.join(argv)} (in {source})"))
         if job.fresh:
             plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: elastic.clear_outputs(s)))
         plan.steps.append(Step(f"launch job supervisor for {s.job_name} ({s.replicas} nodes x {s.nproc_per_node} processes)",
-                               lambda: self._launch(s, pytorchjob, ctx, job.run)))
+                               lambda: self._launch(s, pytorchjob, ctx, job.run, source)))
         return plan
 
     def refuse_if_running(self) -> None:
@@ -68,14 +70,14 @@ class LocalTarget(Target):
 
     def _check(self, s) -> None:
         self.refuse_if_running()
-        elastic.check_data(s)
+        elastic.check_job_data(s)
 
     def refuse(self, plan: Plan) -> None:
         self.refuse_if_running()
-        elastic.check_data(plan.job.settings)
+        elastic.check_job_data(plan.job.settings)
 
-    def _launch(self, s, pytorchjob, ctx, run) -> None:
-        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run)
+    def _launch(self, s, pytorchjob, ctx, run, source) -> None:
+        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run, source)
 
     def submit(self, plan: Plan, runner) -> None:
         try:
@@ -103,7 +105,7 @@ class LocalTarget(Target):
             # restarts = the node's (the supervisor restarted its agent) + its workers' (torchrun restarted them)
             replicas.append(ReplicaStatus(f"node-{r['replica']}", replica_state, r["restarts"] + r.get("worker_restarts", 0),
                                           progress.get("step"), progress.get("samples_per_s"), progress.get("world"),
-                                          f"pid {r['pid']}" if r.get("pid") else ""))
+                                          f"pid {r['pid']}" if r.get("pid") else "", progress.get("total")))
         state = state if state in (RUNNING, SUCCEEDED, FAILED, STOPPED) else RUNNING
         found = status.get("reason") if state in (RUNNING, FAILED) else None
         reason = Reason(found["code"], found["text"], found["fix"], found["permanent"]) if found else None

@@ -40,8 +40,9 @@ class Reason:
 # (code, permanent, pattern, text template, fix); the first rule that matches a line wins, in this order.
 # The argparse form is "<prog>: error: <message>" (cpython Lib/argparse.py ArgumentParser.error, 3.12).
 _LINE_RULES = [
-    ("bad-arguments", True, re.compile(r"train\.py: error: (?P<m>.+)"),
-     "bad arguments to the training script: {m}", "fix --train-args (`python doeks/workload/train.py --help` lists them)"),
+    ("bad-arguments", True, re.compile(r"(?:^|[\s\]/])[\w.-]+\.py: error: (?P<m>.+)"),
+     "bad arguments to the training script: {m}", "fix --train-args or TRAIN_ARGS (the script's --help lists them; "
+     "the built-in one's: `python doeks/workload/train.py --help`)"),
     ("data-missing", True, re.compile(r"error: (?P<m>data folder \S+ is missing or empty)"),
      "data missing: {m}", "make or stage the data: `invoke elasticjob.data` here, `invoke csi.data.stage` on a cluster"),
     ("data-missing", True, re.compile(r"error: (?P<m>\S+ holds files, not class folders)"),
@@ -50,6 +51,12 @@ _LINE_RULES = [
      "unusable checkpoint: {m}", "move the checkpoint folder away or deploy with --fresh"),
     ("import-error", True, re.compile(r"(?P<m>(ModuleNotFoundError|ImportError): .+)"),
      "import error: {m}", "the training image lacks a module: add it to elasticjob/Dockerfile and `invoke elasticjob.build`"),
+    # an exception a script raised that running the same code again cannot cure (a bug, a bad value); others
+    # (RuntimeError: NCCL, a lost peer, OSError) may pass with a restart and end in the crash-loop or failed reason
+    ("exception", True, re.compile(r"^(?:\[[^\]]*\]:?\s*)?(?P<m>(?:NameError|TypeError|AttributeError|ValueError|KeyError|"
+                                   r"IndexError|AssertionError|ZeroDivisionError|NotImplementedError|UnboundLocalError|"
+                                   r"SyntaxError|IndentationError)(?::.*)?)$"),
+     "the script raised {m}", "fix the script (`invoke elasticjob.logs --tail 50` shows the traceback), then deploy again"),
     ("missing-file", True, re.compile(r"(?P<m>FileNotFoundError: .+|can't open file .+No such file or directory.*)"),
      "missing file: {m}", "check the paths in --train-args and the shared volume (SHARED_PVC, SHARED_MOUNT)"),
     ("oom", False, re.compile(r"(?P<m>(torch\.)?(cuda\.)?OutOfMemoryError.*|CUDA out of memory.*|Cannot allocate memory.*)"),
@@ -75,9 +82,12 @@ _EVENT_RULES = {
 def from_lines(lines: Iterable[str]) -> Reason | None:
     """The reason the log lines show: the first permanent one, else the last transient one."""
     transient = None
-    for line in lines:
+    lines = list(lines)
+    for index, line in enumerate(lines):
         for code, permanent, pattern, text, fix in _LINE_RULES:
             match = pattern.search(line)
+            if match and code == "exception" and not _raised_by_script(lines[max(0, index - 80):index]):
+                continue  # raised inside a library (torch, etcd): not the script's bug
             if match:
                 found = match.groupdict().get("m", "").strip().rstrip('"').strip()[:200]
                 reason = Reason(code, text.format(m=found), fix, permanent)
@@ -86,6 +96,21 @@ def from_lines(lines: Iterable[str]) -> Reason | None:
                 transient = reason
                 break
     return transient
+
+
+_FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+')
+
+
+def _raised_by_script(before: list[str]) -> bool:
+    """The traceback before an exception line ends in a frame of the script's own code, not of the standard library,
+    an installed package or the interpreter's frozen modules."""
+    for line in reversed(before):
+        frame = _FRAME.search(line)
+        if frame:
+            path = frame.group("path")
+            return not ("site-packages" in path or "dist-packages" in path or "/lib/python" in path
+                        or path.startswith("<"))
+    return False
 
 
 def from_events(reasons: Iterable[str]) -> Reason | None:
@@ -126,11 +151,23 @@ def classify(lines: Iterable[str] = (), exit_codes: Iterable[int | None] = (), e
     return None
 
 
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(Error|Exception|Interrupt|Exit)(: .*)?$")
+
+
 def last_error(lines: list[str]) -> str:
-    for line in reversed(lines):
-        text = line.split("] ", 1)[-1] if line.startswith("[") else line
-        if re.search(r"(error|Error|Exception)\b", text) and "ChildFailedError" not in text:
-            return text.strip()[:200]
+    """The last exception a traceback ended with (`ValueError: ...`), else the last line that names an error; never
+    torchrun's own summary around it (ChildFailedError, the `error_file:` / `traceback:` lines of its table)."""
+    texts = [(line.split("] ", 1)[-1] if line.startswith("[") else line).strip() for line in lines]
+    for text in reversed(texts):  # the script's own, before torchrun's (a closed rendezvous, a signal) that follow it
+        if EXCEPTION_LINE.match(text) and not text.startswith("torch.distributed.elastic."):
+            return text[:200]
+    for text in reversed(texts):
+        if EXCEPTION_LINE.match(text) and "ChildFailedError" not in text:
+            return text[:200]
+    for text in reversed(texts):
+        if (re.search(r"(error|Error|Exception)\b", text) and "ChildFailedError" not in text
+                and not re.match(r"(error_file|traceback|exitcode)\s*:", text)):
+            return text[:200]
     return ""
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from .. import elastic, sagemaker, trainimage
+from .. import code, elastic, sagemaker, trainimage
 from ..errors import DoeksError
 from ..local.services import free_port
 from .base import (FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, NotSupported, Plan, ReplicaStatus,
@@ -34,18 +34,7 @@ LABEL = "doeks/target"
 LOCAL_LABEL = "sagemaker-local"
 
 
-def hyperparameters_from_args(args: list[str]) -> dict[str, str]:
-    """`--key value` pairs (the script's own flags) as SageMaker hyperparameters; one line for anything else."""
-    result: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        key = args[i]
-        if not key.startswith("--") or i + 1 >= len(args) or args[i + 1].startswith("--"):
-            raise DoeksError(f"--train-args {shlex.join(args)!r}: SageMaker passes hyperparameters as '--key value' "
-                             f"pairs; {key!r} has no value")
-        result[key[2:]] = args[i + 1]
-        i += 2
-    return result
+hyperparameters_from_args = sagemaker.hyperparameters_from_args
 
 
 def script_args(hyperparameters: dict[str, str]) -> list[str]:
@@ -92,7 +81,8 @@ class SageMakerTarget(Target):
         s = job.settings
         role = f"arn:aws:iam::<account>:role/{s.sagemaker_role_name}"
         request = self.request(job, role)
-        check_train_args(job.train_args)  # after request(): its own one line for arguments that are not pairs
+        if code.resolve(s).builtin:  # a user's script parses its own arguments
+            check_train_args(job.train_args)  # after request(): its own one line for arguments that are not pairs
         source = request["HyperParameters"]["sagemaker_submit_directory"]
         bucket, key = source[len("s3://"):].split("/", 1)
         plan = Plan(self.name, job, requests=[{"service": "sagemaker", "operation": "CreateTrainingJob", "params": request}])
@@ -112,7 +102,7 @@ class SageMakerTarget(Target):
         if s.efs_file_system_id and not s.sagemaker_subnets:
             raise DoeksError("EFS data needs VPC training: set SAGEMAKER_SUBNETS (and SAGEMAKER_SECURITY_GROUPS)")
         plan.steps.append(Step(f"iam.GetRole {s.sagemaker_role_name} (the execution role's ARN)", lambda: self._role(s, ctx)))
-        plan.steps.append(Step(f"s3.PutObject s3://{bucket}/{key} (sourcedir.tar.gz of {sagemaker.WORKLOAD})",
+        plan.steps.append(Step(f"s3.PutObject s3://{bucket}/{key} (sourcedir.tar.gz of {code.resolve(s).source})",
                                lambda: self._upload(s, bucket, key)))
         plan.steps.append(Step(f"sagemaker.CreateTrainingJob {request['TrainingJobName']} "
                                f"({s.sagemaker_instance_count} x {s.sagemaker_instance_type})",
@@ -131,7 +121,7 @@ class SageMakerTarget(Target):
     def _upload(self, s, bucket: str, key: str) -> None:
         from ..aws import client
 
-        client(s, "s3").put_object(Bucket=bucket, Key=key, Body=sagemaker.source_archive())
+        client(s, "s3").put_object(Bucket=bucket, Key=key, Body=sagemaker.source_archive(s))
 
     def run_name(self, plan: Plan) -> str:
         if self.local or not plan.requests:
@@ -152,7 +142,7 @@ class SageMakerTarget(Target):
             raise DoeksError(f"a local SageMaker job of {s.job_name} is running: `invoke elasticjob.delete` first")
         for stale in self._containers():
             stale.remove(force=True)
-        elastic.check_data(s)
+        elastic.check_job_data(s)
 
     def _containers(self) -> list:
         from .docker import client
@@ -176,7 +166,7 @@ class SageMakerTarget(Target):
         hosts = [f"algo-{i + 1}" for i in range(count)]
         code = root / "code"
         code.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(sagemaker.source_archive()), mode="r:gz") as tar:
+        with tarfile.open(fileobj=io.BytesIO(sagemaker.source_archive(s)), mode="r:gz") as tar:
             tar.extractall(code, filter="data")
         checkpoints = root / "checkpoints"
         checkpoints.mkdir(exist_ok=True)
@@ -216,7 +206,7 @@ class SageMakerTarget(Target):
                    "SM_USER_ENTRY_POINT": hyper["sagemaker_program"], "SM_HPS": json.dumps(script_hps(hyper)),
                    "SM_CURRENT_INSTANCE_TYPE": request["ResourceConfig"]["InstanceType"], "SM_TRAINING_ENV": "{}",
                    "TRAINING_JOB_NAME": name, "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-                   "HOME": "/tmp"}
+                   "HOME": "/tmp", **request.get("Environment", {})}
             env.update({f"SM_HP_{k.upper().replace('-', '_')}": str(v) for k, v in script_hps(hyper).items()})
             volumes = {str(code): {"bind": "/opt/ml/code", "mode": "ro"},
                        str(data): {"bind": "/opt/ml/input/data/training", "mode": "ro"},

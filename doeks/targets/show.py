@@ -20,9 +20,22 @@ def status(target) -> JobStatus:
         ui.table(title, COLUMNS, st.rows())
     else:
         ui.say(title)
+    if st.replicas and all(r.step is None for r in st.replicas) and not _builtin(target.settings):
+        ui.say("no step count: the script reports none (print `doeks: step=N loss=L` lines or call "
+               "doeks.report(step=..., loss=..., samples=...): docs/your-own-script.md)")
     if st.reason:
         ui.say(f"reason: {st.reason}" + (" (permanent: restarts cannot help)" if st.permanent else ""),
                style="red" if st.state == FAILED else "yellow")
     if st.fix:
         ui.say(f"fix: {st.fix}")
     return st
+
+
+def _builtin(settings) -> bool:
+    from ..code import resolve
+    from ..errors import DoeksError
+
+    try:
+        return resolve(settings).builtin
+    except DoeksError:  # the script was moved since: status still shows what runs
+        return False

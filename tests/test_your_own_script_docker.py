@@ -1,0 +1,84 @@
+"""Your own training code in containers, for real: `elasticjob.build` puts a user's script (outside the repository)
+and its requirements on the CPU training base, and the same settings train it on TARGET=docker and in SageMaker
+local mode with its arguments exactly; a script that raises ends Failed with its exception as the reason on both."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import tarfile
+
+import pytest
+
+from doeks import trainimage
+
+from .conftest import ROOT, invoke
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker]
+
+ARGS = "--steps 4 --checkpoint-every 2 --note 'two words, one arg'"
+JOB = {"TARGET": "docker", "REPLICAS": "1", "MIN_REPLICAS": "1", "MAX_REPLICAS": "1", "NPROC_PER_NODE": "2",
+       "MAX_RESTARTS": "0", "TRAIN_BASE_IMAGE": trainimage.CPU_BASE, "JOB_NAME": "byo-docker", "SAGEMAKER_INSTANCE_COUNT": "2",
+       "SAGEMAKER_INSTANCE_TYPE": "ml.m5.large"}
+
+
+@pytest.fixture(scope="module")
+def client(docker_client):
+    return docker_client
+
+
+@pytest.fixture
+def job_env(client, state_dir, tmp_path, monkeypatch):
+    folder = tmp_path / "my-project"
+    folder.mkdir()
+    shutil.copyfile(ROOT / "examples" / "ddp-plain" / "train.py", folder / "fit.py")
+    (folder / "requirements.txt").write_text("python-etcd\n")  # in the base already: installed without a download
+    env = {**JOB, "TRAIN_SCRIPT": str(folder / "fit.py"), "TRAIN_ARGS": ARGS}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    yield env
+    for container in client.containers.list(all=True, filters={"label": "doeks/job=byo-docker"}):
+        container.remove(force=True)
+
+
+def _argv(text: str) -> list[list[str]]:
+    return [json.loads(m) for m in re.findall(r"argv: (\[.*\])", text)]
+
+
+def test_a_users_script_trains_on_docker_and_sagemaker_local_mode_from_the_same_settings(client, job_env, state_dir):
+    built = invoke("elasticjob.build", timeout=1800)
+    assert built.returncode == 0, built.stderr[-3000:]
+    image = re.search(r"training image: (\S+)", built.stderr).group(1)
+    listing = client.containers.run(image, ["sh", "-c", "pwd; ls; python3 -c 'import doeks; print(doeks.report(step=1))'"],
+                                    entrypoint=[], remove=True, network_mode="host").decode()
+    assert listing.split() == ["/workspace", "fit.py", "requirements.txt", "doeks:", "step=1", "doeks:", "step=1"]
+
+    docker = invoke("elasticjob.deploy", "--follow", timeout=600)
+    assert docker.returncode == 0, docker.stderr[-4000:]
+    assert _argv(docker.stderr) == [shlex.split(ARGS)]  # exactly, quoting and all
+    assert "job byo-docker succeeded after 4 steps" in docker.stderr and "nan" not in docker.stderr
+    assert (state_dir / "volumes" / "fsx-pvc" / "models" / "byo-docker" / "model.pt").is_file()
+
+    sm = {"TARGET": "sagemaker", "SAGEMAKER_LOCAL": "true"}
+    assert invoke("elasticjob.build", env=sm, timeout=1800).returncode == 0  # the same image: same base, same code
+    local_mode = invoke("elasticjob.deploy", "--follow", env=sm, timeout=600)
+    assert local_mode.returncode == 0, local_mode.stderr[-4000:]
+    # hyperparameters {"steps": "4", ...} come back as --key value: the same arguments
+    assert _argv(local_mode.stderr) == [["--steps", "4", "--checkpoint-every", "2", "--note", "two words, one arg"]]
+    assert "world=2 " in local_mode.stderr  # two hosts (algo-1, algo-2), one process each
+    archive = next((state_dir / "sagemaker" / "byo-docker").glob("*/output/model.tar.gz"))
+    with tarfile.open(archive) as tar:
+        assert "model.pt" in tar.getnames()
+
+
+def test_a_script_that_raises_ends_failed_with_its_exception_on_docker_and_sagemaker_local_mode(client, job_env):
+    assert invoke("elasticjob.build", timeout=1800).returncode == 0
+    for extra in ({}, {"TARGET": "sagemaker", "SAGEMAKER_LOCAL": "true"}):
+        # at step 0: before any step line (a worker's traceback printed before rank 0's last step line is read as
+        # an error training went on after: the reason is then the crash loop's, naming the exception)
+        failed = invoke("elasticjob.deploy", "--follow", env={**extra, "TRAIN_ARGS": "--steps 4 --fail-at 0"}, timeout=600)
+        assert failed.returncode != 0, (extra, failed.stderr[-3000:])
+        last = failed.stderr.strip().splitlines()[-1]
+        assert re.match(r"error: job byo-docker ended Failed after \d+ restarts: the script raised ValueError: "
+                        r"--fail-at 0: failing on purpose at step 0", last), (extra, failed.stderr[-3000:])
