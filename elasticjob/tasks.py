@@ -52,8 +52,9 @@ _CODE_FLAGS = {k: _JOB_FLAGS[k] for k in ("train_script", "train_source", "train
 
 @task(help={"dry_run": "print the docker build; change nothing", **_CODE_FLAGS})
 def build(c, train_script=None, train_source=None, train_requirements=None, dry_run=False):
-    """Build the training image: the job's code (TRAIN_SOURCE, or doeks/workload) at /workspace and its requirements
-    on TRAIN_BASE_IMAGE (elasticjob/Dockerfile), tagged by content."""
+    """Build the training image: the job's code (TRAIN_SOURCE, or doeks/workload) and requirements, content-tagged.
+
+    The code goes to /workspace on TRAIN_BASE_IMAGE (elasticjob/Dockerfile)."""
     from doeks import trainimage, ui
 
     s = settings(train_script=train_script, train_source=train_source, train_requirements=train_requirements)

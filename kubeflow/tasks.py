@@ -218,8 +218,9 @@ def pipeline_run(c, runtime="local", local=False, steps=5, dry_run=False):
 
 @task(name="deploy", help={"dry_run": "print the Role, RoleBinding and AWS calls; change nothing"})
 def pipeline_deploy(c, dry_run=False):
-    """What the pipeline's pods need in the profile namespace: RBAC on TrainJobs/PyTorchJobs, SHARED_PVC (a claim on the
-    same file system), Pod Identity for SageMaker."""
+    """What the pipeline's pods need in the profile namespace: RBAC, SHARED_PVC, Pod Identity for SageMaker.
+
+    RBAC on TrainJobs/PyTorchJobs; SHARED_PVC as a claim on the same file system."""
     from doeks import identity, kube, pipeline
 
     def step(s, r):

@@ -42,7 +42,7 @@ def test_eks_keeps_the_node_type_and_its_gpus(state_dir):
     job = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "PyTorchJob"][0]
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "p4d.24xlarge"
-    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8  # NPROC_PER_NODE=auto: a p4d has 8
 
 
 def test_the_docs_table_of_local_images_is_in_step():

@@ -127,7 +127,10 @@ def test_a_submission_through_the_api_is_a_run_too(world):  # noqa: F811
     from doeks.runner import Runner
     from doeks.targets import runs
 
-    world["script"].write_text(json.dumps([{"match": ["apply"], "stdout": ""}]))
+    world["script"].write_text(json.dumps([
+        {"match": ["apply"], "stdout": ""},
+        {"match": ["get", "pytorchjob"], "rc": 1,  # a submission first asks whether the job is there already
+         "stderr": 'Error from server (NotFound): pytorchjobs.kubeflow.org "imagenet" not found\n'}]))
     s = settings_for("eks")
     target = targets.get(s)
     plan = target.plan(targets.Job(s))

@@ -123,7 +123,7 @@ def test_lifecycle_on_eks_through_the_scripted_kubectl(world):
     s = settings_for("eks")
     target = targets.get(s)
     runner = Runner(echo=False)
-    target.submit(target.plan(targets.Job(s)), runner)
+    target.submit(target.plan(targets.Job(s, fresh=True)), runner)  # the scripted cluster has it running: replace it
     calls = [json.loads(line) for line in world["record"].read_text().splitlines()]
     applied = list(yaml.safe_load_all(calls[-1]["stdin"]))
     assert calls[-1]["argv"][:2] == ["apply", "--server-side"] and applied[-1]["kind"] == "PyTorchJob"
