@@ -27,8 +27,9 @@ LOCAL_IMAGES = {
                                              "FROM scratch, non-root",
     "ghcr.io/kubeflow/trainer/trainer-controller-manager:v2.3.0": "Kubeflow Trainer v2.3.0 built from "
                                                                   "github.com/kubeflow/trainer/v2, FROM scratch, non-root",
-    "alpine:3.10": "Debian's static busybox FROM scratch, for the init container the training operator injects "
-                   "(sh, seq, nslookup, sleep)",
+    "alpine:3.10": "doeks' Debian base (sh, seq, sleep) with Debian's static busybox for nslookup (answering as "
+                   "Alpine's: 0 once the name resolves through the search list), for the training operator's init "
+                   "container",
 }
 
 
@@ -67,6 +68,15 @@ def has_docker_image(ref: str) -> bool:
         return True
     except docker.errors.ImageNotFound:
         return False
+
+
+def docker_label(ref: str, key: str) -> str | None:
+    import docker
+
+    try:
+        return (_docker().images.get(ref).labels or {}).get(key)
+    except docker.errors.ImageNotFound:
+        return None
 
 
 def build_scratch_image(ref: str, binary: Path, target: str, command: list[str], extra_dirs: tuple[str, ...] = (),

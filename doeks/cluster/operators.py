@@ -131,29 +131,53 @@ def ensure_images(op: Operator, runner) -> list[str]:
         return refs
     if not images.has_docker_image(ref):
         images.build_scratch_image(ref, build_binary(op), op.entrypoint, [op.entrypoint], extra_dirs=("/tmp",))
-    if op is TRAINING_OPERATOR and not images.has_docker_image(INIT_CONTAINER_IMAGE):
+    if op is TRAINING_OPERATOR:
         build_init_image()
     images.ensure(runner, refs)
     return refs
 
 
+NSLOOKUP = """#!/bin/sh
+# nslookup as the operator's init container uses it from alpine: exit 0 once the name resolves through the search
+# list. Debian's busybox build asks every search domain and exits 1 if any one of them has no such name.
+out=$(/usr/local/bin/busybox nslookup "$@" 2>&1)
+printf '%s\\n' "$out"
+printf '%s\\n' "$out" | grep -q '^Name:'
+"""
+
+
 def build_init_image() -> None:
-    """`alpine:3.10` as the operator's init container uses it (sh, seq, nslookup, sleep): Debian's static busybox
-    FROM scratch, its applets installed as links (busybox-static on the host; no network needed)."""
+    """`alpine:3.10` as the operator's init container uses it (sh, seq, nslookup, sleep): doeks' Debian base (its
+    dash, seq, sleep) with Debian's static busybox for an nslookup that answers as Alpine's does (no network needed).
+    Not busybox's sh: Debian builds it to run its own applets first, so a script named nslookup is never reached.
+    A changed recipe is rebuilt (a label holds its hash) and replaced on the node."""
+    import hashlib
     import shutil
     import tempfile
+
+    from . import images, node
 
     busybox = shutil.which("busybox")
     if not busybox:
         raise DoeksError("busybox is not installed: apt-get install busybox-static (invoke setup --kubernetes does)")
+    from ..container import BASE_IMAGE
+
+    dockerfile = "\n".join([
+        f"FROM {BASE_IMAGE}", "COPY busybox /usr/local/bin/busybox", "COPY nslookup /usr/local/bin/nslookup",
+        'CMD ["sh"]', ""])
+    recipe = hashlib.sha256((dockerfile + NSLOOKUP).encode()).hexdigest()[:12]
+    if images.docker_label(INIT_CONTAINER_IMAGE, "doeks.recipe") == recipe:
+        return
     with tempfile.TemporaryDirectory(prefix="doeks-init-") as tmp:
         shutil.copy(busybox, Path(tmp) / "busybox")
-        (Path(tmp) / "Dockerfile").write_text("\n".join([
-            "FROM scratch", "COPY busybox /bin/busybox", 'RUN ["/bin/busybox", "--install", "-s", "/bin"]',
-            'CMD ["sh"]', ""]))
+        (Path(tmp) / "nslookup").write_text(NSLOOKUP)
+        (Path(tmp) / "nslookup").chmod(0o755)
+        (Path(tmp) / "Dockerfile").write_text(dockerfile + f"LABEL doeks.recipe={recipe}\n")
         result = subprocess.run(["docker", "build", "-q", "-t", INIT_CONTAINER_IMAGE, tmp], capture_output=True, text=True)
         if result.returncode != 0:
             raise DoeksError(f"docker build {INIT_CONTAINER_IMAGE} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    if node.pid("containerd"):  # the node's copy is the old recipe: import the new one
+        node.ctr("images", "rm", f"docker.io/library/{INIT_CONTAINER_IMAGE}")
 
 
 # -- Trainer v2 with JobSet on doeks' cluster ---------------------------------------------------------------------------
