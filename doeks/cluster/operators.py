@@ -201,7 +201,8 @@ def trainer_kustomizations(state: Path, write: bool = True) -> dict[str, Path]:
     (folders["jobset"] / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": [_rel(jobset / JOBSET.overlay, folders["jobset"])],
-        "images": [{"name": "controller", "newName": JOBSET_IMAGE.split(":")[0], "newTag": JOBSET.version}]},
+        "images": [{"name": "us-central1-docker.pkg.dev/k8s-staging-images/jobset/jobset",  # as config/default names it
+                    "newName": JOBSET_IMAGE.split(":")[0], "newTag": JOBSET.version}]},
         sort_keys=False))
     base = trainer / "manifests" / "base"
     (folders["trainer"] / "namespace.yaml").write_text(yaml.safe_dump(
