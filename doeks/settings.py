@@ -612,11 +612,17 @@ def render_reference_table() -> str:
 
 def sync_readme(path: Path = PROJECT_ROOT / "docs" / "env-reference.md") -> bool:
     """Rewrite the `.env` reference block (docs/env-reference.md, linked from the README); True if it changed."""
+    return replace_block(path, "env-reference", render_reference_table())
+
+
+def replace_block(path: Path, name: str, body: str) -> bool:
+    """Put `body` between a page's `<!-- NAME:start -->` and `<!-- NAME:end -->` markers; True if the page changed.
+    The generated parts of the docs are kept in step this way (and checked by the tests)."""
     text = path.read_text()
-    start, end = "<!-- env-reference:start -->", "<!-- env-reference:end -->"
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
-    new = f"{head}{start}\n{render_reference_table()}\n{end}{tail}"
+    new = f"{head}{start}\n{body}\n{end}{tail}"
     if new != text:
         path.write_text(new)
     return new != text

@@ -41,17 +41,9 @@ def render_table() -> str:
 
 
 def sync_docs(path: Path | None = None) -> bool:
-    from ..settings import PROJECT_ROOT
+    from ..settings import PROJECT_ROOT, replace_block
 
-    path = path or PROJECT_ROOT / "docs" / "kubernetes.md"
-    text = path.read_text()
-    start, end = "<!-- local-images:start -->", "<!-- local-images:end -->"
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    new = f"{head}{start}\n{render_table()}\n{end}{tail}"
-    if new != text:
-        path.write_text(new)
-    return new != text
+    return replace_block(path or PROJECT_ROOT / "docs" / "kubernetes.md", "local-images", render_table())
 
 
 def _docker():
