@@ -62,8 +62,11 @@ def test_up_starts_the_cluster_deploys_every_unit_and_prints_the_kubeconfig(env)
     # the training operator doeks built runs, and its webhook is registered with the CA its cert controller made
     operator = json.loads(kubectl(env, "-n", "kubeflow", "get", "deployment", "training-operator", "-o", "json").stdout)
     assert operator["status"].get("availableReplicas") == 1
-    claim = json.loads(kubectl(env, "get", "pvc", "fsx-pvc", "-n", "default", "-o", "json").stdout)
-    assert claim["status"]["phase"] == "Bound"
+    from .conftest import wait_for
+
+    bound = lambda: kubectl(env, "get", "pvc", "fsx-pvc", "-n", "default", "-o",  # noqa: E731
+                            "jsonpath={.status.phase}").stdout == "Bound"
+    wait_for(bound, 60, "the claim bound to its volume on this machine", poll=1)
 
 
 def test_the_job_trains_to_the_end_in_pods_of_the_training_image(env):
