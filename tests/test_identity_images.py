@@ -59,7 +59,8 @@ def dockerfile_installs() -> set[str]:
 
 def imported_modules() -> dict[str, set[str]]:
     """Top-level third-party module -> files importing it (function-level imports included)."""
-    files = [ROOT / f for f in TASK_FILES] + [p for p in (ROOT / "doeks").glob("*.py")]
+    # doeks/torchrun.py runs only in the training image (its torchrun) and under the local agent: never a task's import
+    files = [ROOT / f for f in TASK_FILES] + [p for p in (ROOT / "doeks").glob("*.py") if p.name != "torchrun.py"]
     found: dict[str, set[str]] = {}
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -168,7 +168,7 @@ class DockerTarget(Target):
     def refuse(self, plan: Plan) -> None:
         trainimage.require_image(plan.image)
         self.refuse_if_running()
-        elastic.check_data(plan.job.settings)
+        elastic.check_job_data(plan.job.settings)  # a user's script gets its data folder as it is
 
     def _check(self, s, image: str) -> None:
         trainimage.require_image(image)
