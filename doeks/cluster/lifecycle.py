@@ -105,10 +105,6 @@ def dns_ready() -> bool:
     return out.returncode == 0 and out.stdout.strip() not in ("", "0")
 
 
-def running() -> bool:
-    return bool(node.pid("kube-apiserver")) and node.HEALTH["kube-apiserver"]()
-
-
 def up(runner) -> Path:
     """Start the cluster (what runs already is kept), then CoreDNS; returns the admin kubeconfig's path."""
     from ..runner import to_yaml_stream
