@@ -110,6 +110,8 @@ def up(runner) -> Path:
     from ..runner import to_yaml_stream
 
     started = time.monotonic()
+    if not runner.dry_run:
+        images._docker()  # the images are built and imported with docker: refused before anything starts
     kubeconfig = node.up(runner)
     if runner.dry_run:
         runner.step(f"import {versions.PAUSE_IMAGE} and {versions.COREDNS_IMAGE} into the node's containerd", lambda: None)

@@ -227,6 +227,12 @@ def argv_name(component: str) -> str:
 
 
 _STARTED: dict[str, subprocess.Popen] = {}
+# containerd pulls through this proxy, a loopback port nothing listens on: an image the node lacks fails at once with
+# `proxyconnect tcp: dial tcp 127.0.0.1:9: connect: connection refused` (ErrImagePull) instead of a registry name being
+# looked up and fetched through the default interface (Go's net/http asks no proxy for loopback registries only).
+NO_PULL_PROXY = "http://127.0.0.1:9"
+NO_PULL_ENV = {name: NO_PULL_PROXY for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")} | {
+    "NO_PROXY": "", "no_proxy": ""}
 
 
 def start(component: str) -> int:
@@ -236,6 +242,8 @@ def start(component: str) -> int:
     command = argv(component)
     env = dict(os.environ)
     env["PATH"] = f"{CNI_BIN}:{env.get('PATH', '')}:/usr/sbin:/sbin"
+    if component == "containerd":
+        env.update(NO_PULL_ENV)  # a missing image must never be fetched from outside this machine
     with open(log_file(component), "ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, env=env, cwd=d())

@@ -88,13 +88,21 @@ def pki_dir() -> Path:
     return versions.cluster_dir() / "pki"
 
 
+def _made() -> list[Path]:
+    """Every file make() writes (the API server's client certificate for kubelets has no kubeconfig)."""
+    pki = pki_dir()
+    files = [pki / f"{name}.{ext}" for name in ("ca", "apiserver", "kubelet-serving", *CLIENTS) for ext in ("crt", "key")]
+    files += [versions.cluster_dir() / f"{c}.kubeconfig" for c in CLIENTS if c != "apiserver-kubelet-client"]
+    return files + [pki / "sa.key", pki / "sa.pub"]
+
+
 def make(server_url: str) -> None:
     """Every certificate, key and kubeconfig the cluster needs (once: kept while the cluster's folder is)."""
     from cryptography.hazmat.primitives import serialization
 
     pki = pki_dir()
-    if (pki / "ca.crt").exists() and all((versions.cluster_dir() / f"{c}.kubeconfig").exists() for c in CLIENTS):
-        return
+    if all(path.exists() for path in _made()):
+        return  # a second `up` with the cluster running must keep the CA its processes loaded
     ca_key = _key()
     ca_name = _name("doeks-cluster-ca")
     ca = _certificate(ca_name, ca_name, ca_key.public_key(), ca_key, ca=True)
