@@ -9,6 +9,7 @@ from typing import Any
 
 ETCD_PORT = 2379
 CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks/workload/train.py (doeks.code)
+ETCD_SERVICE = "etcd-service"  # the rendezvous Service's name: rdzvHost, and the URL etcd advertises
 RDZV_CONF = {"last_call_timeout": "1", "timeout": "600"}
 
 # EFA adapters per instance (vpc.amazonaws.com/efa a node advertises)
@@ -37,11 +38,16 @@ def labels(settings) -> dict[str, str]:
 
 
 def etcd_manifests(settings) -> list[dict[str, Any]]:
-    """etcd for torch's etcd rendezvous: pinned image, v2 API on, one replica, a ClusterIP Service `etcd-service`."""
+    """etcd for torch's etcd rendezvous: pinned image, v2 API on, one replica, a ClusterIP Service `etcd-service`.
+
+    It advertises the Service's URL, the one torch's client uses: python-etcd (allow_reconnect, as torch makes it)
+    moves to the next advertised URL when a request fails and never back, so an etcd pod made again after its
+    predecessor died left every agent on `http://0.0.0.0:2379` (its own pod) with "No more machines in the cluster"
+    until the rendezvous timed out; with its own URL advertised there is no other to move to."""
     meta = {"namespace": settings.namespace, "labels": {**labels(settings), "app": "etcd"}}
     command = ["/usr/local/bin/etcd", "--data-dir", "/var/lib/etcd", "--enable-v2",
-               f"--listen-client-urls=http://0.0.0.0:{ETCD_PORT}", f"--advertise-client-urls=http://0.0.0.0:{ETCD_PORT}",
-               "--initial-cluster-state=new"]
+               f"--listen-client-urls=http://0.0.0.0:{ETCD_PORT}",
+               f"--advertise-client-urls=http://{ETCD_SERVICE}:{ETCD_PORT}", "--initial-cluster-state=new"]
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "etcd", **meta},
@@ -62,7 +68,7 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
     }
     service = {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "etcd-service", **meta},
+        "metadata": {"name": ETCD_SERVICE, **meta},
         "spec": {"selector": {"app": "etcd"}, "ports": [{"name": "client", "port": ETCD_PORT, "targetPort": ETCD_PORT}]},
     }
     return [deployment, service]
@@ -134,7 +140,7 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         "rdzvConf": [{"key": k, "value": v} for k, v in RDZV_CONF.items()],
     }
     if settings.rdzv_backend.startswith("etcd"):
-        elastic.update(rdzvHost="etcd-service", rdzvPort=ETCD_PORT)
+        elastic.update(rdzvHost=ETCD_SERVICE, rdzvPort=ETCD_PORT)
     from .code import CODE_DIR, contract, env_list, host_names, resolve
 
     code = resolve(settings)

@@ -123,8 +123,10 @@ def apply(runner, manifests: Sequence[dict[str, Any]], field_manager: str = "doe
 
 
 def delete(runner, manifests: Sequence[dict[str, Any]]) -> None:
-    """Delete what the manifests name; what is already gone is fine. A dry run names each object, in order."""
-    argv = ["delete", "--ignore-not-found", "--wait=true", "-f", "-"]
+    """Delete what the manifests name; what is already gone is fine. A dry run names each object, in order.
+    Foreground: an object is gone only once what it owns is (a PyTorchJob's pods, a Deployment's), so a job deployed
+    again right after does not meet its predecessor's terminating pods under the same names."""
+    argv = ["delete", "--ignore-not-found", "--wait=true", "--cascade=foreground", "-f", "-"]
     if runner.dry_run:
         for manifest in manifests:
             runner.step(f"delete {object_name(manifest)} (kubectl {' '.join(argv[:3])}; gone already is fine)", lambda: None)

@@ -352,7 +352,23 @@ def _up(c, dry_run=False):
             data(c, dry_run=dry_run)
     else:
         _cluster_needs(c, s, dry_run)
+    if not dry_run and _still_running(target):
+        return
     deploy(c, dry_run=dry_run)
+
+
+def _still_running(target) -> bool:
+    """`up` again while the job trains leaves it training (up is safe to repeat); a finished job is deployed again
+    (it resumes from its checkpoint, or says at once that it has finished)."""
+    from doeks import ui
+    from doeks.targets.base import PENDING, RESTARTING, RUNNING
+
+    st = target.describe()
+    if st.state not in (PENDING, RUNNING, RESTARTING):
+        return False
+    ui.say(f"job {st.name} is already on TARGET={target.settings.target} ({st.state}): left as it is "
+           "(`invoke elasticjob.status` to watch it, `invoke elasticjob.deploy --fresh` to start it over)")
+    return True
 
 
 def _cluster_needs(c, s, dry_run):

@@ -72,16 +72,8 @@ def test_healthy_job_has_no_reason_and_reads_no_events(world):  # noqa: F811
     assert not any("events" in argv for argv in calls)  # a healthy job costs two kubectl calls, no more
 
 
-def test_logs_flags_reach_kubectl_and_replica_is_checked(world):  # noqa: F811
-    script(world, [pod("imagenet-worker-0", "Running"), pod("imagenet-worker-1", "Running")], [], logs="a\nb\n")
-    out = invoke("elasticjob.logs", "--tail", "5", "--since", "10m", "--replica", "1", env={"TARGET": "eks"})
-    assert out.returncode == 0 and out.stdout == "a\nb\n", out.stderr
-    argv = [json.loads(line)["argv"] for line in world["record"].read_text().splitlines()][-1]
-    assert "--tail=5" in argv and any(a.startswith("--since=60") for a in argv)
-    assert "doeks/job=imagenet,training.kubeflow.org/replica-index=1" in argv
-    bad = invoke("elasticjob.logs", "--replica", "7", env={"TARGET": "eks"})
-    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
-        "error: --replica 7: job imagenet has pods imagenet-worker-0, imagenet-worker-1"]
+def test_logs_flags_are_checked_before_the_cluster_is_asked(world):  # noqa: F811
+    """Reading logs, --replica and --follow on a real API server: tests/test_kubernetes_jobs.py."""
     for flags, message in ((["--tail", "x"], "error: --tail 'x': expected an integer"),
                            (["--since", "soon"], "error: --since 'soon': expected a duration"),
                            (["--run", "nope"], "error: --run nope: job imagenet has logs of runs")):

@@ -12,6 +12,7 @@ import subprocess
 from typing import Any, Iterator
 
 from .. import jobspec, kube, trainimage
+from ..local.jobs import parse_progress
 from ..errors import DoeksError
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
                    Step, Target)
@@ -138,6 +139,7 @@ class KubernetesTarget(Target):
         state = _CONDITIONS.get(conditions[-1]["type"], RUNNING) if conditions else PENDING
         reason = conditions[-1].get("message", "") if conditions and state == FAILED else ""
         pods = self._pods()
+        by_pod = self._pod_logs() if pods else {}
         replicas = []
         signals: list[str] = []     # container waiting / terminated reasons (CrashLoopBackOff, OOMKilled, ...)
         exit_codes: list[int] = []
@@ -160,16 +162,20 @@ class KubernetesTarget(Target):
             if waiting in _POD_PROBLEMS:
                 replica_state = RESTARTING if waiting == "CrashLoopBackOff" else PENDING
                 reason = reason or f"{pod['metadata']['name']}: {waiting}"
-            replicas.append(ReplicaStatus(pod["metadata"]["name"], replica_state, restarts,
-                                          detail=pod.get("spec", {}).get("nodeName", "")))
+            progress = parse_progress("\n".join(by_pod.get(pod["metadata"]["name"], []))) or {}
+            replicas.append(ReplicaStatus(pod["metadata"]["name"], replica_state, restarts, step=progress.get("step"),
+                                          samples_per_s=progress.get("samples_per_s"), world=progress.get("world"),
+                                          detail=pod.get("spec", {}).get("nodeName", ""), total=progress.get("total")))
         desired = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas")
         restarts = sum(r.restarts for r in replicas)
         fix, permanent = "", False
-        if state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals)):
+        recent = _since_last_step(by_pod)
+        said = reasons.from_lines(recent)  # a permanent reason in a running pod: torchrun would only retry it
+        if state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals) or (said and said.permanent)):
             # what the kubelet and the operator said, then the pods' last log lines (only when something is wrong)
             events = self._events([p["metadata"]["name"] for p in pods])
             signals += [e.get("reason", "") for e in events]
-            found = reasons.classify(messages + [e.get("message", "") for e in events] + self._recent_logs(),
+            found = reasons.classify(messages + [e.get("message", "") for e in events] + recent,
                                      exit_codes, signals, restarts, failed=state == FAILED)
             if found is not None:
                 reason, fix, permanent = found.text, found.fix, found.permanent
@@ -194,25 +200,17 @@ class KubernetesTarget(Target):
         mine = [e for e in items if e.get("involvedObject", {}).get("name") in names]
         return sorted(mine, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
-    def _recent_logs(self) -> list[str]:
-        """Each pod's last lines since its last training step (best effort: a pod may have none yet); an error that
-        training went on after is no reason."""
-        from ..local.jobs import STEP_LINE
-
+    def _pod_logs(self, tail: int = 200) -> dict[str, list[str]]:
+        """Each pod's last lines, by pod name (best effort: a pod may have no log yet)."""
         s = self.settings
         argv = [kube.kubectl(), "logs", "-n", s.namespace, "-l", f"doeks/job={s.job_name}", "--prefix",
-                "--tail=50", "--max-log-requests=64"]
+                f"--tail={tail}", "--max-log-requests=64"]
         result = subprocess.run(argv, capture_output=True, text=True)
-        if result.returncode != 0:
-            return []
         by_pod: dict[str, list[str]] = {}
-        for line in result.stdout.splitlines():
-            lines = by_pod.setdefault(line.split("] ", 1)[0] if line.startswith("[") else "", [])
-            if STEP_LINE.search(line):
-                lines.clear()
-            else:
-                lines.append(line)
-        return [line for pod in sorted(by_pod) for line in by_pod[pod]]
+        for line in result.stdout.splitlines() if result.returncode == 0 else []:
+            prefix, _, text = line.partition("] ") if line.startswith("[") else ("", "", line)
+            by_pod.setdefault(prefix[1:].split("/")[1] if prefix.count("/") >= 2 else prefix, []).append(text)
+        return by_pod
 
     def events(self) -> list[str]:
         events = self._events([p["metadata"]["name"] for p in self._pods()])
@@ -222,9 +220,9 @@ class KubernetesTarget(Target):
 
     def logs(self, follow: bool = False, replica: int | None = None, run: str | None = None, tail: int | None = None,
              since: float | None = None) -> Iterator[str]:
-        import time
-
-        from .follow import check_run
+        """The pods' lines (`[pod/<name>/<container>] ...`); --follow until the job is final, through pods made
+        again and containers restarted, and from before the first pod exists (right after a deploy)."""
+        from .follow import check_run, follow_until_done
 
         s = self.settings
         check_run(self, run)  # the cluster holds the current run's pods only
@@ -232,55 +230,18 @@ class KubernetesTarget(Target):
             names = [r.name for r in self.describe().replicas]
             if not any(n.endswith(f"-worker-{replica}") for n in names):
                 raise DoeksError(f"--replica {replica}: job {s.job_name} has pods {', '.join(names) or 'none'}")
-        selector = f"doeks/job={s.job_name}" + (f",training.kubeflow.org/replica-index={replica}" if replica is not None else "")
-        argv = [kube.kubectl(), "logs", "-n", s.namespace, "-l", selector, "--prefix", "--all-containers",
-                "--max-log-requests=64"] + (["-f"] if follow else [])
-        if tail is not None:
-            argv.append(f"--tail={tail}")
-        if since is not None:
-            argv.append(f"--since={max(1, int(time.time() - since) + 1)}s")
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert process.stdout is not None
-        for line in process.stdout:
-            yield line.rstrip("\n")
-        if process.wait() != 0:
-            error = (process.stderr.read().strip().splitlines() or ["kubectl logs failed"])[-1] if process.stderr else ""
-            raise DoeksError(f"cannot read logs from the cluster ({error}): `invoke eks.connect` writes the kubeconfig")
+        only = f"{s.job_name}-worker-{replica}" if replica is not None else None
+        return follow_until_done(self, PodCursor(self, only), follow, poll=2, tail=tail, since=since)
 
-    def wait(self, timeout: float | None = None, quiet: bool = False, poll: float = 10) -> JobStatus:
-        """Until the PyTorchJob is final: its logs as they come (best effort: there may be no pod yet, or a pod still
-        creating), then its status."""
-        import time
+    def _cursor(self) -> "PodCursor":
+        return PodCursor(self)
 
-        from .. import ui
+    def wait(self, timeout: float | None = None, quiet: bool = False, poll: float = 3) -> JobStatus:
+        """Until the PyTorchJob is final: its pods' new log lines as they come and a progress bar of steps; a
+        permanent reason (bad arguments, missing data) ends the job at once, as on the other targets."""
+        from .follow import wait_with_progress
 
-        deadline = time.monotonic() + timeout if timeout else None
-        seen: set[str] = set()
-        while True:
-            status = self.describe()
-            if not quiet:
-                try:
-                    for line in self.logs():
-                        if line not in seen:
-                            seen.add(line)
-                            ui.console().print(line, markup=False, highlight=False)
-                except DoeksError:
-                    pass  # no pod to read yet
-            if status.permanent and not status.finished:
-                # a restart cannot help (bad arguments, missing data, an import error): end the job now, as the
-                # other targets' follow loop does, instead of letting the operator restart it to its backoff limit
-                from ..runner import Runner
-
-                self.cancel(Runner(echo=False))
-                status.state = FAILED
-            if status.finished:
-                from .runs import settle
-
-                settle(self.settings, status)
-                return status
-            if deadline and time.monotonic() > deadline:
-                raise DoeksError(f"job {self.settings.job_name} still running after {timeout:.0f}s")
-            time.sleep(poll)
+        return wait_with_progress(self, self._cursor(), timeout, quiet, poll=poll)
 
     def scale(self, replicas: int, runner) -> None:
         self.validate_scale(replicas)
@@ -309,3 +270,48 @@ class KubernetesTarget(Target):
         return {"metrics": f"{base}/metrics/{s.job_name}", "checkpoints": f"{base}/checkpoints/{s.job_name}",
                 "final": f"{base}/metrics/{s.job_name}/final.json",
                 "copy": "kubectl cp from a pod that mounts the claim"}
+
+
+def _since_last_step(by_pod: dict[str, list[str]]) -> list[str]:
+    """Each pod's lines since its last training step: an error that training went on after is no reason."""
+    from ..local.jobs import STEP_LINE
+
+    out = []
+    for pod in sorted(by_pod):
+        lines = by_pod[pod]
+        last = max((i for i, line in enumerate(lines) if STEP_LINE.search(line)), default=-1)
+        out += lines[last + 1:]
+    return out
+
+
+class PodCursor:
+    """New log lines of the job's pods, each prefixed `[pod/<name>/<container>]` as `kubectl logs --prefix` does; a
+    pod made again (new uid) or a container restarted is read from its start."""
+
+    def __init__(self, target: KubernetesTarget, only: str | None = None):
+        self.target, self.only = target, only
+        self.offsets: dict[str, tuple[tuple[str, int], int]] = {}  # pod -> ((uid, restarts), lines read)
+
+    def __call__(self) -> list[str]:
+        s = self.target.settings
+        lines: list[str] = []
+        for pod in self.target._pods():
+            name = pod["metadata"]["name"]
+            if self.only is not None and name != self.only:
+                continue
+            statuses = pod.get("status", {}).get("containerStatuses", [])
+            if not statuses or not any("waiting" not in c.get("state", {}) for c in statuses):
+                continue  # nothing started yet: no log to read
+            key = (pod["metadata"].get("uid", ""), sum(c.get("restartCount", 0) for c in statuses))
+            seen_key, count = self.offsets.get(name, (key, 0))
+            if seen_key != key:
+                count = 0
+            result = subprocess.run([kube.kubectl(), "logs", "-n", s.namespace, name, "--all-containers"],
+                                    capture_output=True, text=True)
+            if result.returncode != 0:
+                continue
+            new = result.stdout.splitlines()
+            container = statuses[0].get("name", "pytorch")
+            lines += [f"[pod/{name}/{container}] {line}" for line in new[count:]]
+            self.offsets[name] = (key, max(count, len(new)))
+        return lines

@@ -66,7 +66,8 @@ _LINE_RULES = [
     ("rendezvous", False, re.compile(r"(?P<m>.*(EtcdConnectionFailed|RendezvousConnectionError|Could not get the list of "
                                      r"servers|/v2/(keys|machines).*(Connection refused|Failed to establish)).*)"),
      "rendezvous server unreachable", "etcd is down: `invoke eks.create` restarts the local one (TARGET=local/docker); "
-     "on eks check the etcd Deployment and Service etcd-service, then `invoke elasticjob.deploy`"),
+     "on a cluster the etcd Deployment and its Service etcd-service (`kubectl get deployment etcd`): the workers rejoin "
+     "once it answers"),
 ]
 
 # Kubernetes event / container waiting reasons
