@@ -40,12 +40,12 @@ def env(tmp_path_factory):
     invoke("down", "--yes", env=values, timeout=600)
 
 
-def kubectl(env, *args: str) -> subprocess.CompletedProcess:
+def kubectl(env, *args: str, input: str | None = None) -> subprocess.CompletedProcess:
     from doeks import kube
     from doeks.cluster import versions
 
     return subprocess.run([kube.wheel_kubectl() or kube.kubectl(), f"--kubeconfig={versions.kubeconfig()}", *args],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, input=input)
 
 
 def test_up_starts_the_cluster_deploys_every_unit_and_prints_the_kubeconfig(env):

@@ -1,0 +1,117 @@
+"""The cluster path (TARGET=kubernetes on doeks' own cluster: an elastic PyTorchJob, stock torchrun in the training
+image, etcd rendezvous) vs the local target, measured in one run on the same script, data and job (2 nodes x 1
+process), as bench/docker_target.py does for docker (issue 21):
+
+1. Time to first step: from `invoke elasticjob.deploy` to the first logged optimizer step.
+2. Recovery: past the first checkpoint, a worker killed; time until the next optimizer step of any rank.
+   - local: node 1's agent and workers SIGKILLed (the supervisor restarts them);
+   - cluster, pod: `kubectl delete pod <job>-worker-1 --grace-period=0 --force` (the training operator makes a new pod);
+   - cluster, container: its container's task SIGKILLed through containerd (the kubelet restarts it in place).
+   The ratio line uses the killed pod, what a user on EKS meets when a node or pod is lost.
+
+Lines are timed when the bench reads them (the cluster's through the API server, polled every ~0.5 s). Needs
+`invoke setup --kubernetes` (the cluster is started here and stopped at the end unless it was running before).
+Ends with the lines `cluster first step vs local: N.NNx` and `cluster recovery vs local: N.NNx`; a bench that cannot
+finish says why in one line and exits 1 as soon as it knows.
+
+Run: python bench/cluster_target.py [--rounds N]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from docker_target import ROOT, BenchError, Watch, invoke, kill_node, target_for  # noqa: E402
+
+TRAIN_ARGS = "--log-every 1 --step-delay 0.2"
+
+
+def kill_pod(target, how: str) -> None:
+    from doeks import kube
+    from doeks.cluster import node
+
+    s = target.settings
+    name = f"{s.job_name}-worker-1"
+    if how == "pod":
+        subprocess.run([kube.kubectl(), "delete", "pod", name, "-n", s.namespace, "--grace-period=0", "--force",
+                        "--wait=false"], capture_output=True, check=True)
+        return
+    pod = target._get(["pod", name, "-n", s.namespace]) or {}
+    container = pod.get("status", {}).get("containerStatuses", [{}])[0].get("containerID", "").split("://")[-1]
+    if not container or node.ctr("task", "kill", "-s", "SIGKILL", container).returncode != 0:
+        raise BenchError(f"cannot kill the container of {name}")
+
+
+def one_round(env, name: str, how: str = "pod") -> tuple[float, float]:
+    target = target_for(env)
+    started = time.monotonic()
+    invoke(env, "elasticjob.deploy", "--fresh", "--train-args", TRAIN_ARGS)
+    watch = Watch(target)
+    first = watch.step(started) - started
+    watch.step(0, min_step=int(env["CHECKPOINT_EVERY"]) + 2)  # past the first checkpoint
+    killed = time.monotonic()
+    if name == "local":
+        kill_node(target)
+    else:
+        kill_pod(target, how)
+    recovery = watch.step(killed + 0.3) - killed
+    invoke(env, "elasticjob.delete")
+    return first, recovery
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="doeks-bench-cluster-"))
+    base = {**os.environ, "STATE_DIR": str(work / "state"), "JOB_NAME": "benchk8s", "DATA_TRAIN_PER_CLASS": "200",
+            "DATA_VAL_PER_CLASS": "20", "EPOCHS": "20", "CHECKPOINT_EVERY": "5", "REPLICAS": "2",
+            "NPROC_PER_NODE": "1", "MIN_REPLICAS": "1", "MAX_REPLICAS": "2", "BATCH_SIZE": "16"}
+    local = {**base, "TARGET": "local"}
+    cluster = {**base, "TARGET": "kubernetes", "KUBECONFIG": ""}
+    from doeks.cluster import build, node
+
+    if build.missing():
+        print("bench failed: doeks' cluster is not built: `invoke setup --kubernetes`", file=sys.stderr)
+        return 1
+    was_running = any(node.running().values())
+    rows: dict[str, list[tuple[float, float]]] = {"local": [], "pod": [], "container": []}
+    try:
+        invoke(local, "elasticjob.data")
+        invoke(cluster, "up")  # starts the cluster and deploys every unit (the job's first run is replaced below)
+        for _ in range(args.rounds):
+            rows["local"].append(one_round(local, "local"))
+            rows["pod"].append(one_round(cluster, "kubernetes", "pod"))
+            rows["container"].append(one_round(cluster, "kubernetes", "container"))
+    except BenchError as e:
+        print(f"bench failed: {e}", file=sys.stderr)
+        return 1
+    finally:
+        invoke(local, "elasticjob.delete", check=False)
+        invoke(local, "eks.delete", check=False)
+        invoke(cluster, "elasticjob.delete", check=False)
+        if not was_running:
+            invoke(cluster, "down", "--yes", check=False)
+        shutil.rmtree(work, ignore_errors=True)
+    med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in rows.items()}
+    print(f"rounds: {args.rounds}; " + ", ".join(f"{k} {[tuple(round(x, 1) for x in r) for r in v]}"
+                                                  for k, v in rows.items()))
+    print(f"time to first step: local {med['local'][0]:.1f} s, cluster {med['pod'][0]:.1f} s")
+    print(f"recovery: local (node killed) {med['local'][1]:.1f} s, cluster pod deleted {med['pod'][1]:.1f} s, "
+          f"cluster container killed {med['container'][1]:.1f} s "
+          f"({med['container'][1] / med['local'][1]:.2f}x local)")
+    print(f"cluster first step vs local: {med['pod'][0] / med['local'][0]:.2f}x")
+    print(f"cluster recovery vs local: {med['pod'][1] / med['local'][1]:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The elastic job's verbs and its faults on doeks' own cluster, as a user types them, asserted through the API server.
+
+One cluster for the module (started by `invoke up`, stopped by `invoke down`): `up` twice, then status, describe, logs,
+scale up and back, a worker pod deleted, a container killed, the etcd pod deleted (each: training goes on from its
+checkpoint), `logs --follow` to the end, delete twice; and the faults a user meets, each with the reason `describe`
+gives from a real event or log: an image the node cannot pull, pods that cannot be scheduled, data missing on the
+claim, bad training arguments, and a job name the API server refuses. Needs `invoke setup --kubernetes`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+
+import pytest
+
+from .conftest import invoke, wait_for
+from .test_kubernetes_cluster import _built, kubectl
+
+pytestmark = [pytest.mark.kubernetes, pytest.mark.slow]
+
+JOB = "jobs1"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    if not _built():
+        if os.environ.get("CI"):
+            pytest.fail("CI must have doeks' cluster built: `invoke setup --kubernetes` should have built it")
+        pytest.skip("doeks' cluster is not built (invoke setup --kubernetes)")
+    state = tmp_path_factory.mktemp("k8sjobs") / "state"
+    values = {"TARGET": "kubernetes", "STATE_DIR": str(state), "JOB_NAME": JOB, "KUBECONFIG": "",
+              "REPLICAS": "2", "MIN_REPLICAS": "1", "MAX_REPLICAS": "3", "NPROC_PER_NODE": "1", "EPOCHS": "400",
+              "DATA_TRAIN_PER_CLASS": "64", "DATA_VAL_PER_CLASS": "16"}
+    yield values
+    invoke("down", "--yes", env=values, timeout=600)
+
+
+def progress(env, job: str = JOB) -> dict[str, dict]:
+    """Each worker pod's last reported step and world size, from its log through the API server."""
+    from doeks.local.jobs import parse_progress
+
+    out = kubectl(env, "logs", "-n", "default", "-l", f"doeks/job={job}", "--prefix", "--tail=60",
+                  "--max-log-requests=16").stdout
+    by_pod: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        if line.startswith("[pod/"):
+            by_pod.setdefault(line[5:].split("/", 1)[0], []).append(line.split("] ", 1)[-1])
+    return {pod: parse_progress("\n".join(lines)) or {} for pod, lines in by_pod.items() if "worker" in pod}
+
+
+def trains_past(env, step: int, world: int, timeout: float = 240, job: str = JOB) -> int:
+    """Waits until every one of `world` workers has logged a step after `step` in a world of that size."""
+    def ahead():
+        seen = progress(env, job)
+        ok = len(seen) == world and all(p.get("step", 0) > step and p.get("world") == world for p in seen.values())
+        return min(p["step"] for p in seen.values()) if ok else None
+
+    return wait_for(ahead, timeout, f"{world} workers training past step {step}", poll=2)
+
+
+def pod_json(env, name: str) -> dict:
+    return json.loads(kubectl(env, "get", "pod", name, "-n", "default", "-o", "json").stdout)
+
+
+def describe(env, **more) -> str:
+    result = invoke("elasticjob.describe", env={**env, **more}, timeout=120)
+    return result.stdout + result.stderr
+
+
+def test_up_twice_keeps_the_cluster_and_leaves_the_running_job_alone(env):
+    from doeks.cluster import pki
+
+    first = invoke("up", env=env, timeout=1800)
+    assert first.returncode == 0, first.stderr[-3000:]
+    ca = (pki.pki_dir() / "ca.crt").read_bytes()
+    trains_past(env, 0, 2)
+    uid = json.loads(kubectl(env, "get", "pytorchjob", JOB, "-o", "json").stdout)["metadata"]["uid"]
+    second = invoke("up", env=env, timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"job {JOB} is already on TARGET=kubernetes (Running): left as it is" in second.stdout + second.stderr
+    # the running cluster kept its certificates (a new CA would leave the kubelet unable to reach the API server)
+    assert (pki.pki_dir() / "ca.crt").read_bytes() == ca
+    assert json.loads(kubectl(env, "get", "pytorchjob", JOB, "-o", "json").stdout)["metadata"]["uid"] == uid
+    ready = kubectl(env, "get", "node", "doeks", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}")
+    assert ready.stdout == "True"
+    step = max(p["step"] for p in progress(env).values())
+    trains_past(env, step, 2, timeout=120)
+
+
+def test_status_describe_and_logs_show_the_running_job(env):
+    status = invoke("elasticjob.status", env=env, timeout=120)
+    assert status.returncode == 0, status.stderr
+    out = status.stdout + status.stderr
+    assert f"job {JOB} on kubernetes: Running" in out and "2 nodes wanted" in out
+    rows = [line for line in out.splitlines() if f"{JOB}-worker-" in line]
+    assert len(rows) == 2 and all("Running" in row for row in rows)
+    # the step and world columns come from the pods' own logs
+    assert all(re.search(r"│ \d+\s+│ [\d.]+\s+│ 2\s+│", row) for row in rows), rows
+    text = describe(env)
+    assert "events (" in text and f"Pod/{JOB}-worker-0: Container started" in text
+    assert "reason: none (nothing wrong seen)" in text
+    logs = invoke("elasticjob.logs", "--tail", "20", env=env, timeout=120)
+    assert logs.returncode == 0, logs.stderr
+    for index in (0, 1):
+        assert re.search(rf"\[pod/{JOB}-worker-{index}/pytorch\] .*step=\d+ .*world=2", logs.stdout), logs.stdout[-2000:]
+    one = invoke("elasticjob.logs", "--replica", "1", "--tail", "5", env=env, timeout=120)
+    assert one.returncode == 0 and f"{JOB}-worker-0/" not in one.stdout and f"{JOB}-worker-1/" in one.stdout
+    bad = invoke("elasticjob.logs", "--replica", "7", env=env, timeout=120)
+    assert bad.returncode != 0 and "--replica 7" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_scale_up_and_back_down_while_it_trains(env):
+    step = max(p["step"] for p in progress(env).values())
+    for _ in range(2):  # the second is a no-op
+        result = invoke("elasticjob.scale", "--replicas", "3", env=env, timeout=120)
+        assert result.returncode == 0, result.stderr
+    spec = json.loads(kubectl(env, "get", "pytorchjob", JOB, "-o", "json").stdout)["spec"]
+    assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    step = trains_past(env, step, 3)
+    log = kubectl(env, "logs", f"{JOB}-worker-2", "-n", "default").stdout
+    assert "resumed from checkpoint" in log and "now 3" in log
+    result = invoke("elasticjob.scale", "--replicas", "2", env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    wait_for(lambda: kubectl(env, "get", "pod", f"{JOB}-worker-2", "-n", "default").returncode != 0, 120,
+             "worker-2 removed by the operator", poll=2)
+    trains_past(env, step, 2)
+    refused = invoke("elasticjob.scale", "--replicas", "9", env=env, timeout=120)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
+def test_a_deleted_worker_pod_and_a_killed_container_resume_from_the_checkpoint(env):
+    from doeks.cluster import node
+
+    step = max(p["step"] for p in progress(env).values())
+    old = pod_json(env, f"{JOB}-worker-1")["metadata"]["uid"]
+    assert kubectl(env, "delete", "pod", f"{JOB}-worker-1", "-n", "default", "--wait=false").returncode == 0
+    step = trains_past(env, step, 2)
+    assert pod_json(env, f"{JOB}-worker-1")["metadata"]["uid"] != old  # the operator made a new pod
+    assert "resumed from checkpoint" in kubectl(env, "logs", f"{JOB}-worker-1", "-n", "default").stdout
+    # a container killed (SIGKILL, as the OOM killer does): the kubelet restarts it, training goes on
+    container = pod_json(env, f"{JOB}-worker-0")["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    assert node.ctr("task", "kill", "-s", "SIGKILL", container).returncode == 0
+    wait_for(lambda: pod_json(env, f"{JOB}-worker-0")["status"]["containerStatuses"][0]["restartCount"] >= 1, 120,
+             "the killed container restarted", poll=2)
+    killed = pod_json(env, f"{JOB}-worker-0")["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert killed["exitCode"] == 137
+    trains_past(env, step, 2)
+    status = invoke("elasticjob.status", env=env, timeout=120)
+    said = status.stdout + status.stderr
+    assert re.search(r"Running \(run [^)]*\), 2 nodes wanted, [1-9]\d* restarts", said), said
+
+
+def test_the_etcd_pod_deleted_is_named_then_training_goes_on(env):
+    """The rendezvous server's pod deleted: its Deployment makes a new one and the agents rejoin (seen once in ~10 s).
+    Held down (replicas 0) until describe names it, so the reason is not a race with the recovery."""
+    step = max(p["step"] for p in progress(env).values())
+    assert kubectl(env, "scale", "deployment", "etcd", "-n", "default", "--replicas=0").returncode == 0
+    assert kubectl(env, "delete", "pod", "-n", "default", "-l", "app=etcd", "--wait=false").returncode == 0
+    try:
+        said = wait_for(lambda: "reason: rendezvous server unreachable" in (text := describe(env)) and text, 180,
+                        "describe naming the lost rendezvous server", poll=1)
+        assert "etcd-service" in said
+    finally:
+        assert kubectl(env, "scale", "deployment", "etcd", "-n", "default", "--replicas=1").returncode == 0
+    trains_past(env, step, 2, timeout=420)
+    assert "reason: none" in describe(env)
+
+
+def test_logs_follow_ends_with_the_job_twice_and_delete_twice_leaves_nothing(env):
+    for attempt in range(2):  # the second deploy --fresh replaces the first run
+        deploy = invoke("elasticjob.deploy", "--fresh", "--epochs", "2", env=env, timeout=600)
+        assert deploy.returncode == 0, deploy.stderr[-2000:]
+        follow = invoke("elasticjob.logs", "--follow", env=env, timeout=900)
+        assert follow.returncode == 0, follow.stderr[-2000:]
+        assert "done final_val_acc=" in follow.stdout
+        wait_for(lambda: f"job {JOB} on kubernetes: Succeeded" in invoke("elasticjob.status", env=env).stdout, 120,
+                 "the job Succeeded", poll=2)
+    for _ in range(2):
+        result = invoke("elasticjob.delete", env=env, timeout=300)
+        assert result.returncode == 0, result.stderr
+    left = kubectl(env, "get", "pytorchjob,pods,services,deployments", "-n", "default", "-o", "name").stdout.split()
+    assert not [name for name in left if JOB in name or "etcd" in name], left
+
+
+# -- faults, each with the reason describe gives ---------------------------------------------------------------------
+def _user_cluster(env, tmp_path) -> dict:
+    """The same API server as a cluster doeks did not make (a copy of its kubeconfig): nothing is built or imported
+    for the job, as on any cluster the user brings."""
+    from doeks.cluster import versions
+
+    copy = tmp_path / "kubeconfig"
+    shutil.copy(versions.kubeconfig(), copy)
+    return {**env, "KUBECONFIG": str(copy)}
+
+
+def _gone(env, job: str) -> None:
+    invoke("elasticjob.delete", env={**env, "JOB_NAME": job}, timeout=300)
+
+
+def test_an_image_the_node_cannot_pull_is_named_and_nothing_leaves_the_machine(env, tmp_path):
+    from doeks.cluster import guard
+
+    values = {**_user_cluster(env, tmp_path), "JOB_NAME": "noimage", "TRAIN_IMAGE": "doeks-train:does-not-exist"}
+    try:
+        result = invoke("elasticjob.deploy", env=values, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        said = wait_for(lambda: "reason: the training image cannot be pulled" in (t := describe(values)) and t, 180,
+                        "describe naming the image pull", poll=3)
+        assert "fix: `invoke elasticjob.push`" in said
+        # containerd pulled through doeks' loopback proxy: refused at once, no registry looked up
+        assert "127.0.0.1:9" in said
+        assert guard.dropped() == 0
+    finally:
+        _gone(env, "noimage")
+
+
+def test_pods_that_cannot_be_scheduled_are_named(env):
+    values = {**env, "JOB_NAME": "toobig", "KUBE_GPUS": "1"}
+    try:
+        result = invoke("elasticjob.deploy", env=values, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        said = wait_for(lambda: "reason: pods cannot be scheduled (FailedScheduling)" in (t := describe(values)) and t,
+                        120, "describe naming FailedScheduling", poll=3)
+        assert "Insufficient nvidia.com/gpu" in said
+    finally:
+        _gone(env, "toobig")
+
+
+def test_data_missing_on_the_claim_fails_the_job_at_once_with_the_reason(env):
+    from doeks.settings import load
+
+    values = {**env, "JOB_NAME": "nodata"}
+    volume = load({**os.environ, **values}).state_dir / "volumes"
+    data = next(volume.glob("*/data"))
+    moved = data.with_name("data-away")
+    data.rename(moved)
+    try:
+        result = invoke("elasticjob.deploy", "--follow", env=values, timeout=600)
+        assert result.returncode != 0
+        out = result.stdout + result.stderr
+        assert "data missing: data folder" in out
+        ours = [line for line in result.stderr.splitlines() if not line.startswith("[pod/")]
+        assert "Traceback" not in "\n".join(ours) and ours[-1].startswith("error: job nodata ended Failed"), ours[-5:]
+        text = describe(values)
+        assert "Failed" in text or "Stopped" in text
+    finally:
+        moved.rename(data)
+        _gone(env, "nodata")
+
+
+def test_bad_training_arguments_are_refused_before_anything_reaches_the_cluster(env):
+    values = {**env, "JOB_NAME": "badargs"}
+    result = invoke("elasticjob.deploy", "--train-args", "--epochs lots", env=values, timeout=300)
+    assert result.returncode != 0
+    assert "--epochs: invalid int value: 'lots'" in result.stderr and "Traceback" not in result.stderr
+    assert kubectl(env, "get", "pytorchjob", "badargs", "-n", "default").returncode != 0
+
+
+@pytest.mark.parametrize("name", ["9job", "Job", "job_1", "job.1", "-job"])
+def test_every_job_name_the_api_server_refuses_doeks_refuses_first(env, name):
+    """The API server's verdict on the job's manifests under this name (server-side dry run: validation, CEL and
+    admission, nothing stored), against doeks' own check of JOB_NAME."""
+    from doeks import jobspec
+    from doeks.runner import to_yaml_stream
+    from doeks.settings import load
+
+    manifests = jobspec.manifests(load({**os.environ, **env, "JOB_NAME": "namecheck"}), image="doeks-train:x")
+    text = to_yaml_stream(manifests).replace("namecheck", name)
+    server = kubectl(env, "apply", "--dry-run=server", "-f", "-", input=text)
+    ours = invoke("elasticjob.deploy", "--dry-run", env={**env, "JOB_NAME": name}, timeout=120)
+    if server.returncode != 0:
+        assert ours.returncode != 0, f"the API server refuses {name!r} ({server.stderr.strip()}) and doeks does not"
+        assert "JOB_NAME" in ours.stderr and "Traceback" not in ours.stderr
