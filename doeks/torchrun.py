@@ -1,5 +1,11 @@
-"""torchrun as the training image runs it: torch.distributed.run itself, with its etcd rendezvous' run directory fixed.
-The image's `torchrun` is `python3 -m doeks.torchrun` (elasticjob/Dockerfile); doeks' local agent applies the same fix.
+"""torchrun as the training image runs it: torch.distributed.run itself, with its etcd rendezvous fixed. The image's
+`torchrun` is `python3 -m doeks.torchrun` (elasticjob/Dockerfile); doeks' local agent applies the same fixes.
+
+Recovery (measured by bench/cluster_target.py): an agent that leaves a round (its workers failed, or it is told to
+restart) deletes its own keep-alive key instead of letting it lapse, so the others see at once that the round is over;
+an agent whose round was replaced by a newer one joins it at its next health check instead of waiting for its own
+workers to fail; and the keep-alive lease is 3 s instead of 10 s, the most a round waits for an agent that died
+(torch waits for one keep-alive key to lapse before it starts the next round).
 
 torch's etcd rendezvous makes the run's directory (/torchelastic/p2p/run_<id>) with a 2 h TTL and starts a thread that
 renews it with `client.refresh`. etcd (3.4, 3.5: the v2 API the job's etcd serves) refuses to change a directory's TTL
@@ -16,6 +22,7 @@ import sys
 import threading
 
 RUN_DIR_TTL = 7 * 24 * 3600
+KEEPALIVE_TTL = 3
 
 
 def patch_run_dir() -> None:
@@ -38,8 +45,60 @@ def patch_run_dir() -> None:
     rendezvous._doeks_run_dir = True
 
 
-def main() -> int:
+def patch_rendezvous() -> None:
+    """The run directory (patch_run_dir), then the keep-alive and round changes of the module's docstring."""
     patch_run_dir()
+    try:
+        from torch.distributed.elastic.rendezvous import etcd_rendezvous
+    except ImportError:
+        return
+    rendezvous = etcd_rendezvous.EtcdRendezvous
+    if getattr(rendezvous, "_doeks_recovery", False):
+        return
+    etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL = KEEPALIVE_TTL
+    setup_lease_renewal, barrier = rendezvous.setup_lease_renewal, rendezvous.rendezvous_barrier
+
+    def lease(self, full_path, ttl):
+        stop = setup_lease_renewal(self, full_path, ttl)
+        if full_path != self.get_path(""):  # this rank's keep-alive key (the run's directory has no renewal)
+            self._doeks_lease = (full_path, stop)
+        return stop
+
+    def leave_then_barrier(self):
+        path, stop = getattr(self, "_doeks_lease", (None, None))
+        if path is not None:
+            stop.set()
+            try:
+                self.client.delete(path)
+            except Exception:  # noqa: BLE001 - already lapsed or gone with its round
+                pass
+            self._doeks_lease = (None, None)
+        version, rank, world_size = barrier(self)
+        self._doeks_version = version
+        return version, rank, world_size
+
+    def nodes_waiting(self):
+        """As torch's, and > 0 also when a newer round than ours is forming (a node left ours): go and join it."""
+        try:
+            _, state = self._rdzv_impl.get_rdzv_state()
+        except etcd_rendezvous.etcd.EtcdKeyNotFound:
+            return 0
+        status, version = state.get("status"), state.get("version")
+        mine = getattr(self._rdzv_impl, "_doeks_version", None)
+        if status == "final" and (mine is None or version == mine):
+            return state["num_workers_waiting"]
+        if mine is not None and status in ("joinable", "frozen", "final") and version != mine:
+            return 1
+        return 0
+
+    etcd_rendezvous.EtcdRendezvousHandler.num_nodes_waiting = nodes_waiting
+    rendezvous.setup_lease_renewal = lease
+    rendezvous.rendezvous_barrier = leave_then_barrier
+    rendezvous._doeks_recovery = True
+
+
+def main() -> int:
+    patch_rendezvous()
     from torch.distributed.run import main as torchrun
 
     sys.argv[0] = "torchrun"

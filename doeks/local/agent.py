@@ -8,7 +8,7 @@ only make sense when every node is a process on this machine:
 - etcd rendezvous: an agent that leaves a round deletes its own keep-alive key instead of letting it lapse, so the
   others see at once that the round is over, and an agent whose round was replaced by a newer one joins it at its next
   health check instead of waiting for its own workers to fail; the keep-alive lease is 3 s instead of 10 s for an agent
-  that died;
+  that died (these three are doeks.torchrun's, which the training image runs too);
 - etcd rendezvous: the join window ("last call") stays open until every node the local supervisor runs has joined
   (up to JOIN_WAIT s), then closes at once: torch closes it 1 s after the first node, so a node slower than that to
   start rendezvoused the others without it, and they re-rendezvoused when it came;
@@ -31,10 +31,9 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import subproc
 from torch.distributed.elastic.rendezvous import etcd_rendezvous
 from torch.distributed.run import main
 
-from ..torchrun import patch_run_dir
+from ..torchrun import patch_rendezvous as patch_torchrun
 from . import zygote as zygote_module
 
-KEEPALIVE_TTL = 3
 LAST_CALL_POLL = 0.2
 JOIN_WAIT = 120  # longest the join window waits for a node the supervisor runs (its start: importing torch)
 
@@ -52,29 +51,11 @@ def expected_nodes() -> int | None:
 
 
 def patch_rendezvous() -> None:
-    patch_run_dir()
+    """The image's fixes (doeks.torchrun: run directory, 3 s keep-alive, leaving a round at once, joining a newer
+    round), then the local supervisor's join window."""
+    patch_torchrun()
     rendezvous = etcd_rendezvous.EtcdRendezvous
-    etcd_rendezvous.CONST_WORKER_KEEPALIVE_TTL = KEEPALIVE_TTL
-    setup_lease_renewal, barrier, last_call = rendezvous.setup_lease_renewal, rendezvous.rendezvous_barrier, rendezvous.handle_join_last_call
-
-    def lease(self, full_path, ttl):
-        stop = setup_lease_renewal(self, full_path, ttl)
-        if full_path != self.get_path(""):  # this rank's keep-alive key (the run's directory has no renewal)
-            self._doeks_lease = (full_path, stop)
-        return stop
-
-    def leave_then_barrier(self):
-        path, stop = getattr(self, "_doeks_lease", (None, None))
-        if path is not None:
-            stop.set()
-            try:
-                self.client.delete(path)
-            except Exception:  # noqa: BLE001 - already lapsed or gone with its round
-                pass
-            self._doeks_lease = (None, None)
-        version, rank, world_size = barrier(self)
-        self._doeks_version = version
-        return version, rank, world_size
+    last_call = rendezvous.handle_join_last_call
 
     def close_when_all_joined(self, expected_version, deadline):
         """Keep the join window open until every node the supervisor wants has joined (up to JOIN_WAIT s: a node
@@ -104,25 +85,7 @@ def patch_rendezvous() -> None:
                                            timeout=max(0.0, min(LAST_CALL_POLL, limit - time.time())))
         return last_call(self, expected_version, min(deadline, time.time()))
 
-    def nodes_waiting(self):
-        """As torch's, and > 0 also when a newer round than ours is forming (a node left ours): go and join it."""
-        try:
-            _, state = self._rdzv_impl.get_rdzv_state()
-        except etcd_rendezvous.etcd.EtcdKeyNotFound:
-            return 0
-        status, version = state.get("status"), state.get("version")
-        mine = getattr(self._rdzv_impl, "_doeks_version", None)
-        if status == "final" and (mine is None or version == mine):
-            return state["num_workers_waiting"]
-        if mine is not None and status in ("joinable", "frozen", "final") and version != mine:
-            return 1
-        return 0
-
-    etcd_rendezvous.EtcdRendezvousHandler.num_nodes_waiting = nodes_waiting
-    rendezvous.setup_lease_renewal = lease
-    rendezvous.rendezvous_barrier = leave_then_barrier
     rendezvous.handle_join_last_call = close_when_all_joined
-
 
 PERMANENT_EXIT = 2
 
