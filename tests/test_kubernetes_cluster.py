@@ -166,3 +166,28 @@ def test_down_twice_leaves_nothing_behind(env):
     assert second.returncode == 0, second.stderr[-3000:]
     assert node.leftovers() == {"processes": [], "mounts": [], "network namespaces": [], "iptables chains": [],
                                 "bridge": [], "cgroups": []}
+
+
+def test_up_after_down_starts_a_cluster_with_nothing_doeks_made_left(env):
+    """After `down`, a new cluster (eks.create: the node alone) holds nothing of the last one: no CRD, webhook, cluster
+    role or binding, namespace, PV or pod that doeks or its operators made (down removed the etcd data with the rest)."""
+    created = invoke("eks.create", env=env, timeout=600)
+    assert created.returncode == 0, created.stderr[-3000:]
+    try:
+        listed = kubectl(env, "get", "crd,validatingwebhookconfigurations,mutatingwebhookconfigurations,clusterroles,"
+                         "clusterrolebindings,namespaces,pv,pods,pvc", "-A", "-o", "json")
+        assert listed.returncode == 0, listed.stderr
+        names = [f"{item['kind']}/{item['metadata']['name']}" for item in json.loads(listed.stdout)["items"]]
+        left = [n for n in names if n.startswith(("CustomResourceDefinition/", "ValidatingWebhookConfiguration/",
+                                                  "MutatingWebhookConfiguration/", "PersistentVolume",
+                                                  "Pod/", "PersistentVolumeClaim/"))
+                or (n.startswith(("ClusterRole", "Namespace/")) and any(k in n for k in ("kubeflow", "training",
+                                                                                         "trainer", "jobset", "doeks")))]
+        assert [n for n in left if not n.startswith("Pod/coredns")] == [], left
+    finally:
+        deleted = invoke("down", "--yes", env=env, timeout=900)
+        assert deleted.returncode == 0, deleted.stderr[-3000:]
+    from doeks.cluster import node
+
+    assert node.leftovers() == {"processes": [], "mounts": [], "network namespaces": [], "iptables chains": [],
+                                "bridge": [], "cgroups": []}

@@ -65,6 +65,10 @@ def pod_json(env, name: str) -> dict:
     return json.loads(kubectl(env, "get", "pod", name, "-n", "default", "-o", "json").stdout)
 
 
+def _said(result) -> str:
+    return result.stdout + result.stderr
+
+
 def describe(env, **more) -> str:
     result = invoke("elasticjob.describe", env={**env, **more}, timeout=120)
     return result.stdout + result.stderr
@@ -177,7 +181,7 @@ def test_logs_follow_ends_with_the_job_twice_and_delete_twice_leaves_nothing(env
         follow = invoke("elasticjob.logs", "--follow", env=env, timeout=900)
         assert follow.returncode == 0, follow.stderr[-2000:]
         assert "done final_val_acc=" in follow.stdout
-        wait_for(lambda: f"job {JOB} on kubernetes: Succeeded" in invoke("elasticjob.status", env=env).stdout, 120,
+        wait_for(lambda: f"job {JOB} on kubernetes: Succeeded" in _said(invoke("elasticjob.status", env=env)), 120,
                  "the job Succeeded", poll=2)
     for _ in range(2):
         result = invoke("elasticjob.delete", env=env, timeout=300)
