@@ -347,10 +347,10 @@ def to_model_input(images, device, channels_last: bool):
     """uint8 N x 3 x H x W (as the loader sends it: 4x less to copy than float) -> normalised float on `device`."""
     import torch
 
-    images = images.to(device, non_blocking=True)
+    images = images.to(device, non_blocking=True).float()
     mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
     std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
-    images = (images - mean).div_(std)  # uint8 - float32 is float32: .float().sub_(mean) in one pass, the same values
+    images = images.sub_(mean).div_(std)
     return images.contiguous(memory_format=torch.channels_last) if channels_last else images
 
 
