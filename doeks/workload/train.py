@@ -249,16 +249,21 @@ def decode_box(raw: bytes, height: int, width: int, scale: int, top: int, left: 
     return torch.from_numpy(np.ascontiguousarray(image[y0:y0 + bh, x0:x0 + bw])).permute(2, 0, 1)
 
 
+_LOG_RATIO: dict = {}
+
+
 def crop_box(height: int, width: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
     """(top, left, h, w) of a RandomResizedCrop: torchvision's v2.RandomResizedCrop.make_params (0.28), the same
     draws from torch's generator (so DataLoader workers' seeds apply), including the central-crop fallback."""
     import torch
 
     area = height * width
-    log_ratio = torch.log(torch.tensor(ratio))
+    log_ratio = _LOG_RATIO.get(ratio)
+    if log_ratio is None:  # torchvision's float32 log of the ratios, as the Python floats uniform_ receives
+        log_ratio = _LOG_RATIO.setdefault(ratio, tuple(torch.log(torch.tensor(ratio)).tolist()))
     for _ in range(10):
         target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
-        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        aspect_ratio = torch.empty(1).uniform_(log_ratio[0], log_ratio[1]).exp_().item()  # float32 exp, as torch.exp
         w = int(round(math.sqrt(target_area * aspect_ratio)))
         h = int(round(math.sqrt(target_area / aspect_ratio)))
         if 0 < w <= width and 0 < h <= height:
