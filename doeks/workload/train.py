@@ -3,7 +3,8 @@
 DDP over an ImageNet-layout folder with the standard recipe by default: train RandomResizedCrop + flip, val Resize +
 CenterCrop, ImageNet mean/std, SGD (nesterov) with the LR scaled to the global batch, warmup then cosine decay,
 label smoothing, top-1/top-5. Data: the crop is chosen first and a JPEG decoded at the smallest libjpeg-turbo DCT
-scale that keeps it at least the output size (simplejpeg; torchvision.io and PIL for the rest: docs/loader.md),
+scale that keeps it at least the output size, for train only the crop's rows and columns (_jpegcrop, built from
+_jpegcrop.c against libjpeg-turbo where a compiler is; simplejpeg; torchvision.io and PIL for the rest: docs/loader.md),
 transforms v2 on uint8 tensors in DataLoader workers; on GPU bf16 autocast and channels_last (optional torch.compile).
 Each logged step says how long it waited for data.
 
@@ -14,8 +15,9 @@ checkpoint is one error line. Rank 0 writes metrics as CSV and TensorBoard event
 
 Reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and SageMaker's (SM_CHANNEL_TRAINING, SM_MODEL_DIR,
 SM_OUTPUT_DATA_DIR, SM_HOSTS, SM_CURRENT_HOST). Self-contained on purpose: it needs torch and torchvision only, so the
-same file is the SageMaker entry point and the container command (simplejpeg, in the training image, only speeds the
-loader up: without it every file takes the torchvision.io path).
+same file is the SageMaker entry point and the container command (simplejpeg and the _jpegcrop module next to it, in
+the training image, only speed the loader up: without _jpegcrop simplejpeg decodes whole images, without simplejpeg every
+file takes the torchvision.io path).
 """
 from __future__ import annotations
 
@@ -147,14 +149,17 @@ def pil_decode(raw: bytes):
 # --- train/val transforms on the file's bytes: the crop is chosen first, then only the scale it needs is decoded ---
 # libjpeg-turbo decodes a JPEG at 1/2, 1/4 or 1/8 of its size in the DCT domain (SIMD IDCTs that skip the discarded
 # frequencies); simplejpeg exposes it (min_height/min_width) and ships its own libjpeg-turbo. A crop that still has
-# at least the output size at a smaller scale is decoded at that scale, then resized as before. Files it refuses (PNG
-# named .JPEG, CMYK, a missing simplejpeg) take load_image and torchvision's transforms: same distribution, full decode.
+# at least the output size at a smaller scale is decoded at that scale, then resized as before. For train, _jpegcrop
+# (libjpeg-turbo's jpeg_skip_scanlines + jpeg_crop_scanline) decodes only the crop's rows and iMCU columns at that
+# scale; where it is not built simplejpeg decodes the whole image. Files they refuse (PNG named .JPEG, CMYK, a missing
+# simplejpeg) take load_image and torchvision's transforms: same distribution, full decode.
 
 CROP_DECODE = {"region": 0, "scaled": 0, "fallback": 0}  # per process: images decoded by _jpegcrop for their crop's
 # region / by simplejpeg (whole image) at their crop's scale / in full by load_image
 SCALES: dict = {}  # per process: DCT scale denominator (1, 2, 4, 8) -> images decoded at it
 DCT_SCALES = (8, 4, 2)
-FAST_DCT = True  # libjpeg-turbo's fast IDCT and chroma upsampling: ~8% of the decode; pixels ~2 levels off (docs/loader.md)
+FAST_DCT = True  # libjpeg-turbo's fast IDCT (and, on simplejpeg's path, chroma upsampling): ~8% of a decode; pixels ~2
+# levels off (docs/loader.md)
 _SIMPLEJPEG: list = []
 _JPEGCROP: list = []
 
