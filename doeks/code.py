@@ -50,7 +50,8 @@ class Code:
     def files(self) -> list[Path]:
         """The source folder's files (what the image and the SageMaker source archive get), sorted."""
         if self.builtin:
-            return sorted(p for p in self.source.rglob("*.py") if p.is_file() and "__pycache__" not in p.parts)
+            return sorted(p for p in self.source.rglob("*") if p.suffix in (".py", ".c") and p.is_file()
+                          and "__pycache__" not in p.parts)  # .c: the loader's _jpegcrop, built in the image
         found = []
         for path in sorted(self.source.rglob("*")):
             rel = path.relative_to(self.source)

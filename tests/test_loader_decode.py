@@ -1,5 +1,7 @@
 """The loader picks the RandomResizedCrop box first and decodes a JPEG only at the scale that box needs
-(libjpeg-turbo's DCT-domain scaling through simplejpeg); the augmentation is still torchvision's.
+(libjpeg-turbo's DCT-domain scaling) and, where doeks' _jpegcrop module is built, only the box's rows and iMCU columns
+(libjpeg-turbo's jpeg_skip_scanlines / jpeg_crop_scanline); without it simplejpeg decodes the whole image at that scale.
+The augmentation is still torchvision's, on both paths.
 
 The statistics test reads each crop back from the pixels: the source is a JPEG whose red channel is the column and
 whose green channel is the row, so the first and last column/row of a 32 x 32 output tell the box's width and height
@@ -45,14 +47,50 @@ def _boxes(outputs) -> dict:
             "flipped": (right < left).float().mean().item()}
 
 
-def test_crop_area_and_aspect_ratio_statistics_match_torchvision(tmp_path):
+@pytest.fixture(scope="module")
+def jpegcrop():
+    """doeks' region decode module, built here (python -m doeks.workload.jpegcrop_build) when it is missing and a C
+    compiler and libjpeg's headers are: a test that needs it is skipped only where it cannot be built."""
+    if train._jpegcrop() is None:
+        import shutil
+        import subprocess
+
+        from doeks.workload import jpegcrop_build
+
+        if shutil.which("cc") is None:
+            pytest.skip("no C compiler: doeks.workload._jpegcrop cannot be built here")
+        try:
+            jpegcrop_build.build()
+        except subprocess.CalledProcessError as error:
+            pytest.skip(f"doeks.workload._jpegcrop does not build here (libjpeg headers?): {error}")
+        train._JPEGCROP.clear()
+    assert train._jpegcrop() is not None
+    return train._jpegcrop()
+
+
+@pytest.fixture(params=["region", "scaled"])
+def decode_path(request, monkeypatch):
+    """Both decodes of the train crop: _jpegcrop's region decode and simplejpeg's whole image (_jpegcrop not built)."""
+    if request.param == "region":
+        request.getfixturevalue("jpegcrop")
+    else:
+        monkeypatch.setattr(train, "_JPEGCROP", [None])
+    return request.param
+
+
+def _reset_counters():
+    train.CROP_DECODE.update(region=0, scaled=0, fallback=0)
+    train.SCALES.clear()
+
+
+def test_crop_area_and_aspect_ratio_statistics_match_torchvision(tmp_path, decode_path):
     import torch
     from torchvision.transforms import v2
 
     raw = _gradient_jpeg(tmp_path / "gradient.JPEG")
     samples = 1500
     transform = train.train_transform(OUT)
-    train.CROP_DECODE.update(scaled=0, fallback=0)
+    train.CROP_DECODE.update(region=0, scaled=0, fallback=0)
     train.SCALES.clear()
     torch.manual_seed(1)
     ours = _boxes([transform(raw) for _ in range(samples)])
@@ -69,7 +107,8 @@ def test_crop_area_and_aspect_ratio_statistics_match_torchvision(tmp_path):
         (mean, std), (ref_mean, ref_std) = ours[key], theirs[key]
         assert abs(mean - ref_mean) < tolerance and abs(std - ref_std) < tolerance, (key, ours, theirs)
     assert abs(ours["flipped"] - 0.5) < 0.05 and abs(theirs["flipped"] - 0.5) < 0.05
-    assert train.CROP_DECODE == {"scaled": samples, "fallback": 0}
+    assert train.CROP_DECODE == {"region": samples if decode_path == "region" else 0,
+                                 "scaled": samples if decode_path == "scaled" else 0, "fallback": 0}, train.CROP_DECODE
     assert set(train.SCALES) == {2, 4, 8}, train.SCALES  # every crop has >= 64 px a side: decoded at 1/2 or less
     assert train.SCALES[8] > samples // 10
 
@@ -100,22 +139,23 @@ def dataset(tmp_path_factory):
     return root
 
 
-def test_normal_jpegs_take_the_scaled_decode_and_odd_files_fall_back(dataset):
+def test_normal_jpegs_take_the_scaled_decode_and_odd_files_fall_back(dataset, decode_path):
     from PIL import Image
 
     for split, transform in (("train", train.train_transform(24)), ("val", train.val_transform(24, 27))):
+        fast = "region" if split == "train" and decode_path == "region" else "scaled"  # val: simplejpeg, scaled
         folder = train.image_folder(dataset / split, transform)
         kinds = []
         for path, _ in folder.samples:
             with Image.open(path) as image:
                 kinds.append((image.format, image.mode))
-        train.CROP_DECODE.update(scaled=0, fallback=0)
+        _reset_counters()
         for index in range(len(folder)):
             image, _ = folder[index]
             assert tuple(image.shape) == (3, 24, 24) and not image.dtype.is_floating_point
         normal = sum(kind in (("JPEG", "RGB"), ("JPEG", "L")) for kind in kinds)
         odd = len(kinds) - normal  # the PNG named .JPEG and the CMYK JPEGs
-        assert ("JPEG", "L") in kinds and odd >= 1 and train.CROP_DECODE == {"scaled": normal, "fallback": odd}, (split, kinds, train.CROP_DECODE)
+        assert ("JPEG", "L") in kinds and odd >= 1 and train.CROP_DECODE == {"region": 0, "scaled": 0, **{fast: normal}, "fallback": odd}, (split, kinds, train.CROP_DECODE)
 
 
 def test_a_large_jpeg_is_decoded_at_a_fraction_of_its_size_and_looks_the_same(tmp_path):
@@ -146,8 +186,57 @@ def test_a_large_jpeg_is_decoded_at_a_fraction_of_its_size_and_looks_the_same(tm
 def test_without_simplejpeg_every_file_takes_the_full_decode(monkeypatch, tmp_path):
     raw = _gradient_jpeg(tmp_path / "gradient.JPEG")
     monkeypatch.setattr(train, "_SIMPLEJPEG", [None])
-    train.CROP_DECODE.update(scaled=0, fallback=0)
+    _reset_counters()
     assert tuple(train.train_transform(OUT)(raw).shape) == (3, OUT, OUT)
     assert tuple(train.val_transform(OUT, 36)(raw).shape) == (3, OUT, OUT)
-    assert train.CROP_DECODE == {"scaled": 0, "fallback": 2}
+    assert train.CROP_DECODE == {"region": 0, "scaled": 0, "fallback": 2}
     assert not math.isnan(train.to_model_input(train.val_transform(OUT, 36)(raw)[None], "cpu", False).mean().item())
+
+
+def test_region_decode_is_the_box_of_the_whole_decode(tmp_path, jpegcrop):
+    """_jpegcrop's box (its rows only, its iMCU columns only) has the pixels of the same box cut from the whole image
+    decoded at the same scale (simplejpeg, another libjpeg-turbo: a level or two apart where the chroma upsampling
+    at the box's edge differs), for colour and grayscale JPEGs, 4:2:0 and 4:4:4, boxes at every edge, every scale."""
+    import numpy as np
+    import simplejpeg
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    picture = data._image(1, 400, rng)[:301, :457]  # odd sizes: partial iMCUs at the right and bottom
+    files = {}
+    for name, image, options in (("420", picture, {}), ("444", picture, {"subsampling": 0}),
+                                 ("gray", picture.mean(2).astype(np.uint8), {})):
+        Image.fromarray(image).save(tmp_path / f"{name}.JPEG", quality=90, **options)
+        files[name] = (tmp_path / f"{name}.JPEG").read_bytes()
+    for name, raw in files.items():
+        height, width = train.jpeg_size(raw)
+        for scale in (1, 2, 4, 8):
+            whole = simplejpeg.decode_jpeg(raw, colorspace="RGB", fastdct=True, fastupsample=False,
+                                           min_height=-(-height // scale), min_width=-(-width // scale))
+            sh, sw = whole.shape[:2]
+            assert (sh, sw) == (-(-height // scale), -(-width // scale))
+            for top, left, h, w in ((0, 0, sh, sw), (sh // 3, sw // 5, sh // 2, sw // 3), (sh - 1, sw - 1, 1, 1),
+                                    (1, 17 % sw, sh - 1, sw - 17 % sw), (0, sw - 9 if sw > 9 else 0, 9 if sh > 9 else sh, 9 if sw > 9 else sw)):
+                box = np.frombuffer(jpegcrop.decode_crop(raw, scale, top, left, h, w, 1), np.uint8).reshape(h, w, 3)
+                difference = np.abs(box.astype(int) - whole[top:top + h, left:left + w].astype(int))
+                assert difference.mean() < 0.5 and difference.max() <= 16, (name, scale, (top, left, h, w), difference.mean(), difference.max())
+    with pytest.raises(ValueError):
+        jpegcrop.decode_crop(files["420"], 1, 0, 0, 302, 10, 1)  # outside the image
+    with pytest.raises(ValueError):
+        jpegcrop.decode_crop(files["420"][:200] + b"x" * 50, 1, 0, 0, 10, 10, 1)  # not a JPEG libjpeg can read
+    with pytest.raises(ValueError):
+        jpegcrop.decode_crop(b"\x89PNG\r\n\x1a\n" + bytes(100), 1, 0, 0, 10, 10, 1)
+
+
+def test_region_decode_refuses_cmyk_and_the_train_crop_falls_back(tmp_path, jpegcrop):
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    Image.fromarray(np.full((64, 80, 4), 100, np.uint8), mode="CMYK").save(tmp_path / "cmyk.JPEG")
+    raw = (tmp_path / "cmyk.JPEG").read_bytes()
+    assert jpegcrop.decode_crop(raw, 1, 0, 0, 8, 8, 1) is None
+    _reset_counters()
+    torch.manual_seed(0)
+    assert tuple(train.train_transform(OUT)(raw).shape) == (3, OUT, OUT)
+    assert train.CROP_DECODE == {"region": 0, "scaled": 0, "fallback": 1}

@@ -3,7 +3,8 @@
 DDP over an ImageNet-layout folder with the standard recipe by default: train RandomResizedCrop + flip, val Resize +
 CenterCrop, ImageNet mean/std, SGD (nesterov) with the LR scaled to the global batch, warmup then cosine decay,
 label smoothing, top-1/top-5. Data: the crop is chosen first and a JPEG decoded at the smallest libjpeg-turbo DCT
-scale that keeps it at least the output size (simplejpeg; torchvision.io and PIL for the rest: docs/loader.md),
+scale that keeps it at least the output size, for train only the crop's rows and columns (_jpegcrop, built from
+_jpegcrop.c against libjpeg-turbo where a compiler is; simplejpeg; torchvision.io and PIL for the rest: docs/loader.md),
 transforms v2 on uint8 tensors in DataLoader workers; on GPU bf16 autocast and channels_last (optional torch.compile).
 Each logged step says how long it waited for data.
 
@@ -14,8 +15,9 @@ checkpoint is one error line. Rank 0 writes metrics as CSV and TensorBoard event
 
 Reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and SageMaker's (SM_CHANNEL_TRAINING, SM_MODEL_DIR,
 SM_OUTPUT_DATA_DIR, SM_HOSTS, SM_CURRENT_HOST). Self-contained on purpose: it needs torch and torchvision only, so the
-same file is the SageMaker entry point and the container command (simplejpeg, in the training image, only speeds the
-loader up: without it every file takes the torchvision.io path).
+same file is the SageMaker entry point and the container command (simplejpeg and the _jpegcrop module next to it, in
+the training image, only speed the loader up: without _jpegcrop simplejpeg decodes whole images, without simplejpeg every
+file takes the torchvision.io path).
 """
 from __future__ import annotations
 
@@ -147,14 +149,19 @@ def pil_decode(raw: bytes):
 # --- train/val transforms on the file's bytes: the crop is chosen first, then only the scale it needs is decoded ---
 # libjpeg-turbo decodes a JPEG at 1/2, 1/4 or 1/8 of its size in the DCT domain (SIMD IDCTs that skip the discarded
 # frequencies); simplejpeg exposes it (min_height/min_width) and ships its own libjpeg-turbo. A crop that still has
-# at least the output size at a smaller scale is decoded at that scale, then resized as before. Files it refuses (PNG
-# named .JPEG, CMYK, a missing simplejpeg) take load_image and torchvision's transforms: same distribution, full decode.
+# at least the output size at a smaller scale is decoded at that scale, then resized as before. For train, _jpegcrop
+# (libjpeg-turbo's jpeg_skip_scanlines + jpeg_crop_scanline) decodes only the crop's rows and iMCU columns at that
+# scale; where it is not built simplejpeg decodes the whole image. Files they refuse (PNG named .JPEG, CMYK, a missing
+# simplejpeg) take load_image and torchvision's transforms: same distribution, full decode.
 
-CROP_DECODE = {"scaled": 0, "fallback": 0}  # per process: images decoded by simplejpeg for their crop / in full
+CROP_DECODE = {"region": 0, "scaled": 0, "fallback": 0}  # per process: images decoded by _jpegcrop for their crop's
+# region / by simplejpeg (whole image) at their crop's scale / in full by load_image
 SCALES: dict = {}  # per process: DCT scale denominator (1, 2, 4, 8) -> images decoded at it
 DCT_SCALES = (8, 4, 2)
-FAST_DCT = True  # libjpeg-turbo's fast IDCT and chroma upsampling: ~8% of the decode; pixels ~2 levels off (docs/loader.md)
+FAST_DCT = True  # libjpeg-turbo's fast IDCT (and, on simplejpeg's path, chroma upsampling): ~8% of a decode; pixels ~2
+# levels off (docs/loader.md)
 _SIMPLEJPEG: list = []
+_JPEGCROP: list = []
 
 
 def _simplejpeg():
@@ -201,16 +208,67 @@ def decode_scaled(raw: bytes, height: int, width: int, scale: int):
     return np.asarray(image)
 
 
+def _jpegcrop():
+    if not _JPEGCROP:
+        try:  # built next to this file (python -m doeks.workload.jpegcrop_build): as doeks.workload._jpegcrop or, when
+            # train.py runs as a script (the container's command, SageMaker's entry point), as _jpegcrop
+            import importlib
+
+            module = importlib.import_module(f"{__package__}._jpegcrop" if __package__ else "_jpegcrop")
+        except ImportError:  # not built (no compiler or libjpeg headers where doeks was installed): simplejpeg decodes
+            module = None
+        _JPEGCROP.append(module)
+    return _JPEGCROP[0]
+
+
+def scaled_box(height: int, width: int, scale: int, top: int, left: int, h: int, w: int) -> tuple[int, int, int, int]:
+    """A box of the full image mapped onto libjpeg-turbo's 1/scale image (whose size is rounded up): (top, left, h, w)."""
+    sh, sw = -(-height // scale), -(-width // scale)
+    ys, xs = sh / height, sw / width
+    y0, x0 = int(top * ys), int(left * xs)
+    y1, x1 = max(y0 + 1, round((top + h) * ys)), max(x0 + 1, round((left + w) * xs))
+    return y0, x0, min(y1, sh) - y0, min(x1, sw) - x0
+
+
+def decode_box(raw: bytes, height: int, width: int, scale: int, top: int, left: int, h: int, w: int):
+    """The box (top, left, h, w) of a JPEG at 1/scale, as a contiguous uint8 3 x h' x w' tensor: decoded alone by
+    _jpegcrop (only its rows and iMCU columns) where that module is built, else cut from simplejpeg's decode of the
+    whole image (the same pixels, give or take libjpeg-turbo versions); None when the data are broken."""
+    import numpy as np
+    import torch
+
+    y0, x0, bh, bw = scaled_box(height, width, scale, top, left, h, w)
+    region = _jpegcrop()
+    if region is not None:
+        try:
+            pixels = region.decode_crop(raw, scale, y0, x0, bh, bw, 1 if FAST_DCT else 0)  # 1: fast IDCT
+        except ValueError:
+            pixels = None
+        if pixels is not None:
+            SCALES[scale] = SCALES.get(scale, 0) + 1
+            CROP_DECODE["region"] += 1
+            return torch.frombuffer(pixels, dtype=torch.uint8).view(bh, bw, 3).permute(2, 0, 1)
+    image = decode_scaled(raw, height, width, scale)
+    if image is None:
+        return None
+    return torch.from_numpy(np.ascontiguousarray(image[y0:y0 + bh, x0:x0 + bw])).permute(2, 0, 1)
+
+
+_LOG_RATIO: dict = {}
+
+
 def crop_box(height: int, width: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
     """(top, left, h, w) of a RandomResizedCrop: torchvision's v2.RandomResizedCrop.make_params (0.28), the same
     draws from torch's generator (so DataLoader workers' seeds apply), including the central-crop fallback."""
     import torch
 
     area = height * width
-    log_ratio = torch.log(torch.tensor(ratio))
+    log_ratio = _LOG_RATIO.get(ratio)
+    if log_ratio is None:  # torchvision's float32 log of the ratios, as the Python floats uniform_ receives
+        log_ratio = _LOG_RATIO.setdefault(ratio, tuple(torch.log(torch.tensor(ratio)).tolist()))
     for _ in range(10):
         target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
-        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+        aspect_ratio = torch.empty(1).uniform_(log_ratio[0], log_ratio[1]).exp_().item()  # float32 exp, as torch.exp
         w = int(round(math.sqrt(target_area * aspect_ratio)))
         h = int(round(math.sqrt(target_area / aspect_ratio)))
         if 0 < w <= width and 0 < h <= height:
@@ -242,7 +300,6 @@ class TrainTransform:
         self.fallback = v2.Compose([v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip()])
 
     def __call__(self, raw: bytes):
-        import numpy as np
         import torch
         from torchvision.transforms.v2 import functional as F
 
@@ -250,12 +307,9 @@ class TrainTransform:
         if size is not None:
             height, width = size
             top, left, h, w = crop_box(height, width)
-            image = decode_scaled(raw, height, width, dct_scale(h, w, self.crop))
-            if image is not None:
-                ys, xs = image.shape[0] / height, image.shape[1] / width  # libjpeg-turbo rounds the scaled size up
-                y0, x0 = int(top * ys), int(left * xs)
-                y1, x1 = max(y0 + 1, round((top + h) * ys)), max(x0 + 1, round((left + w) * xs))
-                box = torch.from_numpy(np.ascontiguousarray(image[y0:y1, x0:x1])).permute(2, 0, 1)
+            scale = dct_scale(h, w, self.crop)
+            box = decode_box(raw, height, width, scale, top, left, h, w)
+            if box is not None:
                 out = F.resize(box, [self.crop, self.crop], antialias=True)
                 return out.flip(-1) if torch.rand(1).item() < 0.5 else out
         CROP_DECODE["fallback"] += 1
