@@ -50,19 +50,50 @@ def kill_pod(target, how: str) -> None:
         raise BenchError(f"cannot kill the container of {name}")
 
 
+def anatomy(target, killed_wall: float) -> str:
+    """What a killed pod's recovery was made of, from the API server and the new pod's log (seconds after the kill)."""
+    import datetime
+
+    from doeks import kube
+
+    s = target.settings
+    name = f"{s.job_name}-worker-1"
+    pod = target._get(["pod", name, "-n", s.namespace]) or {}
+
+    def at(stamp: str | None) -> str:
+        if not stamp:
+            return "?"
+        when = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        return f"{when - killed_wall:.1f}"
+
+    created = pod.get("metadata", {}).get("creationTimestamp")
+    running = (pod.get("status", {}).get("containerStatuses") or [{}])[0].get("state", {}).get("running", {})
+    log = subprocess.run([kube.kubectl(), "logs", name, "-n", s.namespace, "--timestamps"], capture_output=True,
+                         text=True).stdout.splitlines()
+    first = log[0].split(" ", 1)[0] if log else None
+    rdzv = next((line.split(" ", 1)[0] for line in log if "Rendezvous version" in line and "complete" in line), None)
+    step = next((line.split(" ", 1)[0] for line in log if "] step=" in line), None)
+    return (f"new pod created +{at(created)} s, container started +{at(running.get('startedAt'))} s, first log line "
+            f"+{at(first)} s, rendezvous complete +{at(rdzv)} s, its first step +{at(step)} s")
+
+
 def one_round(env, name: str, how: str = "pod") -> tuple[float, float]:
     target = target_for(env)
+    invoke(env, "elasticjob.delete")  # the previous run's teardown is not this run's start
     started = time.monotonic()
     invoke(env, "elasticjob.deploy", "--fresh", "--train-args", TRAIN_ARGS)
     watch = Watch(target)
     first = watch.step(started) - started
     watch.step(0, min_step=int(env["CHECKPOINT_EVERY"]) + 2)  # past the first checkpoint
-    killed = time.monotonic()
+    killed, killed_wall = time.monotonic(), time.time()
     if name == "local":
         kill_node(target)
     else:
         kill_pod(target, how)
     recovery = watch.step(killed + 0.3) - killed
+    if name != "local":
+        time.sleep(3)
+        print(f"cluster, {how} killed: recovered in {recovery:.1f} s; {anatomy(target, killed_wall)}", flush=True)
     invoke(env, "elasticjob.delete")
     return first, recovery
 
