@@ -153,8 +153,10 @@ def test(c, nodes=None, end=None, dry_run=False):
                                  capture=True).returncode != 0:
             raise DoeksError(f"the MPI operator is not deployed (no {efa.MPIJOB_CRD}): `invoke efa.deploy` deploys it")
     name, namespace = job["metadata"]["name"], s.namespace
-    # a finished MPIJob is not run again by an apply: the previous run (and its pods) goes first
-    kube.run(r, ["delete", "mpijob", name, "-n", namespace, "--ignore-not-found", "--wait=true"])
+    # a finished MPIJob is not run again by an apply: the previous run goes first, with its launcher Job and pods
+    # (foreground: the new launcher Job of the same name must not meet the old one)
+    kube.run(r, ["delete", "mpijob", name, "-n", namespace, "--ignore-not-found", "--cascade=foreground", "--wait=true",
+                 "--timeout=300s"])
     kube.apply(r, [job])
     if dry_run:
         return
