@@ -36,7 +36,9 @@ def _report(text: str, png: Path, title: str, require_efa: bool):
 
 @task(help={"dry_run": "print the manifests and commands; change nothing"})
 def deploy(c, dry_run=False):
-    """Deploy the EFA device plugin DaemonSet (EFA instance types only) and the MPI operator (server-side apply)."""
+    """Deploy the EFA device plugin DaemonSet (EFA instance types only) and the MPI operator (server-side apply).
+
+    doeks' own cluster: the MPI operator alone (no EFA there), built from its Go module and deployed from its manifest."""
     from doeks import efa, kube, ui
 
     s = settings()

@@ -80,7 +80,7 @@ def test_the_efa_unit_deploys_the_mpi_operator_built_here_and_no_device_plugin(e
 def test_the_training_operator_leaves_the_mpijob_crd_to_the_mpi_operator(env):
     from doeks import efa
 
-    deployed = invoke("kubeflow.deploy", env=env, timeout=900)
+    deployed = invoke("kubeflow.training-operator.deploy", env=env, timeout=900)
     assert deployed.returncode == 0, deployed.stderr[-3000:]
     crd = get("crd", efa.MPIJOB_CRD)
     assert [(v["name"], v["served"], v["storage"]) for v in crd["spec"]["versions"]] == [("v2beta1", True, True)]
