@@ -192,23 +192,41 @@ def nccl_mpijob(settings, nodes: int | None = None, name: str = "test-efa-nccl",
     }
 
 
-def wait_for_mpijob(runner, name: str, namespace: str, timeout_s: float = 1800, poll_s: float = 5) -> str:
-    """Poll the MPIJob until it is Succeeded or Failed (its conditions), at most `timeout_s`; returns which, or
-    "not finished after N s"."""
+def launcher_selector(name: str) -> str:
+    """The MPI operator's labels on the launcher's pod (v2beta1 defaultLabels)."""
+    return f"training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
+
+
+def wait_for_mpijob(name: str, namespace: str, timeout_s: float = 1800, poll_s: float = 5) -> tuple[str, str]:
+    """Poll the MPIJob (reads only, not echoed) until it is Succeeded or Failed, at most `timeout_s`. Returns (state,
+    what the launcher said last): state is Succeeded, Failed (with the condition's message) or "not finished after
+    N s"; the launcher's last lines are read at each poll, because a failed launcher's pod is deleted with its logs
+    when its Job gives up."""
     import json
+    import subprocess
     import time
 
     from . import kube
 
+    def read(*args: str) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run([kube.kubectl(), *args], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(args, 1, "", "timed out")
+
     deadline = time.monotonic() + timeout_s
+    said = ""
     while True:
-        got = runner.run([kube.kubectl(), "get", "mpijob", name, "-n", namespace, "-o", "json"], mutating=False,
-                         check=False, capture=True)
+        got = read("get", "mpijob", name, "-n", namespace, "-o", "json")
+        tail = read("logs", "-n", namespace, "-l", launcher_selector(name), "--tail=20")
+        if tail.returncode == 0 and tail.stdout.strip():
+            said = tail.stdout.strip()
         if got.returncode == 0:
             conditions = json.loads(got.stdout).get("status", {}).get("conditions", [])
-            done = [c["type"] for c in conditions if c.get("status") == "True" and c["type"] in ("Succeeded", "Failed")]
+            done = [c for c in conditions if c.get("status") == "True" and c["type"] in ("Succeeded", "Failed")]
             if done:
-                return done[0]
+                reason = f" ({done[0].get('message')})" if done[0]["type"] == "Failed" and done[0].get("message") else ""
+                return done[0]["type"] + reason, said
         if time.monotonic() >= deadline:
-            return f"not finished after {timeout_s:.0f}s"
+            return f"not finished after {timeout_s:.0f}s", said
         time.sleep(poll_s)

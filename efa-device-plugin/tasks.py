@@ -162,14 +162,16 @@ def test(c, nodes=None, end=None, dry_run=False):
     kube.apply(r, [job])
     if dry_run:
         return
-    state = efa.wait_for_mpijob(r, name, namespace, timeout_s=600 if cpu else 1800)
-    selector = f"training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
-    logs = r.run([kube.kubectl(), "logs", "-n", namespace, "-l", selector, "--tail=-1"], mutating=False, capture=True)
+    wait_s = 600 if cpu else 1800
+    ui.say(f"waiting for MPIJob {name} to succeed or fail (at most {wait_s // 60} min)")
+    state, said = efa.wait_for_mpijob(name, namespace, timeout_s=wait_s)
+    logs = r.run([kube.kubectl(), "logs", "-n", namespace, "-l", efa.launcher_selector(name), "--tail=-1"],
+                 mutating=False, capture=True, check=False)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.txt").write_text(logs.stdout)
     ui.say(f"log: {out_dir / f'{name}.txt'}")
     if state != "Succeeded":
-        tail = "\n".join(logs.stdout.strip().splitlines()[-15:])
+        tail = "\n".join((logs.stdout.strip() or said).splitlines()[-15:]) or "(none: no launcher ran)"
         raise DoeksError(f"MPIJob {name} {state}: the launcher's last lines:\n{tail}\n(`kubectl describe mpijob {name}`)")
     if cpu:
         _report(logs.stdout, plots.plot_path(s, f"{name}-busbw.png"), f"{name}: MPI all-reduce on CPU over TCP (no EFA)",

@@ -134,3 +134,26 @@ def test_the_mpijob_on_doeks_cluster_asks_for_no_gpu_efa_hugepages_or_node_type(
     deploy = invoke("efa.deploy", "--dry-run", env={"TARGET": "kubernetes", "KUBECONFIG": ""})
     assert deploy.returncode == 0 and "kind: DaemonSet" not in deploy.stdout
     assert "the EFA device plugin is skipped" in deploy.stderr and "mpioperator/mpi-operator:0.8.0" in deploy.stderr
+
+
+def test_waiting_for_the_mpijob_keeps_what_the_launcher_said_before_its_pod_is_deleted(monkeypatch):
+    """A launcher that fails for good is deleted with its logs when its Job gives up (on doeks' cluster, with the ssh
+    client setting removed from the stand-in image, efa.test's error had no launcher line): the wait keeps the last
+    lines it read while polling."""
+    import json
+    import subprocess
+
+    polls = iter([({"status": {"conditions": [{"type": "Running", "status": "True"}]}}, "Host key verification failed.\n"),
+                  ({"status": {"conditions": [{"type": "Failed", "status": "True", "message": "backoff limit"}]}}, "")])
+    current = {}
+
+    def fake_run(argv, **kwargs):
+        if argv[1] == "get":
+            current["job"], current["log"] = next(polls)
+            return subprocess.CompletedProcess(argv, 0, json.dumps(current["job"]), "")
+        return subprocess.CompletedProcess(argv, 0, current["log"], "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr("doeks.kube.kubectl", lambda: "kubectl")
+    state, said = efa.wait_for_mpijob("test-efa-nccl", "default", timeout_s=60, poll_s=0)
+    assert state == "Failed (backoff limit)" and said == "Host key verification failed."
