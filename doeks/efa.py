@@ -19,6 +19,8 @@ MPI_OPERATOR_MANIFEST = f"https://raw.githubusercontent.com/kubeflow/mpi-operato
 # public.ecr.aws/hpc-cloud/nccl-tests:efa<EFA>-ofi<OFI>-nccl<NCCL>-tests<TESTS> and :latest (no `latest-efa`): pinned.
 NCCL_TESTS_TAG = "efa1.34.0-ofiv1.11.0-aws-ncclv2.23.4-1-testsv2.13.10"
 NCCL_TESTS_IMAGE = f"public.ecr.aws/hpc-cloud/nccl-tests:{NCCL_TESTS_TAG}"
+MPI_OPERATOR_NAMESPACE = "mpi-operator"        # deploy/v2beta1/mpi-operator.yaml's namespace and Deployment name
+MPI_OPERATOR_DEPLOYMENT = "mpi-operator"
 DAEMONSET = "aws-efa-k8s-device-plugin-daemonset"  # eksctl's name too (pkg/addons/assets/efa-device-plugin.yaml)
 LABELS = {"app.kubernetes.io/part-of": "doeks", "app.kubernetes.io/name": "aws-efa-k8s-device-plugin"}
 
@@ -67,6 +69,38 @@ def device_plugin(settings) -> list[dict[str, Any]]:
 
 
 
+def mpi_operator_manifest(settings) -> str:
+    """What `kubectl apply -f` takes for the MPI operator: upstream's file on GitHub, or on doeks' own cluster (no
+    network) the same file inside the operator's Go module at the pinned version (doeks.cluster.operators)."""
+    if settings.own_cluster:
+        from .cluster import operators
+
+        op = operators.MPI_OPERATOR
+        return str(operators.module_dir(op) / op.overlay)
+    return MPI_OPERATOR_MANIFEST
+
+
+def mpi_operator_deploy(settings, runner) -> None:
+    """The MPI operator from its manifest (its image built here first on doeks' cluster), then its rollout: an MPIJob
+    applied before the operator runs would wait, not fail, but `efa.test` should not start it against nothing."""
+    from . import kube
+
+    if settings.own_cluster:
+        from .cluster import operators
+
+        operators.ensure_images(operators.MPI_OPERATOR, runner)
+    kube.run(runner, ["apply", "--server-side", "-f", mpi_operator_manifest(settings)])
+    kube.run(runner, ["rollout", "status", "-n", MPI_OPERATOR_NAMESPACE, f"deployment/{MPI_OPERATOR_DEPLOYMENT}",
+                      "--timeout=300s"])
+
+
+def mpi_operator_delete(settings, runner) -> None:
+    """Everything the manifest made (its namespace, the MPIJob CRD and so every MPIJob, the RBAC); safe twice."""
+    from . import kube
+
+    kube.run(runner, ["delete", "--ignore-not-found", "-f", mpi_operator_manifest(settings)])
+
+
 def replace_eksctl_plugin_argv() -> list[str]:
     """kubectl arguments deleting the EFA plugin DaemonSet unless doeks made it (eksctl's carries no doeks label)."""
     return ["delete", "daemonset", "-n", "kube-system", "--field-selector", f"metadata.name={DAEMONSET}",
@@ -74,46 +108,125 @@ def replace_eksctl_plugin_argv() -> list[str]:
 
 
 def test_sizes(settings, nodes: int | None = None) -> tuple[int, int, int]:
-    """(nodes, GPUs per node, EFA adapters per node) for the nccl test, from .env."""
+    """(nodes, GPUs per node, EFA adapters per node) for the nccl test: eks from .env (the GPU node type);
+    TARGET=kubernetes: KUBE_GPUS GPUs and no EFA (no AWS adapter; doeks' own cluster: no GPU either, one CPU rank per
+    worker)."""
+    if settings.target == "kubernetes":
+        return nodes or max(2, settings.gpu_nodes), settings.kube_gpus, 0
     instance = settings.gpu_instance_type
     return (nodes or max(2, settings.gpu_nodes), GPUS.get(instance, settings.nproc_per_node), EFA_ADAPTERS.get(instance, 0))
 
 
+def on_cpu(settings) -> bool:
+    """The test runs on CPU: doeks' cluster stand-in image, an MPI all-reduce over TCP (no NCCL, GPU or EFA)."""
+    return settings.target == "kubernetes" and not settings.kube_gpus
+
+
+def default_end(settings) -> str:
+    """The largest message by default: 1G on GPUs, 1M on CPU (a test of the launcher/worker contract, not bandwidth)."""
+    return "1M" if on_cpu(settings) else "1G"
+
+
 def nccl_mpijob(settings, nodes: int | None = None, name: str = "test-efa-nccl", begin: str = "8",
                 end: str = "1G") -> dict[str, Any]:
-    """nccl-tests all_reduce_perf as an MPIJob: -np = nodes x GPUs, slotsPerWorker = GPUs."""
+    """nccl-tests all_reduce_perf as an MPIJob: -np = nodes x GPUs, slotsPerWorker = GPUs.
+
+    What the workers ask for follows the target: eks: the node type's GPUs and EFA adapters, hugepages, its
+    instance type; TARGET=kubernetes: doeks.jobspec's node_resources and node_selector (KUBE_GPUS GPUs or a CPU
+    share, NODE_LABELS only), no EFA, no hugepages; on CPU one rank per worker and fewer iterations."""
+    from . import jobspec
+
     count, gpus, adapters = test_sizes(settings, nodes)
-    resources = {"nvidia.com/gpu": gpus, "hugepages-2Mi": "5120Mi", "memory": "32000Mi"}
-    if adapters:
-        resources["vpc.amazonaws.com/efa"] = adapters
-    command = ["/opt/amazon/openmpi/bin/mpirun", "--allow-run-as-root", "--tag-output", "-np", str(count * gpus),
-               "-bind-to", "none", "-map-by", "slot", "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG=INFO",
-               "-x", "FI_PROVIDER=efa", "-x", "FI_EFA_USE_DEVICE_RDMA=1", "-x", "NCCL_PROTO=simple",
+    slots = gpus or 1  # on CPU: one MPI rank per worker pod
+    if settings.target == "kubernetes":
+        resources = jobspec.node_resources(settings)
+        selector = jobspec.node_selector(settings)
+    else:
+        asks = {"nvidia.com/gpu": gpus, "hugepages-2Mi": "5120Mi", "memory": "32000Mi"}
+        if adapters:
+            asks["vpc.amazonaws.com/efa"] = adapters
+        resources = {"limits": asks, "requests": dict(asks)}
+        selector = {"node.kubernetes.io/instance-type": settings.gpu_instance_type}
+    exports = ["-x", "PATH", "-x", "LD_LIBRARY_PATH"]
+    if gpus:
+        exports += ["-x", "NCCL_DEBUG=INFO"]
+    if settings.target != "kubernetes":  # eks: NCCL's OFI plugin on EFA (a node type without EFA falls back)
+        exports += ["-x", "FI_PROVIDER=efa", "-x", "FI_EFA_USE_DEVICE_RDMA=1"]
+    if gpus:
+        exports += ["-x", "NCCL_PROTO=simple"]
+    iterations = "100" if gpus else "20"
+    command = ["/opt/amazon/openmpi/bin/mpirun", "--allow-run-as-root", "--tag-output", "-np", str(count * slots),
+               "-bind-to", "none", "-map-by", "slot", *exports,
                "--mca", "pml", "^cm", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_exclude", "lo,docker0",
-               "/opt/nccl-tests/build/all_reduce_perf", "-b", begin, "-e", end, "-f", "2", "-g", "1", "-c", "1", "-n", "100"]
+               "/opt/nccl-tests/build/all_reduce_perf", "-b", begin, "-e", end, "-f", "2", "-g", "1", "-c", "1", "-n",
+               iterations]
+    worker: dict[str, Any] = {"containers": [{"name": "worker", "image": NCCL_TESTS_IMAGE, "imagePullPolicy": "IfNotPresent",
+                                              "resources": resources}]}
+    if selector:
+        worker["nodeSelector"] = selector
+    if gpus:
+        # workers get a RAM-backed /dev/shm (NCCL's shared-memory transport needs more than the container runtime's
+        # 64 MiB); GPU nodes are tainted
+        worker["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        worker["containers"][0]["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+        worker["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     # As upstream's kubernetes/nccl-tests.yaml: the launcher restarts OnFailure (and is only created once every worker
     # is Ready, mpi-operator's launcherCreationPolicy), so a launcher that reaches a worker before its sshd listens
-    # tries again instead of failing the test for good; workers get a RAM-backed /dev/shm (NCCL's shared-memory
-    # transport needs more than the container runtime's 64 MiB).
+    # tries again instead of failing the test for good. On CPU (doeks' cluster: local images, nothing slow to start)
+    # two retries: a broken job fails in about a minute, not after the 10 minutes of six back-offs.
     return {
         "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
         "metadata": {"name": name, "namespace": settings.namespace, "labels": {"app.kubernetes.io/part-of": "doeks"}},
         "spec": {
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 6},
-            "slotsPerWorker": gpus,
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 6 if gpus else 2},
+            "slotsPerWorker": slots,
             "mpiImplementation": "OpenMPI",
             "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": {"spec": {
                     "containers": [{"name": "launcher", "image": NCCL_TESTS_IMAGE, "imagePullPolicy": "IfNotPresent",
                                     "command": command}]}}},
-                "Worker": {"replicas": count, "template": {"spec": {
-                    "nodeSelector": {"node.kubernetes.io/instance-type": settings.gpu_instance_type},
-                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                    "containers": [{"name": "worker", "image": NCCL_TESTS_IMAGE, "imagePullPolicy": "IfNotPresent",
-                                    "resources": {"limits": resources, "requests": resources},
-                                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}],
-                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]}}},
+                "Worker": {"replicas": count, "template": {"spec": worker}},
             },
         },
     }
+
+
+def launcher_selector(name: str) -> str:
+    """The MPI operator's labels on the launcher's pod (v2beta1 defaultLabels)."""
+    return f"training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
+
+
+def wait_for_mpijob(name: str, namespace: str, timeout_s: float = 1800, poll_s: float = 5) -> tuple[str, str]:
+    """Poll the MPIJob (reads only, not echoed) until it is Succeeded or Failed, at most `timeout_s`. Returns (state,
+    what the launcher said last): state is Succeeded, Failed (with the condition's message) or "not finished after
+    N s"; the launcher's last lines are read at each poll, because a failed launcher's pod is deleted with its logs
+    when its Job gives up."""
+    import json
+    import subprocess
+    import time
+
+    from . import kube
+
+    def read(*args: str) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run([kube.kubectl(), *args], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(args, 1, "", "timed out")
+
+    deadline = time.monotonic() + timeout_s
+    said = ""
+    while True:
+        got = read("get", "mpijob", name, "-n", namespace, "-o", "json")
+        tail = read("logs", "-n", namespace, "-l", launcher_selector(name), "--tail=20")
+        if tail.returncode == 0 and tail.stdout.strip():
+            said = tail.stdout.strip()
+        if got.returncode == 0:
+            conditions = json.loads(got.stdout).get("status", {}).get("conditions", [])
+            done = [c for c in conditions if c.get("status") == "True" and c["type"] in ("Succeeded", "Failed")]
+            if done:
+                reason = f" ({done[0].get('message')})" if done[0]["type"] == "Failed" and done[0].get("message") else ""
+                return done[0]["type"] + reason, said
+        if time.monotonic() >= deadline:
+            return f"not finished after {timeout_s:.0f}s", said
+        time.sleep(poll_s)

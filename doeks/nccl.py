@@ -3,7 +3,8 @@
 Handles the formats of several nccl-tests versions: with or without the `root` column (2.13+ prints it), `error`
 floats or `#wrong` counts, `N/A` cells, and lines prefixed by `mpirun --tag-output` (`[1,0]<stdout>:`) or by
 `kubectl logs --prefix` (`[pod/NAME/CONTAINER] `) or a pod name (`[NAME] `). The transport decides whether EFA was really used: NCCL silently
-falls back to sockets (TCP) when the OFI plugin or the EFA device is missing.
+falls back to sockets (TCP) when the OFI plugin or the EFA device is missing. doeks' stand-in on its own cluster (an MPI
+all-reduce on CPU, no NCCL) says `transport: mpi/tcp`: never EFA.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ _TYPES = {"float", "half", "bfloat16", "double", "int8", "uint8", "int32", "uint
 _EFA = re.compile(r"NET/OFI Selected [Pp]rovider is efa", re.I)
 _SOCKET = re.compile(r"(NET/Socket|Using network Socket|NET/OFI Selected [Pp]rovider is (tcp|sockets))", re.I)
 _IB = re.compile(r"(NET/IB|Using network IB)", re.I)
+_MPI_TCP = re.compile(r"transport: mpi/tcp")  # doeks' CPU stand-in of all_reduce_perf (doeks/cluster/images/nccl-tests)
 _AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
 
 
@@ -35,7 +37,7 @@ class Row:
 class Report:
     rows: list[Row] = field(default_factory=list)
     avg_busbw: float | None = None
-    transport: str = "unknown"  # efa, socket, ib, gloo or unknown
+    transport: str = "unknown"  # efa, socket, ib, gloo, mpi-tcp (doeks' CPU stand-in) or unknown
 
     @property
     def max_busbw(self) -> float:
@@ -71,6 +73,8 @@ def parse(text: str) -> Report:
             transports.add("ib")
         elif "transport: gloo" in line:
             transports.add("gloo")
+        elif _MPI_TCP.search(line):
+            transports.add("mpi-tcp")
         average = _AVG.search(line)
         if average:
             report.avg_busbw = float(average.group(1))
@@ -87,7 +91,7 @@ def parse(text: str) -> Report:
         ip = [_number(x) for x in rest[4:7]] if len(rest) == 8 else [None, None, None]
         report.rows.append(Row(int(tokens[0]), int(tokens[1]), tokens[2], *oop, *ip))
     # EFA counts only if nothing fell back; a socket line anywhere means some rank used TCP
-    for kind in ("socket", "efa", "ib", "gloo"):
+    for kind in ("socket", "efa", "ib", "gloo", "mpi-tcp"):
         if kind in transports:
             report.transport = kind
             break

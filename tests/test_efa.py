@@ -94,3 +94,66 @@ def test_local_allreduce_sweep_runs_with_two_processes(state_dir):
     assert [r.size for r in report.rows][:3] == [8, 16, 32] and report.rows[-1].size == 1048576
     assert all(r.oop_busbw is not None and r.oop_time_us > 0 for r in report.rows)
     assert (state_dir / "plots" / "allreduce-local-busbw.png").exists()
+
+
+def test_parses_doeks_cpu_stand_in_and_never_calls_it_efa(tmp_path, state_dir):
+    """doeks' nccl-tests stand-in on its own cluster (an MPI all-reduce on CPU, mpirun --tag-output): rows parsed,
+    transport mpi-tcp, and --require-efa fails on it with a line that says what it is."""
+    log = FIXTURES / "doeks-mpi-cpu-allreduce.txt"
+    report = nccl.parse(log.read_text())
+    assert report.transport == "mpi-tcp" and not report.efa
+    assert [r.size for r in report.rows][:2] == [8, 16] and report.rows[-1].size == 65536
+    assert all(r.oop_time_us > 0 and r.ip_busbw is not None for r in report.rows)
+    strict = invoke("efa.report", str(log), "--require-efa", "--out", str(tmp_path))
+    assert strict.returncode == 1 and "no EFA: this log is doeks' CPU stand-in" in strict.stderr
+    assert invoke("efa.report", str(log), "--out", str(tmp_path)).returncode == 0
+
+
+def test_the_mpijob_on_doeks_cluster_asks_for_no_gpu_efa_hugepages_or_node_type(state_dir):
+    """One nccl_mpijob: on TARGET=kubernetes what the workers ask for follows the target (doeks' cluster: a CPU share,
+    one rank per worker, no EFA exports); the plan says the image is a stand-in and the device plugin is skipped."""
+    import yaml
+
+    s = S.load(environ={"TARGET": "kubernetes", "KUBECONFIG": "", "GPU_NODES": "2"}, path=ROOT / ".env")
+    job = efa.nccl_mpijob(s, end=efa.default_end(s))
+    jsonschema.validate(job, crd_schema("kubeflow.org_mpijobs-v2beta1.crd.yaml", "v2beta1"))
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 2 and job["spec"]["slotsPerWorker"] == 1
+    pod = worker["template"]["spec"]
+    assert "nodeSelector" not in pod and "tolerations" not in pod and "volumes" not in pod
+    assert pod["containers"][0]["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    command = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("-np") + 1] == "2" and command[command.index("-e") + 1] == "1M"
+    assert not any(arg.startswith(("FI_", "NCCL_")) for arg in command)
+    assert command[0] == "/opt/amazon/openmpi/bin/mpirun" and "/opt/nccl-tests/build/all_reduce_perf" in command
+    plan = invoke("efa.test", "--dry-run", "--end", "64K", env={"TARGET": "kubernetes", "KUBECONFIG": ""})
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    shown = [d for d in yaml.safe_load_all(plan.stdout) if d][0]
+    assert shown["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"] == pod
+    assert "is doeks' stand-in" in plan.stderr and "kubectl delete mpijob test-efa-nccl" in plan.stderr
+    deploy = invoke("efa.deploy", "--dry-run", env={"TARGET": "kubernetes", "KUBECONFIG": ""})
+    assert deploy.returncode == 0 and "kind: DaemonSet" not in deploy.stdout
+    assert "the EFA device plugin is skipped" in deploy.stderr and "mpioperator/mpi-operator:0.8.0" in deploy.stderr
+
+
+def test_waiting_for_the_mpijob_keeps_what_the_launcher_said_before_its_pod_is_deleted(monkeypatch):
+    """A launcher that fails for good is deleted with its logs when its Job gives up (on doeks' cluster, with the ssh
+    client setting removed from the stand-in image, efa.test's error had no launcher line): the wait keeps the last
+    lines it read while polling."""
+    import json
+    import subprocess
+
+    polls = iter([({"status": {"conditions": [{"type": "Running", "status": "True"}]}}, "Host key verification failed.\n"),
+                  ({"status": {"conditions": [{"type": "Failed", "status": "True", "message": "backoff limit"}]}}, "")])
+    current = {}
+
+    def fake_run(argv, **kwargs):
+        if argv[1] == "get":
+            current["job"], current["log"] = next(polls)
+            return subprocess.CompletedProcess(argv, 0, json.dumps(current["job"]), "")
+        return subprocess.CompletedProcess(argv, 0, current["log"], "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr("doeks.kube.kubectl", lambda: "kubectl")
+    state, said = efa.wait_for_mpijob("test-efa-nccl", "default", timeout_s=60, poll_s=0)
+    assert state == "Failed (backoff limit)" and said == "Host key verification failed."

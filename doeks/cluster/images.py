@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .. import ui
 from ..errors import DoeksError
+from ..efa import NCCL_TESTS_IMAGE
 from . import build, node, versions
 
 # name a manifest uses -> (what doeks builds under that name, how)
@@ -27,6 +28,16 @@ LOCAL_IMAGES = {
                                              "FROM scratch, non-root",
     "ghcr.io/kubeflow/trainer/trainer-controller-manager:v2.3.0": "Kubeflow Trainer v2.3.0 built from "
                                                                   "github.com/kubeflow/trainer/v2, FROM scratch, non-root",
+    "mpioperator/mpi-operator:0.8.0": "the MPI operator v0.8.0 built from github.com/kubeflow/mpi-operator "
+                                      "(cmd/mpi-operator), FROM scratch; it injects no init container (v2beta1 "
+                                      "launchers reach workers over ssh, no kubectl-delivery)",
+    NCCL_TESTS_IMAGE: "not nccl-tests: the MPIJob launcher/worker contract on CPU "
+                                                            "(doeks/cluster/images/nccl-tests) on doeks' Debian base: "
+                                                            "Debian's Open MPI 4.1 and OpenSSH set up for the operator's "
+                                                            "ssh Secret; `/opt/amazon/openmpi/bin/mpirun` runs Debian's "
+                                                            "mpirun and `/opt/nccl-tests/build/all_reduce_perf` is "
+                                                            "doeks' MPI_Allreduce on CPU over TCP in all_reduce_perf's "
+                                                            "output format (no GPU, NCCL or EFA)",
     "alpine:3.10": "doeks' Debian base (sh, seq, sleep) with Debian's static busybox for nslookup (answering as "
                    "Alpine's: 0 once the name resolves through the search list), for the training operator's init "
                    "container",
@@ -91,10 +102,58 @@ def build_scratch_image(ref: str, binary: Path, target: str, command: list[str],
             raise DoeksError(f"docker build {ref} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
+def containerd_name(ref: str) -> str:
+    """The name containerd keeps an imported image under (docker's short names in full): `alpine:3.10` is
+    docker.io/library/alpine:3.10, `mpioperator/mpi-operator:0.8.0` docker.io/mpioperator/mpi-operator:0.8.0."""
+    first, _, rest = ref.partition("/")
+    if not rest:
+        return f"docker.io/library/{ref}"
+    if "." in first or ":" in first or first == "localhost":
+        return ref
+    return f"docker.io/{ref}"
+
+
 def in_containerd(ref: str) -> bool:
     out = node.ctr("images", "list", "-q").stdout.split()
-    full = ref if "/" in ref.split(":")[0] or ref.count("/") else f"docker.io/library/{ref}"
-    return ref in out or full in out
+    return ref in out or containerd_name(ref) in out
+
+
+def build_recipe_image(ref: str, folder: Path, base: str) -> bool:
+    """`docker build` of a recipe folder (a Dockerfile and what it copies) on `base`, once per recipe: a label holds
+    the hash of the folder's files, and a changed recipe is rebuilt and its old copy removed from the node.
+    Returns whether it was built now."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
+    recipe = digest.hexdigest()[:12]
+    if docker_label(ref, "doeks.recipe") == recipe:
+        return False
+    ui.say(f"building image {ref} from {folder.name}/ on {base} (apt packages: a minute or two)")
+    result = subprocess.run(["docker", "build", "--network", "host", "-q", "--build-arg", f"BASE_IMAGE={base}",
+                             "--label", f"doeks.recipe={recipe}", "-t", ref, str(folder)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise DoeksError(f"docker build {ref} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    if node.pid("containerd") and in_containerd(ref):  # the node's copy is the old recipe: import the new one
+        node.ctr("images", "rm", containerd_name(ref))
+    return True
+
+
+NCCL_TESTS_RECIPE = Path(__file__).resolve().parent / "images" / "nccl-tests"
+
+
+def nccl_tests_image(runner) -> str:
+    """The image doeks.efa's MPIJob names, as doeks' cluster has it (LOCAL_IMAGES says what it is), built and imported."""
+    from ..container import BASE_IMAGE
+
+    if runner.dry_run:
+        runner.step(f"docker build {NCCL_TESTS_IMAGE} from doeks/cluster/images/nccl-tests on {BASE_IMAGE} (if the "
+                    "recipe changed): Open MPI and OpenSSH, an MPI all-reduce on CPU as all_reduce_perf", lambda: None)
+    else:
+        build_recipe_image(NCCL_TESTS_IMAGE, NCCL_TESTS_RECIPE, BASE_IMAGE)
+    ensure(runner, [NCCL_TESTS_IMAGE])
+    return NCCL_TESTS_IMAGE
 
 
 def import_image(ref: str) -> None:

@@ -24,7 +24,7 @@ class Operator:
     package: str          # the main package, relative to the module
     binary: str           # what `go install` names it
     entrypoint: str       # where the image keeps it (the manifests' command)
-    overlay: str          # the module's kustomize overlay doeks applies
+    overlay: str          # the module's kustomize overlay doeks applies (or one manifest file of the module)
     user: str = ""        # the image's user: upstream's distroless :nonroot (65532) where the manifests ask for non-root
 
     @property
@@ -42,7 +42,13 @@ JOBSET = Operator("jobset", "sigs.k8s.io/jobset", "v0.12.0", ".", "jobset", "/ma
                   user="65532:65532")
 JOBSET_IMAGE = f"registry.k8s.io/jobset/jobset:{JOBSET.version}"     # what Trainer's third-party overlay names
 TRAINER_IMAGE = f"ghcr.io/kubeflow/trainer/trainer-controller-manager:{TRAINER.version}"
-OPERATORS = {op.name: op for op in (TRAINING_OPERATOR, TRAINER, JOBSET)}  # `invoke setup --kubernetes` builds each
+# The MPI operator v0.8.0 (doeks.efa.MPI_OPERATOR_VERSION): its one main package, cmd/mpi-operator (upstream's
+# Dockerfile builds it as _output/cmd/bin/mpi-operator.v2 and keeps it at /opt/mpi-operator, the image's ENTRYPOINT:
+# the Deployment gives only args). Deployed from the module's own deploy/v2beta1/mpi-operator.yaml, the file
+# efa.MPI_OPERATOR_MANIFEST fetches from GitHub.
+MPI_OPERATOR = Operator("mpi-operator", "github.com/kubeflow/mpi-operator", "v0.8.0", "cmd/mpi-operator",
+                        "mpi-operator", "/opt/mpi-operator", "deploy/v2beta1/mpi-operator.yaml")
+OPERATORS = {op.name: op for op in (TRAINING_OPERATOR, TRAINER, JOBSET, MPI_OPERATOR)}  # `invoke setup --kubernetes` builds each
 # The init container image the training operator v1.9.4 injects into workers of a job with a Master
 # (pkg/config/config.go PyTorchInitContainerImageDefault); it waits for the master's name with nslookup.
 INIT_CONTAINER_IMAGE = "alpine:3.10"
@@ -90,6 +96,8 @@ def manifests_text(op: Operator) -> str:
     from ..kube import kubectl
 
     folder = module_dir(op) / op.overlay
+    if folder.is_file():  # one manifest file, applied as it is
+        return folder.read_text()
     result = subprocess.run([kubectl(), "kustomize", str(folder)], capture_output=True, text=True)
     if result.returncode != 0:
         raise DoeksError(f"kustomize of {op.name}'s {op.overlay} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -177,7 +185,7 @@ def build_init_image() -> None:
         if result.returncode != 0:
             raise DoeksError(f"docker build {INIT_CONTAINER_IMAGE} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
     if node.pid("containerd"):  # the node's copy is the old recipe: import the new one
-        node.ctr("images", "rm", f"docker.io/library/{INIT_CONTAINER_IMAGE}")
+        node.ctr("images", "rm", images.containerd_name(INIT_CONTAINER_IMAGE))
 
 
 # -- Trainer v2 with JobSet on doeks' cluster ---------------------------------------------------------------------------
