@@ -9,6 +9,7 @@ process), as bench/docker_target.py does for docker (issue 21):
    - cluster, container: its container's task SIGKILLed through containerd (the kubelet restarts it in place).
    The ratio line uses the killed pod, what a user on EKS meets when a node or pod is lost.
 
+Recovery ends at the first step after a worker process started again (its `start host=` line), on every target.
 Lines are timed when the bench reads them (the cluster's through the API server, polled every ~0.5 s). Needs
 `invoke setup --kubernetes` (the cluster is started here and stopped at the end unless it was running before).
 Ends with the lines `cluster first step vs local: N.NNx` and `cluster recovery vs local: N.NNx`; a bench that cannot
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from docker_target import ROOT, BenchError, Watch, invoke, kill_node, target_for  # noqa: E402
+from docker_target import STEP, BenchError, Watch, invoke, kill_node, target_for  # noqa: E402
 
 TRAIN_ARGS = "--log-every 1 --step-delay 0.2"
 
@@ -50,14 +51,15 @@ def kill_pod(target, how: str) -> None:
         raise BenchError(f"cannot kill the container of {name}")
 
 
-def anatomy(target, killed_wall: float) -> str:
-    """What a killed pod's recovery was made of, from the API server and the new pod's log (seconds after the kill)."""
+def anatomy(target, killed_wall: float, replica: int = 1) -> str:
+    """What a start or a killed pod's recovery was made of, from the API server and the pod's log (seconds after
+    `killed_wall`: the deploy or the kill)."""
     import datetime
 
     from doeks import kube
 
     s = target.settings
-    name = f"{s.job_name}-worker-1"
+    name = f"{s.job_name}-worker-{replica}"
     pod = target._get(["pod", name, "-n", s.namespace]) or {}
 
     def at(stamp: str | None) -> str:
@@ -73,24 +75,47 @@ def anatomy(target, killed_wall: float) -> str:
     first = log[0].split(" ", 1)[0] if log else None
     rdzv = next((line.split(" ", 1)[0] for line in log if "Rendezvous version" in line and "complete" in line), None)
     step = next((line.split(" ", 1)[0] for line in log if "] step=" in line), None)
-    return (f"new pod created +{at(created)} s, container started +{at(running.get('startedAt'))} s, first log line "
+    return (f"{name}: pod created +{at(created)} s, container started +{at(running.get('startedAt'))} s, first log line "
             f"+{at(first)} s, rendezvous complete +{at(rdzv)} s, its first step +{at(step)} s")
+
+
+def step_after_restart(watch, after: float, timeout: float = 600) -> float:
+    """When the first optimizer step of training started again is logged: a step line after a worker's `start host=`
+    line read after `after` (not a step a survivor logs before it notices the loss, as any-rank timing took)."""
+    deadline, check, restarted = time.monotonic() + timeout, 0.0, False
+    while time.monotonic() < deadline:
+        for line in watch.cursor():
+            if time.monotonic() < after:
+                continue
+            if " start host=" in line:
+                restarted = True
+            elif restarted and STEP.search(line):
+                return time.monotonic()
+        if time.monotonic() >= check:
+            check = time.monotonic() + watch.CHECK_EVERY
+            watch._check(1)
+        time.sleep(0.05)
+    raise BenchError(f"{watch.target.name}: no training step after a restart in {timeout:.0f} s")
 
 
 def one_round(env, name: str, how: str = "pod") -> tuple[float, float]:
     target = target_for(env)
     invoke(env, "elasticjob.delete")  # the previous run's teardown is not this run's start
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     invoke(env, "elasticjob.deploy", "--fresh", "--train-args", TRAIN_ARGS)
     watch = Watch(target)
     first = watch.step(started) - started
+    if name != "local":
+        print(f"cluster, first step in {first:.1f} s; {anatomy(target, started_wall, 0)}", flush=True)
     watch.step(0, min_step=int(env["CHECKPOINT_EVERY"]) + 2)  # past the first checkpoint
     killed, killed_wall = time.monotonic(), time.time()
     if name == "local":
         kill_node(target)
     else:
         kill_pod(target, how)
-    recovery = watch.step(killed + 0.3) - killed
+    # the next step after the recovery: one past the last seen before the kill cannot be the in-flight one (a step a
+    # survivor logs before it notices the loss); the training resumes from the checkpoint, at a lower step
+    recovery = step_after_restart(watch, killed) - killed
     if name != "local":
         time.sleep(3)
         print(f"cluster, {how} killed: recovered in {recovery:.1f} s; {anatomy(target, killed_wall)}", flush=True)
