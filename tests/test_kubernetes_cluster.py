@@ -26,18 +26,29 @@ def _built() -> bool:
     return not build.missing()
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    if not _built():
+# a small elastic job: 2 nodes (1 to 3) of 1 process, little data
+SMALL_JOB = {"REPLICAS": "2", "MIN_REPLICAS": "1", "MAX_REPLICAS": "3", "NPROC_PER_NODE": "1", "EPOCHS": "1",
+             "DATA_TRAIN_PER_CLASS": "64", "DATA_VAL_PER_CLASS": "16"}
+
+
+def own_cluster(tmp_path_factory, name: str, values: dict, built: bool | None = None,
+                fail: str = "CI must have doeks' cluster built: `invoke setup --kubernetes` should have built it",
+                skip: str = "doeks' cluster is not built (invoke setup --kubernetes)"):
+    """A cluster module's settings on doeks' own cluster (TARGET=kubernetes, KUBECONFIG empty, a state folder of its
+    own), yielded; then `invoke down`. Without the build: a failure in CI, a skip elsewhere."""
+    if not (_built() if built is None else built):
         if os.environ.get("CI"):
-            pytest.fail("CI must have doeks' cluster built: `invoke setup --kubernetes` should have built it")
-        pytest.skip("doeks' cluster is not built (invoke setup --kubernetes)")
-    state = tmp_path_factory.mktemp("k8s") / "state"
-    values = {"TARGET": "kubernetes", "STATE_DIR": str(state), "JOB_NAME": JOB, "KUBECONFIG": "",
-              "REPLICAS": "2", "MIN_REPLICAS": "1", "MAX_REPLICAS": "3", "NPROC_PER_NODE": "1", "EPOCHS": "1",
-              "DATA_TRAIN_PER_CLASS": "64", "DATA_VAL_PER_CLASS": "16"}
+            pytest.fail(fail)
+        pytest.skip(skip)
+    state = tmp_path_factory.mktemp(name) / "state"
+    values = {"TARGET": "kubernetes", "STATE_DIR": str(state), "KUBECONFIG": "", **values}
     yield values
     invoke("down", "--yes", env=values, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    yield from own_cluster(tmp_path_factory, "k8s", {"JOB_NAME": JOB, **SMALL_JOB})
 
 
 def kubectl(env, *args: str, input: str | None = None) -> subprocess.CompletedProcess:

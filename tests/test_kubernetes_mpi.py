@@ -10,12 +10,12 @@ module is skipped.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 
 from .conftest import invoke
+from .test_kubernetes_cluster import own_cluster
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.slow]
 
@@ -30,15 +30,10 @@ def _built() -> bool:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    if not _built():
-        if os.environ.get("CI"):
-            pytest.fail("CI must have doeks' cluster and the MPI operator built (invoke setup --kubernetes)")
-        pytest.skip("doeks' cluster or the MPI operator is not built (invoke setup --kubernetes)")
-    state = tmp_path_factory.mktemp("mpi") / "state"
-    values = {"TARGET": "kubernetes", "STATE_DIR": str(state), "KUBECONFIG": "", "GPU_NODES": "2", "KUBE_GPUS": "0",
-              "COLUMNS": "200"}
-    yield values
-    invoke("down", "--yes", env=values, timeout=600)
+    yield from own_cluster(tmp_path_factory, "mpi", {"GPU_NODES": "2", "KUBE_GPUS": "0", "COLUMNS": "200"},
+                           built=_built(),
+                           fail="CI must have doeks' cluster and the MPI operator built (invoke setup --kubernetes)",
+                           skip="doeks' cluster or the MPI operator is not built (invoke setup --kubernetes)")
 
 
 def kubectl(*args: str) -> subprocess.CompletedProcess:
