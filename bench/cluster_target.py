@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from docker_target import STEP, BenchError, Watch, invoke, kill_node, target_for  # noqa: E402
+from docker_target import BenchError, Watch, invoke, kill_node, target_for  # noqa: E402
 
 TRAIN_ARGS = "--log-every 1 --step-delay 0.2"
 
@@ -79,25 +79,6 @@ def anatomy(target, killed_wall: float, replica: int = 1) -> str:
             f"+{at(first)} s, rendezvous complete +{at(rdzv)} s, its first step +{at(step)} s")
 
 
-def step_after_restart(watch, after: float, timeout: float = 600) -> float:
-    """When the first optimizer step of training started again is logged: a step line after a worker's `start host=`
-    line read after `after` (not a step a survivor logs before it notices the loss, as any-rank timing took)."""
-    deadline, check, restarted = time.monotonic() + timeout, 0.0, False
-    while time.monotonic() < deadline:
-        for line in watch.cursor():
-            if time.monotonic() < after:
-                continue
-            if " start host=" in line:
-                restarted = True
-            elif restarted and STEP.search(line):
-                return time.monotonic()
-        if time.monotonic() >= check:
-            check = time.monotonic() + watch.CHECK_EVERY
-            watch._check(1)
-        time.sleep(0.05)
-    raise BenchError(f"{watch.target.name}: no training step after a restart in {timeout:.0f} s")
-
-
 def one_round(env, name: str, how: str = "pod") -> tuple[float, float]:
     target = target_for(env)
     invoke(env, "elasticjob.delete")  # the previous run's teardown is not this run's start
@@ -115,7 +96,7 @@ def one_round(env, name: str, how: str = "pod") -> tuple[float, float]:
         kill_pod(target, how)
     # the next step after the recovery: one past the last seen before the kill cannot be the in-flight one (a step a
     # survivor logs before it notices the loss); the training resumes from the checkpoint, at a lower step
-    recovery = step_after_restart(watch, killed) - killed
+    recovery = watch.step(killed, restarted=True) - killed
     if name != "local":
         time.sleep(3)
         print(f"cluster, {how} killed: recovered in {recovery:.1f} s; {anatomy(target, killed_wall)}", flush=True)

@@ -67,16 +67,20 @@ class Watch:
         self.target, self.cursor, self.seen = target, target._cursor(), 0  # seen: the highest step the cursor showed
         self.ahead = 0  # consecutive checks where the job reported steps its logs did not show
 
-    def step(self, after: float, min_step: int = 1, timeout: float = 600) -> float:
-        """When a step >= min_step is logged at or after `after` (monotonic); raises at once, saying why, when the job
-        ends or fails first, or when it reports steps that the cursor does not show (a cursor reading the wrong place)."""
-        deadline, check = time.monotonic() + timeout, 0.0
+    def step(self, after: float, min_step: int = 1, timeout: float = 600, restarted: bool = False) -> float:
+        """When a step >= min_step is logged at or after `after` (monotonic); `restarted`: only a step after a worker's
+        `start host=` line read after `after` (training started again, not a step a survivor logs before it notices a
+        loss). Raises at once, saying why, when the job ends or fails first, or when it reports steps that the cursor
+        does not show (a cursor reading the wrong place)."""
+        deadline, check, started = time.monotonic() + timeout, 0.0, not restarted
         while time.monotonic() < deadline:
             for line in self.cursor():
+                if not started and " start host=" in line and time.monotonic() >= after:
+                    started = True
                 match = STEP.search(line)
                 if match:
                     self.seen = max(self.seen, int(match.group(2)))
-                    if int(match.group(2)) >= min_step and time.monotonic() >= after:
+                    if started and int(match.group(2)) >= min_step and time.monotonic() >= after:
                         return time.monotonic()
             if time.monotonic() >= check:
                 check = time.monotonic() + self.CHECK_EVERY
