@@ -96,11 +96,16 @@ def imagenet_args(settings, mount: str | None = None) -> list[str]:
 
 def node_resources(settings) -> dict[str, Any]:
     """What each worker pod asks for. eks: the node type's GPUs (NPROC_PER_NODE) and EFA adapters. kubernetes: KUBE_GPUS
-    GPUs, or a CPU share when it trains on CPU (doeks' own cluster: this machine's cores)."""
+    GPUs, or a CPU share when it trains on CPU (doeks' own cluster: this machine's cores), and KUBE_MEMORY."""
     if settings.target == "kubernetes":
         if settings.kube_gpus:
-            return {"limits": {"nvidia.com/gpu": settings.kube_gpus}, "requests": {"nvidia.com/gpu": settings.kube_gpus}}
-        return {"requests": {"cpu": "100m", "memory": "256Mi"}}
+            resources = {"limits": {"nvidia.com/gpu": settings.kube_gpus}, "requests": {"nvidia.com/gpu": settings.kube_gpus}}
+        else:
+            resources = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+        if settings.kube_memory:  # KUBE_MEMORY: the limit, and the request (a request above a limit is refused)
+            resources.setdefault("limits", {})["memory"] = settings.kube_memory
+            resources["requests"]["memory"] = settings.kube_memory
+        return resources
     instance = settings.gpu_instance_type
     gpus = settings.nproc_per_node
     resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}

@@ -193,6 +193,16 @@ def _path(optional: bool = True):
     return parse, "a file system path" + (" (or empty)" if optional else "")
 
 
+def _memory(raw: str) -> str:
+    """A Kubernetes memory quantity with a binary or decimal suffix (512Mi, 16Gi, 2G), or empty."""
+    if raw and not re.fullmatch(r"[1-9]\d*(Ki|Mi|Gi|Ti|K|M|G|T)", raw):
+        raise _Bad("a memory size such as 512Mi or 16Gi (or empty)")
+    return raw
+
+
+_MEMORY = (_memory, "a memory size such as 512Mi or 16Gi (or empty)")
+
+
 def _text(raw: str) -> str:
     if "\n" in raw or "\x00" in raw:
         raise _Bad("one line of text")
@@ -248,6 +258,7 @@ KEYS: tuple[Key, ...] = (
     _key("KUBE_CONTEXT", "kubernetes", "", "Context in KUBECONFIG to use (empty = its current context)", _text),
     _key("STORAGE_CLASS", "kubernetes", "", "StorageClass of SHARED_PVC on TARGET=kubernetes (empty = on doeks' cluster a volume in a folder of this machine; elsewhere the cluster's default class)", _text),
     _key("KUBE_GPUS", "kubernetes", "0", "nvidia.com/gpu each training pod asks for on TARGET=kubernetes (0 = train on CPU)", _int(0, 64)),
+    _key("KUBE_MEMORY", "kubernetes", "", "Memory limit of each training pod on TARGET=kubernetes, also its request (empty = no limit); a pod over it is OOM-killed", _MEMORY),
     _key("CLUSTER_NAME", "eks", "doeks", "EKS cluster name", _pattern(_CLUSTER_NAME, "a cluster name: a letter, then letters, digits and '-', at most 100")),
     _key("EKS_VERSION", "eks", "1.35", "Kubernetes version of the cluster (default: the newest in EKS standard support; older ones cost 6x in extended support)", _EKS_VERSION),
     _key("EKS_ZONES", "eks", "", "Availability zones for the cluster (empty = eksctl picks)", _zones),

@@ -101,3 +101,25 @@ def state_dir(tmp_path, monkeypatch):
     for server in services.services(folder):
         server.stop()
     settings.reset()
+
+
+@pytest.fixture(scope="session")
+def cluster_state(tmp_path_factory):
+    """The state folder of the test run's one cluster (kubernetes-sigs e2e style: one cluster per run). doeks' own
+    cluster is one per machine, and its claim's volume is a folder under STATE_DIR, so every cluster module shares
+    this folder; the modules start the cluster with `up`/`eks.create` (a second one keeps it) and clean up their own
+    jobs. At the end of the run `invoke down` stops it (again: the `cluster_down` tests already did, twice)."""
+    state = tmp_path_factory.mktemp("cluster") / "state"
+    yield state
+    invoke("down", "--yes", env={"TARGET": "kubernetes", "STATE_DIR": str(state), "KUBECONFIG": ""}, timeout=900)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cluster_down` stop the run's one cluster: they run right after every other cluster test (so
+    the tests after them run on a machine with no cluster idling), in their own order."""
+    down = [item for item in items if item.get_closest_marker("cluster_down")]
+    if down:
+        rest = [item for item in items if not item.get_closest_marker("cluster_down")]
+        cluster = [i for i, item in enumerate(rest) if item.get_closest_marker("kubernetes")]
+        at = cluster[-1] + 1 if cluster else len(rest)
+        items[:] = rest[:at] + down + rest[at:]

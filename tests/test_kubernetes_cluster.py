@@ -1,9 +1,11 @@
 """TARGET=kubernetes on doeks' own single-node cluster, as a user types it, asserted through the API server.
 
-One cluster for the module (kubernetes-sigs e2e style): `invoke up` starts it and deploys every unit, the job trains
-to the end in pods of the training image, the network guard counted nothing, and `invoke down` twice leaves no
-process, mount, network namespace, iptables chain, bridge or cgroup. Needs `invoke setup --kubernetes` (the README's
-test command runs it); in CI a missing build fails, elsewhere the module is skipped.
+The run's first cluster module (kubernetes-sigs e2e style, one cluster per run: conftest's cluster_state): `invoke
+up` starts it and deploys every unit, the job trains to the end in pods of the training image, the network guard
+counted nothing; then, marked `cluster_down` so they run after every other test of the run, `invoke down` twice
+leaves no process, mount, network namespace, iptables chain, bridge or cgroup, and `up` after `down` finds nothing
+doeks made. Needs `invoke setup --kubernetes` (the README's test command runs it); in CI a missing build fails,
+elsewhere the module is skipped.
 """
 from __future__ import annotations
 
@@ -31,24 +33,26 @@ SMALL_JOB = {"REPLICAS": "2", "MIN_REPLICAS": "1", "MAX_REPLICAS": "3", "NPROC_P
              "DATA_TRAIN_PER_CLASS": "64", "DATA_VAL_PER_CLASS": "16"}
 
 
-def own_cluster(tmp_path_factory, name: str, values: dict, built: bool | None = None,
+def own_cluster(request, values: dict, built: bool | None = None,
                 fail: str = "CI must have doeks' cluster built: `invoke setup --kubernetes` should have built it",
                 skip: str = "doeks' cluster is not built (invoke setup --kubernetes)"):
-    """A cluster module's settings on doeks' own cluster (TARGET=kubernetes, KUBECONFIG empty, a state folder of its
-    own), yielded; then `invoke down`. Without the build: a failure in CI, a skip elsewhere."""
+    """A cluster module's settings on the run's one cluster (TARGET=kubernetes, KUBECONFIG empty, the run's state
+    folder: see conftest's cluster_state), yielded; then its job deleted. Without the build: a failure in CI, a skip
+    elsewhere."""
     if not (_built() if built is None else built):
         if os.environ.get("CI"):
             pytest.fail(fail)
         pytest.skip(skip)
-    state = tmp_path_factory.mktemp(name) / "state"
+    state = request.getfixturevalue("cluster_state")
     values = {"TARGET": "kubernetes", "STATE_DIR": str(state), "KUBECONFIG": "", **values}
     yield values
-    invoke("down", "--yes", env=values, timeout=600)
+    if "JOB_NAME" in values:  # nothing of this module's keeps training into the next one
+        invoke("elasticjob.delete", env=values, timeout=600)
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    yield from own_cluster(tmp_path_factory, "k8s", {"JOB_NAME": JOB, **SMALL_JOB})
+def env(request):
+    yield from own_cluster(request, {"JOB_NAME": JOB, **SMALL_JOB})
 
 
 def kubectl(env, *args: str, input: str | None = None) -> subprocess.CompletedProcess:
@@ -166,6 +170,7 @@ def test_cluster_dns_answers_cluster_names_and_forwards_nothing(env):
     assert guard.dropped() == 0
 
 
+@pytest.mark.cluster_down
 def test_down_twice_leaves_nothing_behind(env):
     from doeks.cluster import node
 
@@ -179,6 +184,7 @@ def test_down_twice_leaves_nothing_behind(env):
                                 "bridge": [], "cgroups": []}
 
 
+@pytest.mark.cluster_down
 def test_up_after_down_starts_a_cluster_with_nothing_doeks_made_left(env):
     """After `down`, a new cluster (eks.create: the node alone) holds nothing of the last one: no CRD, webhook, cluster
     role or binding, namespace, PV or pod that doeks or its operators made (down removed the etcd data with the rest)."""

@@ -1,9 +1,10 @@
 """The MPI operator v0.8.0 and `invoke efa.test` on doeks' own single-node cluster, asserted through the API server.
 
-One cluster for the module: `eks.create` starts it, `efa.deploy` (the efa unit's `up` step) deploys the MPI operator
-built from its Go module, next to the training operator (which leaves `mpijobs.kubeflow.org` to it); `efa.test` runs
-the nccl-tests MPIJob for real with doeks' CPU stand-in image (launcher -> ssh -> 2 workers, an MPI all-reduce over
-TCP), twice (the second replaces the first); `efa.delete` twice; `down` leaves nothing and the guard counted nothing.
+On the run's one cluster (`eks.create` starts it, or finds it running): `efa.deploy` (the efa unit's `up` step)
+deploys the MPI operator built from its Go module, next to the training operator (which leaves `mpijobs.kubeflow.org`
+to it); `efa.test` runs the nccl-tests MPIJob for real with doeks' CPU stand-in image (launcher -> ssh -> 2 workers,
+an MPI all-reduce over TCP), twice (the second replaces the first); `efa.delete` twice; the guard counted nothing.
+`down` leaving nothing after all of it is test_kubernetes_cluster's `cluster_down` tests, at the end of the run.
 Needs `invoke setup --kubernetes` (the cluster and the MPI operator built); in CI a missing build fails, elsewhere the
 module is skipped.
 """
@@ -29,8 +30,8 @@ def _built() -> bool:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    yield from own_cluster(tmp_path_factory, "mpi", {"GPU_NODES": "2", "KUBE_GPUS": "0", "COLUMNS": "200"},
+def env(request):
+    yield from own_cluster(request, {"GPU_NODES": "2", "KUBE_GPUS": "0", "COLUMNS": "200"},
                            built=_built(),
                            fail="CI must have doeks' cluster and the MPI operator built (invoke setup --kubernetes)",
                            skip="doeks' cluster or the MPI operator is not built (invoke setup --kubernetes)")
@@ -146,12 +147,3 @@ def test_the_network_guard_counted_nothing(env):
 
     assert guard.installed()
     assert guard.dropped() == 0
-
-
-def test_down_leaves_nothing_behind(env):
-    from doeks.cluster import node
-
-    result = invoke("down", "--yes", env=env, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert node.leftovers() == {"processes": [], "mounts": [], "network namespaces": [], "iptables chains": [],
-                                "bridge": [], "cgroups": []}
