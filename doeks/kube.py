@@ -145,6 +145,28 @@ def show(runner, args: list[str]) -> None:
     runner.run([kubectl(), "get"] + args, mutating=False)
 
 
+def get_json(args: list[str]) -> dict[str, Any] | None:
+    """`kubectl get ARGS -o json` read: None when the object does not exist; a cluster that cannot be read is one
+    DoeksError line."""
+    import json
+    import subprocess
+
+    from .errors import DoeksError
+
+    result = subprocess.run([kubectl(), "get"] + args + ["-o", "json"], capture_output=True, text=True)
+    if result.returncode != 0:
+        if "NotFound" in result.stderr or "not found" in result.stderr:
+            return None
+        first = (result.stderr.strip().splitlines() or ["kubectl failed"])[-1]
+        raise DoeksError(f"cannot read the cluster ({first}): run `invoke eks.connect` to write the kubeconfig")
+    if not result.stdout.strip():
+        return None
+    try:
+        return json.loads(result.stdout)
+    except ValueError:
+        raise DoeksError(f"kubectl get {' '.join(args)} answered something that is not JSON") from None
+
+
 def follow_logs(runner, namespace: str, selector: str, follow: bool = True) -> None:
     argv = [kubectl(), "logs", "-n", namespace, "-l", selector, "--prefix", "--all-containers", "--max-log-requests=64"]
     runner.run(argv + (["-f"] if follow else []), mutating=False)

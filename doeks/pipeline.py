@@ -223,7 +223,10 @@ def cluster_job(settings) -> dict[str, Any]:
     used here: it needs the etcd Deployment beside it, which a pipeline task does not manage."""
     from . import jobspec, trainjob
 
-    target = settings.with_overrides(namespace=settings.kfp_namespace, target="eks")
+    # compiled on this machine (TARGET=local/docker) it is EKS's job; on TARGET=kubernetes the plain cluster's (no
+    # instance-type selector, KUBE_GPUS, the image as that cluster has it)
+    on = settings.target if settings.target in ("kubernetes", "eks") else "eks"
+    target = settings.with_overrides(namespace=settings.kfp_namespace, target=on)
     return trainjob.trainjob(target) if settings.pipeline_job_kind == "trainjob" else jobspec.pytorchjob_fixed(target)
 
 
@@ -378,7 +381,11 @@ def run_local(settings, args: dict[str, Any]):
 # The local branch mounts SHARED_PVC in KFP_NAMESPACE and the kubernetes branch's job does too, but the claim that
 # csi.fsx/efs make lives in NAMESPACE. A claim binds one volume, so the profile namespace gets its own claim bound to a
 # second PersistentVolume that names the same file system (volumeHandle): no second file system, Retain so that
-# deleting it never deletes the data.
+# deleting it never deletes the data. On doeks' own cluster the volume is a folder of this machine (hostPath): the
+# second PersistentVolume names the same folder.
+_SHARED_SOURCES = ("csi", "hostPath", "nfs")  # volume sources two PersistentVolumes can name at once
+
+
 def shared_claim_name(settings) -> str:
     return f"{settings.shared_pvc}-{settings.kfp_namespace}"[:253]
 
@@ -388,17 +395,21 @@ def shared_claim(settings, pv: dict[str, Any]) -> list[dict[str, Any]]:
     from .errors import DoeksError
 
     spec = pv["spec"]
-    if "csi" not in spec:
-        raise DoeksError(f"SHARED_PVC {settings.shared_pvc} in namespace {settings.namespace} is not a CSI volume "
-                         f"(FSx or EFS): create {settings.shared_pvc} in {settings.kfp_namespace} yourself")
+    source = next((key for key in _SHARED_SOURCES if key in spec), None)
+    if source is None:
+        raise DoeksError(f"SHARED_PVC {settings.shared_pvc} in namespace {settings.namespace} is not a CSI (FSx, EFS), "
+                         f"NFS or host folder volume: create {settings.shared_pvc} in {settings.kfp_namespace} yourself")
     labels = {"app.kubernetes.io/part-of": "doeks"}
     name, capacity = shared_claim_name(settings), spec.get("capacity", {}).get("storage", "1Gi")
     volume = {"capacity": {"storage": capacity}, "volumeMode": "Filesystem",
               "accessModes": spec.get("accessModes", ["ReadWriteMany"]), "persistentVolumeReclaimPolicy": "Retain",
-              "storageClassName": "", "csi": {k: v for k, v in spec["csi"].items() if k in ("driver", "volumeHandle", "volumeAttributes")},
+              "storageClassName": "",
+              source: ({k: v for k, v in spec["csi"].items() if k in ("driver", "volumeHandle", "volumeAttributes")}
+                       if source == "csi" else dict(spec[source])),
               "claimRef": {"namespace": settings.kfp_namespace, "name": settings.shared_pvc}}
-    if spec.get("mountOptions"):
-        volume["mountOptions"] = spec["mountOptions"]
+    for key in ("mountOptions", "nodeAffinity"):
+        if spec.get(key):
+            volume[key] = spec[key]
     return [{"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name, "labels": labels}, "spec": volume},
             {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
              "metadata": {"name": settings.shared_pvc, "namespace": settings.kfp_namespace, "labels": labels},

@@ -91,3 +91,44 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
 
 def selector(name: str) -> str:
     return POD_SELECTOR.format(name=name)
+
+
+def diagnose(settings, name: str | None = None):
+    """Why the TrainJob is not training (a doeks.targets.reasons.Reason), or None: read through the API server from
+    its conditions, its JobSet's events (JobSet records `JobCreationFailed` with the API server's refusal when the pod
+    template it was given is invalid: sigs.k8s.io/jobset pkg/constants, `JobCreationFailedReason`), its pods' container
+    states and their events."""
+    from . import kube
+    from .targets import reasons
+
+    name = name or settings.job_name
+    job = kube.get_json(["trainjob", name, "-n", settings.namespace])
+    if job is None:
+        return None
+    conditions = [c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"]
+    if any(c["type"] == "Complete" for c in conditions):
+        return None
+    failed = [c.get("message", "") for c in conditions if c["type"] == "Failed"]
+    pods = (kube.get_json(["pods", "-n", settings.namespace, "-l", selector(name)]) or {}).get("items", [])
+    signals: list[str] = []
+    exit_codes: list[int] = []
+    messages: list[str] = list(failed)
+    restarts = 0
+    for pod in pods:
+        for c in pod.get("status", {}).get("containerStatuses", []):
+            restarts += c.get("restartCount", 0)
+            signals.append(c.get("state", {}).get("waiting", {}).get("reason", ""))
+            for when in ("state", "lastState") if "running" not in c.get("state", {}) else ("state",):
+                ended = c.get(when, {}).get("terminated")
+                if ended and ended.get("exitCode"):
+                    exit_codes.append(ended["exitCode"])
+                    signals.append(ended.get("reason", ""))
+    names = {name} | {p["metadata"]["name"] for p in pods}
+    events = [e for e in (kube.get_json(["events", "-n", settings.namespace]) or {}).get("items", [])
+              if e.get("involvedObject", {}).get("name") in names and e.get("type") == "Warning"]
+    refused = [e.get("message", "") for e in events if e.get("reason") == reasons.JOB_CREATION_FAILED]
+    if refused:
+        first = refused[-1].strip().splitlines()[0][:300]
+        return reasons.Reason("refused", f"the JobSet cannot create its Jobs: {first}", reasons.REFUSED_FIX, True)
+    return reasons.classify(messages + [e.get("message", "") for e in events], exit_codes,
+                            signals + [e.get("reason", "") for e in events], restarts, failed=bool(failed))

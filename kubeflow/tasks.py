@@ -140,12 +140,19 @@ def trainjob_submit(c, replicas=None, dry_run=False):
 
 @task(name="status")
 def trainjob_status(c):
-    """Show the TrainJob (and its JobSet's pods)."""
+    """Show the TrainJob and its JobSet's pods; then why it is not training, when something is wrong (a reason line
+    and its fix, as elasticjob.describe gives)."""
     from doeks import kube, trainjob
 
     s = settings()
     kube.show(runner(), ["trainjob", s.job_name, "-n", s.namespace, "-o", "wide"])
     kube.show(runner(), ["pods", "-n", s.namespace, "-l", trainjob.selector(s.job_name), "-o", "wide"])
+    found = trainjob.diagnose(s)
+    if found is not None:
+        from doeks import ui
+
+        ui.say(f"reason: {found.text}", style="red" if found.permanent else "yellow")
+        ui.say(f"fix: {found.fix}")
 
 
 @task(name="logs", help={"follow": "keep streaming"})
@@ -226,7 +233,13 @@ def pipeline_deploy(c, dry_run=False):
     def step(s, r):
         kube.apply(r, pipeline.rbac(s))
         pipeline.ensure_shared_claim(s, r)  # SHARED_PVC in KFP_NAMESPACE for the local and kubernetes branches
-        identity.ensure(s, r, identity.get("pipeline-runner"))
+        if s.target == "eks":
+            identity.ensure(s, r, identity.get("pipeline-runner"))
+        else:
+            from doeks import ui
+
+            ui.say(f"TARGET={s.target}: no Pod Identity role for the sagemaker branch (an EKS feature); give "
+                   f"{s.kfp_service_account} AWS credentials another way to run that branch")
 
     _on_the_cluster(step, "nothing to deploy; `invoke kubeflow.pipeline.run --local` runs the pipeline here", dry_run)
 
@@ -237,7 +250,8 @@ def pipeline_delete(c, dry_run=False):
     from doeks import identity, kube, pipeline
 
     def step(s, r):
-        identity.remove(s, r, identity.get("pipeline-runner"))
+        if s.target == "eks":
+            identity.remove(s, r, identity.get("pipeline-runner"))
         kube.delete(r, pipeline.shared_claim_refs(s) + pipeline.rbac(s))
 
     _on_the_cluster(step, "nothing to delete", dry_run)

@@ -99,7 +99,9 @@ def test_the_job_trains_to_the_end_in_pods_of_the_training_image(env):
         assert "step=" in log and "Traceback" not in log and "Exception in thread" not in log
 
 
-def _wait_for(env, kind: str, name: str, done: str, timeout: int = 900) -> dict:
+def _wait_for(env, kind: str, name: str, done: str, timeout: int = 900, stuck=None) -> dict:
+    """The object once its `done` or Failed condition is True; `stuck()`, when given, is asked each poll for a reason
+    it will never get there (an AssertionError at once instead of the timeout)."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -110,8 +112,16 @@ def _wait_for(env, kind: str, name: str, done: str, timeout: int = 900) -> dict:
             true = {c["type"] for c in obj.get("status", {}).get("conditions", []) if c.get("status") == "True"}
             if done in true or "Failed" in true:
                 return obj
+        if stuck is not None and (why := stuck()):
+            raise AssertionError(f"{kind}/{name} will not finish: {why}")
         time.sleep(5)
     raise AssertionError(f"{kind}/{name} not finished after {timeout}s")
+
+
+def _trainjob_reason(values) -> str:
+    """The reason line `kubeflow.trainjob.status` gives, or empty."""
+    said = invoke("kubeflow.trainjob.status", env=values, timeout=120)
+    return next((line for line in (said.stdout + said.stderr).splitlines() if line.startswith("reason: ")), "")
 
 
 def test_a_fixed_size_pytorchjob_runs_master_and_worker_with_the_injected_init_container(env):
@@ -136,10 +146,36 @@ def test_a_trainjob_runs_to_completion_on_trainer_v2_3_and_jobset(env):
     kubectl(env, "delete", "trainjob", "trainjob1", "-n", "default", "--ignore-not-found", "--wait=true")
     result = invoke("kubeflow.trainjob.submit", "--replicas", "2", env=values, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    job = _wait_for(env, "trainjob", "trainjob1", "Complete")
+    job = _wait_for(env, "trainjob", "trainjob1", "Complete", stuck=lambda: _trainjob_reason(values))
     states = {c["type"] for c in job["status"]["conditions"] if c.get("status") == "True"}
     assert "Complete" in states, job["status"]
+    assert _trainjob_reason(values) == ""  # a job that ran to the end has nothing wrong to say
     kubectl(env, "delete", "trainjob", "trainjob1", "-n", "default", "--wait=true")
+
+
+def test_a_trainjob_whose_pods_the_api_server_refuses_is_named_with_the_refusal(env):
+    """A TrainJob whose runtime patch mounts a volume it never declares (doeks' own TrainJob with its dshm volume
+    taken out, as a user's patch might): the Trainer makes the JobSet, the API server refuses JobSet's Job, and
+    JobSet records JobCreationFailed; `kubeflow.trainjob.status` names it with the API server's words at once."""
+    from doeks import trainjob
+    from doeks.runner import to_yaml_stream
+    from doeks.settings import load
+
+    values = {**env, "JOB_NAME": "badpatch", "EPOCHS": "1"}
+    job = trainjob.trainjob(load({**os.environ, **values}))
+    pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    volumes = pod["template"]["spec"]["template"]["spec"]["volumes"]
+    volumes[:] = [v for v in volumes if v["name"] != "dshm"]
+    try:
+        applied = kubectl(env, "apply", "--server-side", "--field-manager=doeks", "-f", "-", input=to_yaml_stream([job]))
+        assert applied.returncode == 0, applied.stderr
+        from .conftest import wait_for
+
+        line = wait_for(lambda: _trainjob_reason(values), 120, "trainjob.status naming the refusal", poll=3)
+        assert line.startswith("reason: the JobSet cannot create its Jobs: "), line
+        assert "dshm" in line and "not found" in line.lower(), line
+    finally:
+        kubectl(env, "delete", "trainjob", "badpatch", "-n", "default", "--ignore-not-found", "--wait=true")
 
 
 def test_the_network_guard_counted_nothing_after_the_job(env):

@@ -7,7 +7,6 @@ artifacts copied to S3. Nothing here knows about AWS.
 """
 from __future__ import annotations
 
-import json
 import subprocess
 from typing import Any, Iterator
 
@@ -116,19 +115,7 @@ class KubernetesTarget(Target):
             images.ensure(runner, refs)
 
     def _get(self, args: list[str]) -> dict[str, Any] | None:
-        argv = [kube.kubectl(), "get"] + args + ["-o", "json"]
-        result = subprocess.run(argv, capture_output=True, text=True)
-        if result.returncode != 0:
-            if "NotFound" in result.stderr or "not found" in result.stderr:
-                return None
-            first = (result.stderr.strip().splitlines() or ["kubectl failed"])[-1]
-            raise DoeksError(f"cannot read the cluster ({first}): run `invoke eks.connect` to write the kubeconfig")
-        if not result.stdout.strip():
-            return None
-        try:
-            return json.loads(result.stdout)
-        except ValueError:
-            raise DoeksError(f"kubectl get {' '.join(args)} answered something that is not JSON") from None
+        return kube.get_json(args)
 
     def describe(self) -> JobStatus:
         s = self.settings

@@ -24,6 +24,12 @@ CRASH_LOOP_RESTARTS = 3
 OOM_EXIT = 137  # SIGKILL, what the kernel's OOM killer sends (128 + 9)
 OOM_FIX = "lower BATCH_SIZE or DATA_WORKERS, or use a larger instance type"
 IMAGE_FIX = "`invoke elasticjob.push`, or set TRAIN_IMAGE to an image the nodes can pull"
+# JobSet's event when the API server refuses a Job it makes from the TrainJob's pod template (sigs.k8s.io/jobset
+# pkg/constants JobCreationFailedReason; the event's message is the API server's refusal). Permanent: the same
+# template is refused again.
+JOB_CREATION_FAILED = "JobCreationFailed"
+REFUSED_FIX = ("the TrainJob's pod template is invalid (doeks.trainjob: its runtimePatches); `kubectl describe jobset "
+               "<name>` shows the refusal")
 
 
 @dataclass(frozen=True)
