@@ -198,10 +198,14 @@ def deploy(c, dry_run=False):
     fsx_deploy(c, dry_run=dry_run)
 
 
-@task(help={"force": "delete even while the PVC is bound", "dry_run": "print; change nothing"})
+@task(help={"force": "delete even while the PVC is bound or a pod uses it", "dry_run": "print; change nothing"})
 def delete(c, force=False, dry_run=False):
-    """Reverse csi.deploy (TARGET=local/docker: the folder and its data are kept)."""
+    """Reverse csi.deploy (TARGET=local/docker: the folder and its data are kept).
+
+    TARGET=kubernetes: a claim a pod still uses is left in place with one line naming the pods (doeks' own cluster:
+    asked to go without waiting, since `down` stops the cluster with them; --force: the same elsewhere)."""
     from doeks import ui
+    from doeks.errors import DoeksError
     from doeks.local import runtime
 
     s = settings()
@@ -216,7 +220,15 @@ def delete(c, force=False, dry_run=False):
             ui.say(f"doeks' cluster is not running: no claim on it; keeping {runtime.shared_volume(s)}")
             return
         # the claim first (claim protection: it goes once no pod uses it), then its volume; the folder stays
-        kube.delete(runner(dry_run), list(reversed(kube.shared_claim(s))))
+        held = [] if dry_run else kube.pods_using_claim(s.namespace, s.shared_pvc)
+        if held and not (s.own_cluster or force):
+            raise DoeksError(f"claim {s.namespace}/{s.shared_pvc} is in use by pod {', '.join(held)}: left in place "
+                             "(Kubernetes keeps a claim until no pod uses it); delete those pods and run this again, "
+                             "or pass --force to ask for it anyway (it goes when they end)")
+        if held:
+            ui.warn(f"claim {s.namespace}/{s.shared_pvc} is in use by pod {', '.join(held)}: asked to go without waiting "
+                    "(it goes when they end" + ("; `invoke down` stops the cluster with them)" if s.own_cluster else ")"))
+        kube.delete(runner(dry_run), list(reversed(kube.shared_claim(s))), wait=not held)
         if s.own_cluster:
             ui.say(f"keeping {runtime.shared_volume(s)} (data and checkpoints); remove it by hand if unwanted")
         return

@@ -75,6 +75,10 @@ def check_data(settings) -> None:
     root = data_root(settings)
     for split in ("train", "val"):
         folder = root / split
+        if split == "val" and folder.is_dir() and any(p.is_file() for p in folder.iterdir()):
+            # ImageNet's val/ as it comes: the same words as the training script's own check
+            raise DoeksError(f"{folder} holds files, not class folders: re-lay it out with `invoke csi.data.stage "
+                             "--relayout-val` (LOC_val_solution.csv)")
         classes = [d for d in folder.iterdir() if d.is_dir()] if folder.is_dir() else []
         if not classes or not any(any(c.iterdir()) for c in classes):
             raise DoeksError(f"data folder {folder} is missing or empty: run `invoke elasticjob.data` first")

@@ -122,11 +122,12 @@ def apply(runner, manifests: Sequence[dict[str, Any]], field_manager: str = "doe
             runner.step(f"create or change {object_name(manifest)} (the YAML on stdout)", lambda: None)
 
 
-def delete(runner, manifests: Sequence[dict[str, Any]]) -> None:
+def delete(runner, manifests: Sequence[dict[str, Any]], wait: bool = True) -> None:
     """Delete what the manifests name; what is already gone is fine. A dry run names each object, in order.
     Foreground: an object is gone only once what it owns is (a PyTorchJob's pods, a Deployment's), so a job deployed
-    again right after does not meet its predecessor's terminating pods under the same names."""
-    argv = ["delete", "--ignore-not-found", "--wait=true", "--cascade=foreground", "-f", "-"]
+    again right after does not meet its predecessor's terminating pods under the same names. `wait=False`: asked for,
+    not waited on (a claim a pod still uses stays until that pod ends)."""
+    argv = ["delete", "--ignore-not-found", f"--wait={'true' if wait else 'false'}", "--cascade=foreground", "-f", "-"]
     if runner.dry_run:
         for manifest in manifests:
             runner.step(f"delete {object_name(manifest)} (kubectl {' '.join(argv[:3])}; gone already is fine)", lambda: None)
@@ -165,6 +166,16 @@ def get_json(args: list[str]) -> dict[str, Any] | None:
         return json.loads(result.stdout)
     except ValueError:
         raise DoeksError(f"kubectl get {' '.join(args)} answered something that is not JSON") from None
+
+
+def pods_using_claim(namespace: str, claim: str) -> list[str]:
+    """The pods in `namespace` that mount `claim` and have not ended: what Kubernetes' claim protection waits for
+    (kubernetes.io/pvc-protection: a claim asked to go stays until no such pod is left)."""
+    pods = (get_json(["pods", "-n", namespace]) or {}).get("items", [])
+    return sorted(p["metadata"]["name"] for p in pods
+                  if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+                  and any(v.get("persistentVolumeClaim", {}).get("claimName") == claim
+                          for v in p.get("spec", {}).get("volumes", [])))
 
 
 def follow_logs(runner, namespace: str, selector: str, follow: bool = True) -> None:

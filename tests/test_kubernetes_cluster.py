@@ -63,6 +63,18 @@ def kubectl(env, *args: str, input: str | None = None) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=120, input=input)
 
 
+def holder_pod(claim: str) -> str:
+    """A pod that is not doeks', mounting `claim` and sleeping (as a user's notebook would hold the shared volume)."""
+    from doeks.cluster import operators
+
+    return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder", "namespace": "default"},
+                       "spec": {"terminationGracePeriodSeconds": 0,
+                                "containers": [{"name": "sleep", "image": operators.INIT_CONTAINER_IMAGE,
+                                                "imagePullPolicy": "Never", "command": ["sleep", "600"],
+                                                "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
+                                "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": claim}}]}})
+
+
 def test_up_starts_the_cluster_deploys_every_unit_and_prints_the_kubeconfig(env):
     result = invoke("up", env=env, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -207,11 +219,25 @@ def test_cluster_dns_answers_cluster_names_and_forwards_nothing(env):
 
 
 @pytest.mark.cluster_down
-def test_down_twice_leaves_nothing_behind(env):
+def test_down_twice_leaves_nothing_behind_even_with_a_job_running_and_its_claim_in_use(env):
+    """`down` with the job training and a pod that is not doeks' holding the claim: the job goes first (its pods
+    with it), the held claim is named and asked to go without waiting (claim protection would wait for ever), and
+    stopping the cluster ends the rest. Then nothing is left, twice."""
+    import time
+
     from doeks.cluster import node
 
+    running = invoke("elasticjob.deploy", "--fresh", env={**env, "EPOCHS": "50"}, timeout=900)
+    assert running.returncode == 0, running.stderr[-3000:]
+    assert kubectl(env, "apply", "-f", "-", input=holder_pod("fsx-pvc")).returncode == 0
+    ready = kubectl(env, "wait", "pod/holder", "-n", "default", "--for=condition=Ready", "--timeout=120s")
+    assert ready.returncode == 0, ready.stderr
+    began = time.monotonic()
     first = invoke("down", "--yes", env=env, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
+    assert time.monotonic() - began < 300
+    said = first.stdout + first.stderr
+    assert "claim default/fsx-pvc is in use by pod holder: asked to go without waiting" in said, said[-3000:]
     assert node.leftovers() == {"processes": [], "mounts": [], "network namespaces": [], "iptables chains": [],
                                 "bridge": [], "cgroups": []}
     second = invoke("down", "--yes", env=env, timeout=900)

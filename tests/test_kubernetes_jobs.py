@@ -17,7 +17,7 @@ import time
 import pytest
 
 from .conftest import invoke, wait_for
-from .test_kubernetes_cluster import SMALL_JOB, kubectl, own_cluster
+from .test_kubernetes_cluster import SMALL_JOB, holder_pod, kubectl, own_cluster
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.slow]
 
@@ -294,3 +294,62 @@ def test_every_job_name_the_api_server_refuses_doeks_refuses_first(env, name):
     if server.returncode != 0:
         assert ours.returncode != 0, f"the API server refuses {name!r} ({server.stderr.strip()}) and doeks does not"
         assert "JOB_NAME" in ours.stderr and "Traceback" not in ours.stderr
+
+
+def test_a_claim_a_pod_still_uses_is_named_and_left_in_place_on_a_users_cluster(env, tmp_path):
+    """Claim protection on the real API server: csi.delete on a cluster doeks did not make leaves a claim that a pod
+    uses, naming the pod, instead of waiting for ever; --force asks for it and it goes once the pod does."""
+    own = {**env, "SHARED_PVC": "heldclaim"}
+    user = {**_user_cluster(env, tmp_path), "SHARED_PVC": "heldclaim"}
+    try:
+        made = invoke("csi.deploy", env=own, timeout=300)
+        assert made.returncode == 0, made.stderr[-2000:]
+        assert kubectl(env, "apply", "-f", "-", input=holder_pod("heldclaim")).returncode == 0
+        ran = kubectl(env, "wait", "pod/holder", "-n", "default", "--for=condition=Ready", "--timeout=120s")
+        assert ran.returncode == 0, ran.stderr
+        for _ in range(2):
+            refused = invoke("csi.delete", env=user, timeout=120)
+            assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+            assert "claim default/heldclaim is in use by pod holder: left in place" in refused.stderr
+            claim = json.loads(kubectl(env, "get", "pvc", "heldclaim", "-n", "default", "-o", "json").stdout)
+            assert "deletionTimestamp" not in claim["metadata"]
+        forced = invoke("csi.delete", "--force", env=user, timeout=120)
+        assert forced.returncode == 0, forced.stderr[-2000:]
+        claim = json.loads(kubectl(env, "get", "pvc", "heldclaim", "-n", "default", "-o", "json").stdout)
+        assert claim["metadata"].get("deletionTimestamp")  # Terminating: kubernetes.io/pvc-protection holds it
+        assert "kubernetes.io/pvc-protection" in claim["metadata"]["finalizers"]
+        kubectl(env, "delete", "pod", "holder", "-n", "default", "--wait=true")
+        wait_for(lambda: kubectl(env, "get", "pvc", "heldclaim", "-n", "default").returncode != 0, 60,
+                 "the claim gone with its last pod", poll=1)
+    finally:
+        kubectl(env, "delete", "pod", "holder", "-n", "default", "--ignore-not-found", "--wait=true")
+        kubectl(env, "delete", "pvc", "heldclaim", "-n", "default", "--ignore-not-found", "--wait=true")
+        kubectl(env, "delete", "pv", "default-heldclaim", "--ignore-not-found", "--wait=true")
+
+
+def test_a_shared_volume_that_cannot_be_mounted_is_named(env):
+    """A claim bound to a volume the kubelet cannot mount (a host folder that is not there, type Directory): the pods
+    wait in ContainerCreating and the kubelet's FailedMount event is the reason describe gives."""
+    from doeks import kube
+
+    volume = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "nomount"},
+              "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+                       "persistentVolumeReclaimPolicy": "Retain", "storageClassName": kube.LOCAL_CLASS,
+                       "hostPath": {"path": "/nonexistent/doeks-test", "type": "Directory"},
+                       "claimRef": {"namespace": "default", "name": "nomount"}}}
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "nomount", "namespace": "default"},
+             "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": kube.LOCAL_CLASS, "volumeName": "nomount",
+                      "resources": {"requests": {"storage": "1Gi"}}}}
+    values = {**env, "JOB_NAME": "nomount", "SHARED_PVC": "nomount"}
+    try:
+        assert kubectl(env, "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                  "items": [volume, claim]})).returncode == 0
+        result = invoke("elasticjob.deploy", env=values, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        said = wait_for(lambda: "reason: the shared volume cannot be mounted (FailedMount)" in (t := describe(values))
+                        and t, 180, "describe naming FailedMount", poll=3)
+        assert "fix: `invoke csi.fsx.deploy`" in said
+    finally:
+        _gone(env, "nomount")
+        kubectl(env, "delete", "pvc", "nomount", "-n", "default", "--ignore-not-found", "--wait=true")
+        kubectl(env, "delete", "pv", "nomount", "--ignore-not-found", "--wait=true")

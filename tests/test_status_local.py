@@ -189,3 +189,66 @@ def test_etcd_killed_mid_job_is_named_with_the_fix(small, state_dir):
     assert "etcd" in status.fix and "invoke eks.create" in status.fix and not status.permanent
     shown = invoke("elasticjob.status", env={"COLUMNS": "250"})
     assert "reason: rendezvous server unreachable" in shown.stderr and "fix: etcd is down" in shown.stderr
+
+
+def _ends_with(result, job: str, reason: str) -> str:
+    """The deploy --follow ended at once (no restart) with the one-line error naming `reason`; the line."""
+    own = [line for line in result.stderr.splitlines() if not line.startswith("[node-")]
+    assert result.returncode == 1 and not any("Traceback" in line for line in own), result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: job {job} ended Failed after 0 restarts: {reason}"), last
+    return last
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("code, reason", [
+    ("import doeks_no_such_module\n", "import error: ModuleNotFoundError: No module named 'doeks_no_such_module'"),
+    ("open('/nonexistent/doeks/labels.csv')\n",
+     "missing file: FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/doeks/labels.csv'"),
+], ids=["import-error", "missing-file"])
+def test_a_script_that_cannot_start_ends_at_once_with_the_reason_its_real_log_shows(small, tmp_path, code, reason):
+    """The import-error and missing-file rules, from what Python itself writes in a real torchrun worker's log."""
+    script = tmp_path / "project" / "fit.py"
+    script.parent.mkdir()
+    script.write_text(code)
+    result = invoke("elasticjob.deploy", "--follow", env={"TRAIN_SCRIPT": str(script), "TRAIN_ARGS": ""}, timeout=180)
+    _ends_with(result, "imagenet", reason)
+
+
+@pytest.mark.slow
+def test_a_corrupt_checkpoint_ends_at_once_as_unusable(small):
+    """The bad-checkpoint rule, from the training script's own error on a checkpoint that is not one."""
+    folder = elastic.checkpoint_dir(small)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "checkpoint.pt").write_bytes(b"not a checkpoint\n" * 64)
+    result = invoke("elasticjob.deploy", "--follow", timeout=180)
+    last = _ends_with(result, "imagenet", "unusable checkpoint: checkpoint ")
+    assert "partial or corrupt" in last and "(fix: move the checkpoint folder away or deploy with --fresh)" in last
+
+
+@pytest.mark.slow
+def test_a_validation_folder_of_files_is_named_before_and_in_the_log_as_data_laid_out_wrong(small, tmp_path):
+    """ImageNet's val/ as it comes (files, no class folders): the deploy refuses it up front with one line; in a folder
+    the plan cannot see (--data), the data-layout rule names it from the training script's real log."""
+    import shutil
+
+    from doeks.local import runtime
+
+    data = runtime.shared_volume(small) / "data"
+    other = tmp_path / "other"
+    shutil.copytree(data, other)
+
+    def flatten(root):
+        for image in [p for p in (root / "val").rglob("*") if p.is_file()]:
+            image.rename(root / "val" / f"{image.parent.name}-{image.name}")
+
+    flatten(other)
+    result = invoke("elasticjob.deploy", "--follow", "--train-args", f"--data {other}", timeout=180)
+    last = _ends_with(result, "imagenet", "data laid out wrong: ")
+    assert "holds files, not class folders" in last and "--relayout-val" in last
+    flatten(data)
+    runs = sorted((elastic.home(small) / "runs").iterdir())
+    refused = invoke("elasticjob.deploy", timeout=120)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 1 and len(lines) == 1 and "holds files, not class folders" in lines[0], refused.stderr
+    assert sorted((elastic.home(small) / "runs").iterdir()) == runs  # nothing started

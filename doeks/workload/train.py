@@ -448,14 +448,14 @@ def load_checkpoint(directory: Path):
             if missing:
                 raise ValueError(f"no {', '.join(missing)}")
         except Exception as error:  # noqa: BLE001 - truncated zip, not a checkpoint, unpickling refused...
-            bad.append(f"{path} ({type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else 'unreadable'})")
+            bad.append((path, f"{type(error).__name__}: {str(error).splitlines()[0][:80] if str(error) else 'unreadable'}"))
             continue
         if bad:
-            log(f"warning: checkpoint {bad[0]} is partial or corrupt: resuming from {path.name} instead")
+            log(f"warning: checkpoint {bad[0][0]} ({bad[0][1]}) is partial or corrupt: resuming from {path.name} instead")
         return state
-    if bad:
-        raise CheckpointError(f"checkpoint {bad[0]} is partial or corrupt and there is no earlier one: "
-                              f"move {directory} away to start from scratch")
+    if bad:  # the verdict before the library's words: a reason line keeps the first 200 characters
+        raise CheckpointError(f"checkpoint {bad[0][0]} is partial or corrupt and there is no earlier one "
+                              f"({bad[0][1]}): move {directory} away to start from scratch")
     return None
 
 
