@@ -1,6 +1,13 @@
 """Status that explains itself on TARGET=eks, through the scripted kubectl (tests/kubectl_standin.py): the reason
 and fix come from the pods' container states, the namespace's events and the pods' last log lines; `describe` shows
-the events; `logs` validates --replica and passes --tail / --since to kubectl."""
+the events; `logs` validates --replica and passes --tail / --since to kubectl.
+
+Why a stand-in still: these are the eks target's own paths (its kubeconfig from `eks.connect`, its runs record),
+which need an EKS cluster. The same reading of container states, events and logs runs for real on doeks' own
+cluster (TARGET=kubernetes, the class the eks target extends): OOMKilled, ErrImagePull, FailedScheduling, FailedMount,
+data missing and the lost rendezvous server in tests/test_kubernetes_jobs.py. What stays scripted here is what that
+cluster would only show at the cost of a second training image (a user's script crash-looping in its pods) and the
+shapes the eks target adds nothing to."""
 from __future__ import annotations
 
 import json
@@ -53,11 +60,9 @@ def test_bad_arguments_in_a_crash_loop_are_the_permanent_reason(world):  # noqa:
     assert "some-other-pod" not in out.stderr  # only the job's own events
 
 
-def test_oom_killed_and_crash_loop_without_a_log_line(world):  # noqa: F811
+def test_a_crash_loop_without_a_known_cause_names_the_last_error(world):  # noqa: F811
+    """(OOMKilled from a real container state: tests/test_kubernetes_jobs.py, a pod over KUBE_MEMORY.)"""
     s = settings_for("eks")
-    script(world, [crashed_pod("imagenet-worker-0", 3, 137, "OOMKilled")], [])
-    status = targets.get(s).describe()
-    assert status.reason.startswith("out of memory") and "BATCH_SIZE" in status.fix and not status.permanent
     script(world, [crashed_pod("imagenet-worker-0", 5, 1, "Error")], [], logs="RuntimeError: boom\n")
     status = targets.get(s).describe()
     assert status.reason.startswith("crash loop") and "RuntimeError: boom" in status.reason
