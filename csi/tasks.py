@@ -205,7 +205,6 @@ def delete(c, force=False, dry_run=False):
     TARGET=kubernetes: a claim a pod still uses is left in place with one line naming the pods (doeks' own cluster:
     asked to go without waiting, since `down` stops the cluster with them; --force: the same elsewhere)."""
     from doeks import ui
-    from doeks.errors import DoeksError
     from doeks.local import runtime
 
     s = settings()
@@ -220,15 +219,7 @@ def delete(c, force=False, dry_run=False):
             ui.say(f"doeks' cluster is not running: no claim on it; keeping {runtime.shared_volume(s)}")
             return
         # the claim first (claim protection: it goes once no pod uses it), then its volume; the folder stays
-        held = [] if dry_run else kube.pods_using_claim(s.namespace, s.shared_pvc)
-        if held and not (s.own_cluster or force):
-            raise DoeksError(f"claim {s.namespace}/{s.shared_pvc} is in use by pod {', '.join(held)}: left in place "
-                             "(Kubernetes keeps a claim until no pod uses it); delete those pods and run this again, "
-                             "or pass --force to ask for it anyway (it goes when they end)")
-        if held:
-            ui.warn(f"claim {s.namespace}/{s.shared_pvc} is in use by pod {', '.join(held)}: asked to go without waiting "
-                    "(it goes when they end" + ("; `invoke down` stops the cluster with them)" if s.own_cluster else ")"))
-        kube.delete(runner(dry_run), list(reversed(kube.shared_claim(s))), wait=not held)
+        kube.delete_claim(runner(dry_run), s, s.namespace, s.shared_pvc, list(reversed(kube.shared_claim(s))), force)
         if s.own_cluster:
             ui.say(f"keeping {runtime.shared_volume(s)} (data and checkpoints); remove it by hand if unwanted")
         return

@@ -169,13 +169,34 @@ def get_json(args: list[str]) -> dict[str, Any] | None:
 
 
 def pods_using_claim(namespace: str, claim: str) -> list[str]:
-    """The pods in `namespace` that mount `claim` and have not ended: what Kubernetes' claim protection waits for
-    (kubernetes.io/pvc-protection: a claim asked to go stays until no such pod is left)."""
+    """The pods in `namespace` scheduled with `claim` mounted: what Kubernetes' claim protection waits for
+    (kubernetes.io/pvc-protection keeps a claim asked to go until no such pod is left; a Completed pod counts too,
+    as seen on doeks' own cluster, v1.35)."""
     pods = (get_json(["pods", "-n", namespace]) or {}).get("items", [])
     return sorted(p["metadata"]["name"] for p in pods
-                  if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+                  if p.get("spec", {}).get("nodeName")
                   and any(v.get("persistentVolumeClaim", {}).get("claimName") == claim
                           for v in p.get("spec", {}).get("volumes", [])))
+
+
+def delete_claim(runner, settings, namespace: str, claim: str, manifests: Sequence[dict[str, Any]],
+                 force: bool = False) -> None:
+    """Delete a claim and what goes with it (`manifests`, the claim first). A claim some pod still mounts would keep
+    a waiting delete waiting for ever: on a cluster doeks did not make it is left in place with one line naming the
+    pods (DoeksError), unless `force`; on doeks' own cluster (whose `down` stops the cluster with them) or with
+    `force` it is asked to go without waiting."""
+    from . import ui
+    from .errors import DoeksError
+
+    held = [] if runner.dry_run else pods_using_claim(namespace, claim)
+    if held and not (settings.own_cluster or force):
+        raise DoeksError(f"claim {namespace}/{claim} is in use by pod {', '.join(held)}: left in place (Kubernetes "
+                         "keeps a claim until no pod uses it, finished ones too); delete those pods and run this "
+                         "again, or pass --force to ask for it anyway (it goes when they do)")
+    if held:
+        ui.warn(f"claim {namespace}/{claim} is in use by pod {', '.join(held)}: asked to go without waiting (it goes "
+                "when they do" + ("; `invoke down` stops the cluster with them)" if settings.own_cluster else ")"))
+    delete(runner, manifests, wait=not held)
 
 
 def follow_logs(runner, namespace: str, selector: str, follow: bool = True) -> None:

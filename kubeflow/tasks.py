@@ -244,15 +244,21 @@ def pipeline_deploy(c, dry_run=False):
     _on_the_cluster(step, "nothing to deploy; `invoke kubeflow.pipeline.run --local` runs the pipeline here", dry_run)
 
 
-@task(name="delete", help={"dry_run": "print what would be deleted; change nothing"})
-def pipeline_delete(c, dry_run=False):
-    """Remove what kubeflow.pipeline.deploy made (association and role, Role and RoleBinding); safe to run twice."""
+@task(name="delete", help={"dry_run": "print what would be deleted; change nothing",
+                           "force": "ask for the profile's claim to go even while pods (the pipeline's finished "
+                                    "jobs' too) still mount it"})
+def pipeline_delete(c, dry_run=False, force=False):
+    """Remove what kubeflow.pipeline.deploy made (association and role, Role and RoleBinding, the profile's claim);
+    safe to run twice. A claim the pipeline's jobs' pods still mount is named and left (see csi.delete)."""
     from doeks import identity, kube, pipeline
 
     def step(s, r):
         if s.target == "eks":
             identity.remove(s, r, identity.get("pipeline-runner"))
-        kube.delete(r, pipeline.shared_claim_refs(s) + pipeline.rbac(s))
+        kube.delete(r, pipeline.rbac(s))
+        claim = pipeline.shared_claim_refs(s)
+        if claim:
+            kube.delete_claim(r, s, s.kfp_namespace, s.shared_pvc, claim, force)
 
     _on_the_cluster(step, "nothing to delete", dry_run)
 

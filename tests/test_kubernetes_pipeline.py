@@ -138,3 +138,20 @@ def test_the_kubernetes_branch_creates_its_job_as_the_service_account_and_it_run
     pipeline.train_kubernetes(job=json.dumps(job), namespace=PROFILE, steps=3, run_id=f"run-{kind}", model=again,
                               poll_seconds=5)
     assert again.metadata["name"] == name
+
+
+def test_pipeline_delete_names_the_finished_pods_that_hold_the_profiles_claim(env, tmp_path):
+    """The branch's finished jobs' pods still mount the profile's claim, and Kubernetes keeps a claim while any pod
+    mounts it, Completed ones too: on a cluster doeks did not make, pipeline.delete names them and leaves the claim
+    (before, it waited for ever); on doeks' own cluster it asks without waiting; a second run is a no-op."""
+    from .test_kubernetes_jobs import _user_cluster
+
+    held = invoke("kubeflow.pipeline.delete", env=_user_cluster(env, tmp_path), timeout=120)
+    assert held.returncode == 1 and "Traceback" not in held.stderr, held.stderr[-2000:]
+    line = held.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: claim {PROFILE}/fsx-pvc is in use by pod pipejob-") and "left in place" in line
+    assert kubectl(env, "get", "pvc", "fsx-pvc", "-n", PROFILE).returncode == 0
+    for _ in range(2):
+        done = invoke("kubeflow.pipeline.delete", env=env, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert kubectl(env, "get", "role", "doeks-pipeline-jobs", "-n", PROFILE).returncode != 0

@@ -121,12 +121,14 @@ def _raised_by_script(before: list[str]) -> bool:
 
 
 def from_events(reasons: Iterable[str]) -> Reason | None:
-    """The reason Kubernetes events or container states show (their `reason` fields), permanent ones first."""
+    """The reason Kubernetes events or container states show (their `reason` fields, oldest first): a permanent one
+    first, else the newest (a pod first FailedScheduling while its claim was binding, then FailedMount, is stuck on
+    the mount: seen on doeks' own cluster)."""
     found = [(_EVENT_RULES[r], r) for r in reasons if r in _EVENT_RULES]
-    found.sort(key=lambda pair: not pair[0][1])
     if not found:
         return None
-    (code, permanent, text, fix), which = found[0]
+    permanent = [pair for pair in found if pair[0][1]]
+    (code, permanent, text, fix), which = permanent[0] if permanent else found[-1]
     return Reason(code, f"{text} ({which})", fix, permanent)
 
 
