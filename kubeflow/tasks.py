@@ -140,8 +140,9 @@ def trainjob_submit(c, replicas=None, dry_run=False):
 
 @task(name="status")
 def trainjob_status(c):
-    """Show the TrainJob and its JobSet's pods; then why it is not training, when something is wrong (a reason line
-    and its fix, as elasticjob.describe gives)."""
+    """Show the TrainJob and its JobSet's pods, and why it is not training when something is wrong.
+
+    The reason line and its fix are those elasticjob.describe gives."""
     from doeks import kube, trainjob
 
     s = settings()
@@ -248,17 +249,18 @@ def pipeline_deploy(c, dry_run=False):
                            "force": "ask for the profile's claim to go even while pods (the pipeline's finished "
                                     "jobs' too) still mount it"})
 def pipeline_delete(c, dry_run=False, force=False):
-    """Remove what kubeflow.pipeline.deploy made (association and role, Role and RoleBinding, the profile's claim);
-    safe to run twice. A claim the pipeline's jobs' pods still mount is named and left (see csi.delete)."""
+    """Remove what kubeflow.pipeline.deploy made (Pod Identity, the profile's claim, RBAC); safe to run twice.
+
+    A claim the pipeline's jobs' pods still mount is named and left (see csi.delete)."""
     from doeks import identity, kube, pipeline
 
     def step(s, r):
         if s.target == "eks":
             identity.remove(s, r, identity.get("pipeline-runner"))
-        kube.delete(r, pipeline.rbac(s))
-        claim = pipeline.shared_claim_refs(s)
+        claim = pipeline.shared_claim_refs(s)  # deploy's steps in reverse: the claim, then the RBAC
         if claim:
             kube.delete_claim(r, s, s.kfp_namespace, s.shared_pvc, claim, force)
+        kube.delete(r, pipeline.rbac(s))
 
     _on_the_cluster(step, "nothing to delete", dry_run)
 

@@ -175,7 +175,8 @@ def test_logs_follow_ends_with_the_job_twice_and_delete_twice_leaves_nothing(env
         assert deploy.returncode == 0, deploy.stderr[-2000:]
         # server-side apply: doeks owns what it applies (manager "doeks", operation Apply); a field another manager
         # set is theirs and survives doeks' next apply (a client-side apply would have dropped or fought over it)
-        etcd = json.loads(kubectl(env, "get", "deployment", "etcd", "-n", "default", "-o", "json").stdout)
+        etcd = json.loads(kubectl(env, "get", "deployment", "etcd", "-n", "default", "-o", "json",
+                                  "--show-managed-fields").stdout)  # kubectl hides them by default
         owners = {(f["manager"], f["operation"]) for f in etcd["metadata"]["managedFields"]}
         assert ("doeks", "Apply") in owners, owners
         if attempt:

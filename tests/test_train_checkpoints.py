@@ -116,7 +116,9 @@ def test_unusable_checkpoint_and_no_previous_is_one_error_line(job, damage):
     code, out = job()
     errors = [line for line in out.splitlines() if "error:" in line]
     assert code == 2 and len(errors) == 1 and "Traceback" not in out, out
-    assert f"checkpoint {path} (" in errors[0] and "move" in errors[0] and "start host=" not in out
+    # the verdict first, then the library's words (a reason line keeps the first 200 characters), then what to do
+    assert f"checkpoint {path} is partial or corrupt and there is no earlier one (" in errors[0], errors[0]
+    assert f"move {job.ck} away to start from scratch" in errors[0] and "start host=" not in out
 
 
 def test_checkpoint_of_another_model_is_one_error_line(job):
