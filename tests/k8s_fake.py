@@ -1,5 +1,11 @@
 """A tiny HTTP fake of the Kubernetes API for the few reads doeks makes before touching a cluster; the official
-kubernetes client really talks to it over HTTP (no API server binary can run here)."""
+kubernetes client really talks to it over HTTP.
+
+Why it stays (doeks' own cluster runs everything else for real): what it serves is made by components that cannot
+run here. test_kubeflow_platform reads the Kubeflow platform's prerequisites (istio, cert-manager, the platform's
+own Deployments: dozens of images of the 26.03 release that no registry can deliver here) and test_stage_fsx reads a
+claim bound by the FSx CSI driver (a PV whose volume handle is a file system AWS made). Served by a real API server,
+these objects would still be the ones this file writes: the fake shows as much and starts in no time."""
 from __future__ import annotations
 
 import json

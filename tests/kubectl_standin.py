@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """A scripted kubectl stand-in: answers `kubectl get/logs ...` from $KUBECTL_SCRIPT (JSON: a list of
 {"match": [words...], "stdout": "...", "stderr": "...", "rc": N}, first whose words all appear in argv wins; no match
-= exit 1 "not scripted") and records every call to $RECORD. It can fail as kubectl fails (rc, stderr)."""
+= exit 1 "not scripted") and records every call to $RECORD. It can fail as kubectl fails (rc, stderr).
+
+Why it stays: it plays an EKS cluster for the eks target's own paths (its `aws eks update-kubeconfig` context, its
+runs record next to moto's cluster, GPU and EFA node types), which doeks' own cluster cannot be. The same verbs on
+TARGET=kubernetes, which the eks target extends, run against the real API server in tests/test_kubernetes_jobs.py:
+status, describe, logs, scale, delete and every reason rule from real events and container states."""
 import json
 import os
 import sys
