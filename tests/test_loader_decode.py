@@ -220,6 +220,8 @@ def test_region_decode_is_the_box_of_the_whole_decode(tmp_path, jpegcrop):
                 box = np.frombuffer(jpegcrop.decode_crop(raw, scale, top, left, h, w, 1), np.uint8).reshape(h, w, 3)
                 difference = np.abs(box.astype(int) - whole[top:top + h, left:left + w].astype(int))
                 assert difference.mean() < 0.5 and difference.max() <= 16, (name, scale, (top, left, h, w), difference.mean(), difference.max())
+                bgr = jpegcrop.decode_crop(raw, scale, top, left, h, w, 1 | jpegcrop.BGR)  # the flip's order
+                assert np.array_equal(np.frombuffer(bgr, np.uint8).reshape(h, w, 3), box[..., ::-1])
     with pytest.raises(ValueError):
         jpegcrop.decode_crop(files["420"], 1, 0, 0, 302, 10, 1)  # outside the image
     with pytest.raises(ValueError):
@@ -240,3 +242,75 @@ def test_region_decode_refuses_cmyk_and_the_train_crop_falls_back(tmp_path, jpeg
     torch.manual_seed(0)
     assert tuple(train.train_transform(OUT)(raw).shape) == (3, OUT, OUT)
     assert train.CROP_DECODE == {"region": 0, "scaled": 0, "fallback": 1}
+
+
+def _picture_jpeg(path) -> bytes:
+    """A textured 4:2:0 JPEG of odd size whose RandomResizedCrop(224) boxes are smaller and larger than 224 and some
+    large enough for a decode at 1/2."""
+    import numpy as np
+    from PIL import Image
+
+    Image.fromarray(data._image(2, 900, np.random.default_rng(2))[:601, :857]).save(path, quality=90)
+    return path.read_bytes()
+
+
+def _torchvision_train_crop(raw: bytes, size: int):
+    """TrainTransform spelled out with torchvision: the crop's draws, the flip's draw, the box decoded in R, G, B
+    order, v2.functional.resize (bilinear, antialiased) and flip."""
+    import torch
+    from torchvision.transforms.v2 import functional as F
+
+    height, width = train.jpeg_size(raw)
+    top, left, h, w = train.crop_box(height, width)
+    flip = torch.rand(1).item() < 0.5
+    box = train.decode_box(raw, height, width, train.dct_scale(h, w, size), top, left, h, w)
+    out = F.resize(box.permute(2, 0, 1), [size, size], antialias=True)
+    return (out.flip(-1) if flip else out), flip
+
+
+def _assert_train_crops_are_torchvisions(raw: bytes, size: int = 224, seeds: int = 40) -> None:
+    import torch
+
+    transform = train.train_transform(size)
+    flips = 0
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        ours = transform(raw)
+        after = torch.rand(1)
+        torch.manual_seed(seed)
+        theirs, flip = _torchvision_train_crop(raw, size)
+        assert torch.equal(ours, theirs), (seed, flip, (ours.int() - theirs.int()).abs().max())
+        assert torch.equal(after, torch.rand(1))  # the same draws, no more
+        flips += flip
+    assert 0 < flips < seeds
+
+
+def test_train_crop_is_torchvisions_resize_and_flip_of_the_rgb_box(tmp_path, decode_path):
+    """Pixel for pixel: the loader's resize (torch's kernel called as torchvision calls it) and its flip (the box
+    decoded B, G, R and each resized row's bytes reversed) are v2 resize + flip of the R, G, B box, on both paths,
+    and an image of the output size is not resized."""
+    import torch
+    from torchvision.transforms.v2 import functional as F
+
+    raw = _picture_jpeg(tmp_path / "picture.JPEG")
+    _assert_train_crops_are_torchvisions(raw)
+    box = torch.randint(0, 256, (224, 224, 3), dtype=torch.uint8)
+    for flip in (False, True):
+        ours = train.resize_box(box.flip(-1).contiguous() if flip else box, 224, flip)
+        theirs = F.resize(box.permute(2, 0, 1), [224, 224], antialias=True)
+        assert torch.equal(ours, theirs.flip(-1) if flip else theirs)
+
+
+def test_a_region_module_built_before_the_bgr_flag_gives_the_same_crops(tmp_path, jpegcrop, monkeypatch):
+    """A _jpegcrop .so built from the previous source (no BGR flag) next to a newer train.py: same pixels."""
+
+    class Stale:
+        @staticmethod
+        def decode_crop(raw, scale, top, left, h, w, flags):
+            assert flags in (0, 1)
+            return jpegcrop.decode_crop(raw, scale, top, left, h, w, flags)
+
+    monkeypatch.setattr(train, "_JPEGCROP", [Stale])
+    _reset_counters()
+    _assert_train_crops_are_torchvisions(_picture_jpeg(tmp_path / "picture.JPEG"), seeds=10)
+    assert train.CROP_DECODE["region"] > 0

@@ -3,8 +3,10 @@
  * entropy-decoded but neither inverse-transformed nor colour-converted, nothing below is read), the crop's iMCU
  * columns only, at a DCT-domain scale of 1/scale.
  *
- *   decode_crop(data, scale, top, left, height, width, fast) -> bytearray of height x width x 3 (RGB, uint8), or None
- *   for a colour space it does not take (CMYK, YCCK); ValueError for data libjpeg cannot read.
+ *   decode_crop(data, scale, top, left, height, width, flags) -> bytearray of height x width x 3 (RGB, uint8), or
+ *   None for a colour space it does not take (CMYK, YCCK); ValueError for data libjpeg cannot read. flags: 1 fast
+ *   integer IDCT, 2 merged (fast) chroma upsampling, 4 (the module's BGR) B, G, R order instead of R, G, B (the same
+ *   values: libjpeg's colour conversion writes them in that order; the loader's flip reverses a row's bytes).
  *
  * top/left/height/width are in the coordinates of the scaled image (ceil(size / scale)). Build: python -m
  * doeks.workload.jpegcrop_build (a C compiler and libjpeg's headers: libjpeg62-turbo-dev on Debian, libjpeg-turbo8-dev
@@ -61,7 +63,7 @@ static int decode(const unsigned char *data, size_t size, int scale, int top, in
         jpeg_destroy_decompress(&cinfo);
         return 2;
     }
-    cinfo.out_color_space = JCS_RGB;
+    cinfo.out_color_space = (fast & 4) ? JCS_EXT_BGR : JCS_RGB;
     cinfo.scale_num = 1;
     cinfo.scale_denom = (unsigned int)scale;
     if (fast & 1)
@@ -142,7 +144,8 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"decode_crop", decode_crop, METH_VARARGS,
-     "decode_crop(data, scale, top, left, height, width, fast) -> bytearray (height x width x 3 RGB) or None"},
+     "decode_crop(data, scale, top, left, height, width, flags) -> bytearray (height x width x 3 RGB, BGR with flag "
+     "BGR) or None"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -150,7 +153,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegcrop", NULL, -1
 
 PyMODINIT_FUNC PyInit__jpegcrop(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL)
+    if (m != NULL) {
         PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION", LIBJPEG_TURBO_VERSION_NUMBER);
+        PyModule_AddIntConstant(m, "BGR", 4); /* the flag; a module built before it lacks the name */
+    }
     return m;
 }
