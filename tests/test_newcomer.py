@@ -113,8 +113,11 @@ def test_ctrl_c_while_following_says_the_job_still_runs_and_a_second_deploy_refu
     from .test_elasticjob_local import SMALL, leftover_processes, max_step
 
     s = job_settings({**SMALL, "EPOCHS": "20"}, monkeypatch)
+    # SIGINT as a terminal's foreground process has it: a suite started in the background by a non-interactive shell
+    # (`.ci/run &`) inherits it ignored, and so would the task, which then never sees the Ctrl-C
     follow = subprocess.Popen([sys.executable, "-m", "invoke", "elasticjob.deploy", "--fresh", "--follow"], cwd=ROOT,
-                              env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: max_step(s) >= 1, 240, "the job to train")
         follow.send_signal(signal.SIGINT)  # what Ctrl-C sends the foreground process
