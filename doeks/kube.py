@@ -200,7 +200,9 @@ def delete_claim(runner, settings, namespace: str, claim: str, manifests: Sequen
 
 
 def follow_logs(runner, namespace: str, selector: str, follow: bool = True) -> None:
-    argv = [kubectl(), "logs", "-n", namespace, "-l", selector, "--prefix", "--all-containers", "--max-log-requests=64"]
+    """Every pod's whole log, prefixed: `--tail=-1`, since with a selector kubectl shows only the last 10 lines."""
+    argv = [kubectl(), "logs", "-n", namespace, "-l", selector, "--prefix", "--all-containers", "--max-log-requests=64",
+            "--tail=-1"]
     runner.run(argv + (["-f"] if follow else []), mutating=False)
 
 

@@ -38,17 +38,38 @@ def operator_delete(c, dry_run=False):
     _on_the_cluster(kubeflow.operator_delete, "no operator to delete", dry_run)
 
 
+FRESH_HELP = "remove this job's old checkpoints and metrics first (else it resumes; doeks' own cluster)"
+
+
 @task(help={"elastic": "add elasticPolicy (min:max replicas, rendezvous) as elasticjob does",
-            "replicas": "nodes (elastic: Worker replicas; --no-elastic: 1 Master + N-1 Workers)", "dry_run": "print the PyTorchJob as YAML on stdout; change nothing"},
+            "replicas": "nodes (elastic: Worker replicas; --no-elastic: 1 Master + N-1 Workers)", "fresh": FRESH_HELP,
+            "dry_run": "print the PyTorchJob as YAML on stdout; change nothing"},
       flags={"replicas": Int(1, 1000)})
-def submit(c, elastic=True, replicas=None, dry_run=False):
+def submit(c, elastic=True, replicas=None, fresh=False, dry_run=False):
     """Submit a PyTorchJob running the repo's training script (kubectl server-side apply)."""
     from doeks import jobspec, kube
 
     s = settings(replicas=replicas)
     job = jobspec.pytorchjob(s) if elastic else jobspec.pytorchjob_fixed(s)
+    _start_over(s, fresh, dry_run)
     _image_on_the_node(s, job, dry_run)
     kube.apply(runner(dry_run), [job])
+
+
+def _start_over(s, fresh, dry_run):
+    """--fresh: the job's checkpoints and metrics removed first, as `elasticjob.deploy --fresh` does (a job submitted
+    again under its name resumes from its checkpoint: a finished one only says so). They are in the claim's folder,
+    which is on this machine only on doeks' own cluster."""
+    if not fresh:
+        return
+    from doeks import elastic
+    from doeks.errors import DoeksError
+
+    if not s.own_cluster:
+        raise DoeksError(f"--fresh removes checkpoints/{s.job_name} from the shared claim, which is on this machine "
+                         "only on doeks' own cluster: use another JOB_NAME to start over")
+    runner(dry_run).step(f"remove checkpoints and metrics of {s.job_name} (in the claim's folder)",
+                         elastic.clear_outputs, s)
 
 
 def _image_on_the_node(s, job, dry_run):
@@ -117,9 +138,9 @@ def trainer_delete(c, dry_run=False):
     _on_the_cluster(kubeflow.trainer_delete, "no Trainer to delete", dry_run)
 
 
-@task(name="submit", help={"replicas": "nodes (trainer.numNodes; default REPLICAS)",
+@task(name="submit", help={"replicas": "nodes (trainer.numNodes; default REPLICAS)", "fresh": FRESH_HELP,
                            "dry_run": "print the TrainJob as YAML on stdout; change nothing"}, flags={"replicas": Int(1, 1000)})
-def trainjob_submit(c, replicas=None, dry_run=False):
+def trainjob_submit(c, replicas=None, fresh=False, dry_run=False):
     """Submit the fixed-size job as a Trainer v2 TrainJob (torch-distributed runtime), server-side apply."""
     from doeks import kube, trainjob
     from doeks.errors import DoeksError
@@ -134,6 +155,7 @@ def trainjob_submit(c, replicas=None, dry_run=False):
         ui.say(jobspec.idle_gpus_warning(s), style="yellow")
     kube.use(s)
     job = trainjob.trainjob(s)
+    _start_over(s, fresh, dry_run)
     _image_on_the_node(s, {"containers": [{"image": job["spec"]["trainer"]["image"]}]}, dry_run)
     kube.apply(runner(dry_run), [job])
 

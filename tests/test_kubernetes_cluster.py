@@ -136,33 +136,77 @@ def _trainjob_reason(values) -> str:
     return next((line for line in (said.stdout + said.stderr).splitlines() if line.startswith("reason: ")), "")
 
 
-def test_a_fixed_size_pytorchjob_runs_master_and_worker_with_the_injected_init_container(env):
+def _said(result) -> str:
+    return result.stdout + result.stderr
+
+
+def _gone(env, kind: str, name: str, selector: str) -> bool:
+    """Neither the job nor any pod of it is left (the API server's word)."""
+    job = kubectl(env, "get", kind, name, "-n", "default", "--ignore-not-found", "-o", "name").stdout.strip()
+    pods = kubectl(env, "get", "pods", "-n", "default", "-l", selector, "-o", "name").stdout.strip()
+    return not job and not pods
+
+
+def test_a_fixed_size_pytorchjob_runs_master_and_worker_with_the_injected_init_container_twice(env):
     """--no-elastic: 1 Master + 1 Worker; the operator injects its init container (alpine:3.10, built here) into
-    the Worker, which waits for the Master's name through CoreDNS."""
+    the Worker, which waits for the Master's name through CoreDNS. The user's verbs, twice in a row: submit, status,
+    logs, delete twice (nothing left), then the same again with --fresh (trains from scratch)."""
+    from .conftest import wait_for
+
     values = {**env, "JOB_NAME": "fixedjob", "EPOCHS": "1"}
+    selector = "training.kubeflow.org/job-name=fixedjob"
     kubectl(env, "delete", "pytorchjob", "fixedjob", "-n", "default", "--ignore-not-found", "--wait=true")
-    result = invoke("kubeflow.pytorchjob.submit", "--no-elastic", "--replicas", "2", env=values, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    job = _wait_for(env, "pytorchjob", "fixedjob", "Succeeded")
-    states = {c["type"] for c in job["status"]["conditions"] if c.get("status") == "True"}
-    assert "Succeeded" in states, job["status"]
-    worker = json.loads(kubectl(env, "get", "pod", "fixedjob-worker-0", "-n", "default", "-o", "json").stdout)
-    assert [c["image"] for c in worker["spec"]["initContainers"]] == ["alpine:3.10"]
-    kubectl(env, "delete", "pytorchjob", "fixedjob", "-n", "default", "--wait=true")
+    for again in (False, True):
+        # again under the same name it would resume from its checkpoint and only say it had finished: --fresh
+        result = invoke("kubeflow.pytorchjob.submit", "--no-elastic", "--replicas", "2", *(["--fresh"] if again else []),
+                        env=values, timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+        job = _wait_for(env, "pytorchjob", "fixedjob", "Succeeded")
+        states = {c["type"] for c in job["status"]["conditions"] if c.get("status") == "True"}
+        assert "Succeeded" in states, job["status"]
+        worker = json.loads(kubectl(env, "get", "pod", "fixedjob-worker-0", "-n", "default", "-o", "json").stdout)
+        assert [c["image"] for c in worker["spec"]["initContainers"]] == ["alpine:3.10"]
+        status = invoke("kubeflow.pytorchjob.status", env=values, timeout=120)
+        assert status.returncode == 0 and "fixedjob" in _said(status) and "Succeeded" in _said(status), _said(status)
+        logs = invoke("kubeflow.pytorchjob.logs", env=values, timeout=120)
+        # every line of every pod: the script's first line too (with a selector kubectl shows only each pod's last 10)
+        said = _said(logs)
+        assert logs.returncode == 0 and "[pod/fixedjob-master-0/" in said and "start host=" in said, said[-2000:]
+        assert "step=" in said and "done final_val_acc=" in said, said[-2000:]
+        for _ in range(2):
+            deleted = invoke("kubeflow.pytorchjob.delete", env=values, timeout=300)
+            assert deleted.returncode == 0, deleted.stderr[-2000:]
+        wait_for(lambda: _gone(env, "pytorchjob", "fixedjob", selector), 120, "the PyTorchJob and its pods gone", poll=2)
 
 
-def test_a_trainjob_runs_to_completion_on_trainer_v2_3_and_jobset(env):
+def test_a_trainjob_runs_to_completion_on_trainer_v2_3_and_jobset_twice(env):
+    """The user's verbs on Trainer v2.3.0 + JobSet, twice in a row: submit, the TrainJob Complete with nothing wrong
+    to say (status), its pods' logs, delete twice (the JobSet and pods go with it), then the same again with --fresh."""
+    from doeks import trainjob
+
+    from .conftest import wait_for
+
     result = invoke("kubeflow.trainer.deploy", env=env, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
     values = {**env, "JOB_NAME": "trainjob1", "EPOCHS": "1"}
     kubectl(env, "delete", "trainjob", "trainjob1", "-n", "default", "--ignore-not-found", "--wait=true")
-    result = invoke("kubeflow.trainjob.submit", "--replicas", "2", env=values, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    job = _wait_for(env, "trainjob", "trainjob1", "Complete", stuck=lambda: _trainjob_reason(values))
-    states = {c["type"] for c in job["status"]["conditions"] if c.get("status") == "True"}
-    assert "Complete" in states, job["status"]
-    assert _trainjob_reason(values) == ""  # a job that ran to the end has nothing wrong to say
-    kubectl(env, "delete", "trainjob", "trainjob1", "-n", "default", "--wait=true")
+    for again in (False, True):
+        result = invoke("kubeflow.trainjob.submit", "--replicas", "2", *(["--fresh"] if again else []), env=values,
+                        timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+        job = _wait_for(env, "trainjob", "trainjob1", "Complete", stuck=lambda: _trainjob_reason(values))
+        states = {c["type"] for c in job["status"]["conditions"] if c.get("status") == "True"}
+        assert "Complete" in states, job["status"]
+        assert _trainjob_reason(values) == ""  # a job that ran to the end has nothing wrong to say
+        logs = invoke("kubeflow.trainjob.logs", env=values, timeout=120)
+        said = _said(logs)  # every line of every pod: the script's first line too
+        assert logs.returncode == 0 and "[pod/trainjob1-node-0-" in said and "start host=" in said, said[-2000:]
+        assert "step=" in said and "done final_val_acc=" in said, said[-2000:]
+        for _ in range(2):
+            deleted = invoke("kubeflow.trainjob.delete", env=values, timeout=300)
+            assert deleted.returncode == 0, deleted.stderr[-2000:]
+        wait_for(lambda: _gone(env, "trainjob", "trainjob1", trainjob.selector("trainjob1")), 120,
+                 "the TrainJob, its JobSet's pods gone", poll=2)
 
 
 def test_a_trainjob_whose_pods_the_api_server_refuses_is_named_with_the_refusal(env):
