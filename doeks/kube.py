@@ -199,6 +199,32 @@ def delete_claim(runner, settings, namespace: str, claim: str, manifests: Sequen
     delete(runner, manifests, wait=not held)
 
 
+def move_volume(runner, settings, manifests: Sequence[dict[str, Any]]) -> None:
+    """doeks' own cluster: a PersistentVolume's source cannot change after it is made, so a volume left on another
+    folder (the cluster outlived a run with another STATE_DIR) is made again on this one, its claim with it (a claim
+    stays bound to its volume). The old folder keeps its files. A claim some pod still uses: one line naming them."""
+    from . import ui
+    from .errors import DoeksError
+
+    volume = next((m for m in manifests if m["kind"] == "PersistentVolume"), None)
+    if volume is None or own_cluster_stopped(settings):
+        return
+    current = get_json(["persistentvolume", volume["metadata"]["name"]])
+    old = ((current or {}).get("spec", {}).get("hostPath") or {}).get("path")
+    new = volume["spec"]["hostPath"]["path"]
+    if current is None or old == new:
+        return
+    held = pods_using_claim(settings.namespace, settings.shared_pvc)
+    if held:
+        raise DoeksError(f"volume {volume['metadata']['name']} is on {old}, not this STATE_DIR's {new}, and its claim "
+                         f"{settings.namespace}/{settings.shared_pvc} is in use by pod {', '.join(held)}: delete "
+                         f"those pods (`invoke elasticjob.delete` for the job's) and run this again, or set STATE_DIR "
+                         f"back to {Path(old).parent.parent}")
+    ui.say(f"volume {volume['metadata']['name']} is on {old} (another STATE_DIR): making it again on {new}; "
+           f"{old} keeps its files")
+    delete(runner, [m for m in reversed(manifests) if m["kind"] in ("PersistentVolumeClaim", "PersistentVolume")])
+
+
 def follow_logs(runner, namespace: str, selector: str, follow: bool = True) -> None:
     """Every pod's whole log, prefixed: `--tail=-1`, since with a selector kubectl shows only the last 10 lines."""
     argv = [kubectl(), "logs", "-n", namespace, "-l", selector, "--prefix", "--all-containers", "--max-log-requests=64",

@@ -108,10 +108,14 @@ def cluster_state(tmp_path_factory):
     """The state folder of the test run's one cluster (kubernetes-sigs e2e style: one cluster per run). doeks' own
     cluster is one per machine, and its claim's volume is a folder under STATE_DIR, so every cluster module shares
     this folder; the modules start the cluster with `up`/`eks.create` (a second one keeps it) and clean up their own
-    jobs. At the end of the run `invoke down` stops it (again: the `cluster_down` tests already did, twice)."""
+    jobs. The run starts with none: a cluster an earlier run left (one killed before its end: the cluster's state
+    outlives it) would carry that run's pods and volumes. At the end `invoke down` stops it (again: the `cluster_down`
+    tests already did, twice)."""
     state = tmp_path_factory.mktemp("cluster") / "state"
+    env = {"TARGET": "kubernetes", "STATE_DIR": str(state), "KUBECONFIG": ""}
+    invoke("down", "--yes", env=env, timeout=900)
     yield state
-    invoke("down", "--yes", env={"TARGET": "kubernetes", "STATE_DIR": str(state), "KUBECONFIG": ""}, timeout=900)
+    invoke("down", "--yes", env=env, timeout=900)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -338,6 +338,38 @@ def test_a_claim_a_pod_still_uses_is_named_and_left_in_place_on_a_users_cluster(
         kubectl(env, "delete", "pv", "default-heldclaim", "--ignore-not-found", "--wait=true")
 
 
+def test_a_volume_left_on_another_state_dir_is_made_again_here_unless_a_pod_uses_it(env, tmp_path):
+    """A PersistentVolume's source cannot change: the cluster outliving a run with another STATE_DIR (a CI run killed
+    before its end met this) made `up` fail on "spec.persistentvolumesource is immutable". csi.deploy makes the volume
+    again on this STATE_DIR's folder, twice quietly; while a pod uses the claim it names the pod and changes nothing."""
+    first = {**env, "SHARED_PVC": "movedclaim"}
+    other = {**first, "STATE_DIR": str(tmp_path / "other")}
+
+    def path():
+        return json.loads(kubectl(env, "get", "pv", "default-movedclaim", "-o", "json").stdout)["spec"]["hostPath"]["path"]
+
+    try:
+        made = invoke("csi.deploy", env=first, timeout=300)
+        assert made.returncode == 0, made.stderr[-2000:]
+        before = path()
+        for attempt in range(2):
+            moved = invoke("csi.deploy", env=other, timeout=300)
+            assert moved.returncode == 0, moved.stderr[-2000:]
+            assert ("(another STATE_DIR): making it again on" in _said(moved)) == (attempt == 0), _said(moved)[-2000:]
+            assert path() == str((tmp_path / "other" / "volumes" / "movedclaim").resolve()) != before
+        assert kubectl(env, "apply", "-f", "-", input=holder_pod("movedclaim")).returncode == 0
+        ran = kubectl(env, "wait", "pod/holder", "-n", "default", "--for=condition=Ready", "--timeout=120s")
+        assert ran.returncode == 0, ran.stderr
+        held = invoke("csi.deploy", env=first, timeout=300)
+        assert held.returncode == 1 and "Traceback" not in held.stderr, held.stderr[-2000:]
+        assert "its claim default/movedclaim is in use by pod holder: delete" in held.stderr.strip().splitlines()[-1], held.stderr[-2000:]
+        assert path() == str((tmp_path / "other" / "volumes" / "movedclaim").resolve())
+    finally:
+        kubectl(env, "delete", "pod", "holder", "-n", "default", "--ignore-not-found", "--wait=true")
+        kubectl(env, "delete", "pvc", "movedclaim", "-n", "default", "--ignore-not-found", "--wait=true")
+        kubectl(env, "delete", "pv", "default-movedclaim", "--ignore-not-found", "--wait=true")
+
+
 def test_a_shared_volume_that_cannot_be_mounted_is_named(env):
     """A claim bound to a volume the kubelet cannot mount (a host folder that is not there, type Directory): the pods
     wait in ContainerCreating and the kubelet's FailedMount event is the reason describe gives."""
