@@ -37,19 +37,21 @@ def train_local(script: str, data_dir: str, arch: str, steps: int, model: dsl.Ou
     import sys
     import tempfile
 
-    work = tempfile.mkdtemp(prefix="doeks-kfp-")
     os.makedirs(model.path, exist_ok=True)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", script,
-            "--data", data_dir, "--arch", arch, "--max-steps", str(steps), "--epochs", "1", "--batch-size", "16",
-            "--checkpoint-dir", os.path.join(work, "ckpt"), "--metrics-dir", os.path.join(work, "metrics"),
-            "--model-dir", model.path]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    result = subprocess.run(argv, env=env, capture_output=True, text=True)
-    print(result.stdout[-3000:])
-    if result.returncode != 0:
-        raise RuntimeError(f"local training failed: {result.stderr[-2000:]}")
-    model.metadata["runtime"] = "local"
-    model.metadata["final"] = open(os.path.join(work, "metrics", "final.json")).read()
+    # checkpoints and metrics in a folder removed at the end: KFP's local runner runs this on the user's machine
+    with tempfile.TemporaryDirectory(prefix="doeks-kfp-") as work:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", script,
+                "--data", data_dir, "--arch", arch, "--max-steps", str(steps), "--epochs", "1", "--batch-size", "16",
+                "--checkpoint-dir", os.path.join(work, "ckpt"), "--metrics-dir", os.path.join(work, "metrics"),
+                "--model-dir", model.path]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        result = subprocess.run(argv, env=env, capture_output=True, text=True)
+        print(result.stdout[-3000:])
+        if result.returncode != 0:
+            raise RuntimeError(f"local training failed: {result.stderr[-2000:]}")
+        model.metadata["runtime"] = "local"
+        with open(os.path.join(work, "metrics", "final.json")) as f:
+            model.metadata["final"] = f.read()
 
 
 def train_sagemaker(request: str, role_arn: str, steps: int, run_id: str, source_tar_b64: str, region: str,

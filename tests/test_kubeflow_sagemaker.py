@@ -137,9 +137,12 @@ def test_s3_gateway_endpoint_create_delete_idempotent(moto_env, state_dir):
 def test_pipeline_local_branch_trains_and_sagemaker_branch_submits(moto_env, state_dir):
     data = invoke("elasticjob.data", env={"DATA_TRAIN_PER_CLASS": "20", "DATA_VAL_PER_CLASS": "5"})
     assert data.returncode == 0, data.stderr
+    scratch = state_dir.parent / "scratch"  # the temporary folder the local branch's training may use
+    scratch.mkdir()
     local = invoke("kubeflow.pipeline.run", "--local", "--runtime", "local", "--steps", "3",
-                   env={"DATA_TRAIN_PER_CLASS": "20", "DATA_VAL_PER_CLASS": "5"}, timeout=600)
+                   env={"DATA_TRAIN_PER_CLASS": "20", "DATA_VAL_PER_CLASS": "5", "TMPDIR": str(scratch)}, timeout=600)
     assert local.returncode == 0, local.stderr[-3000:]
+    assert not list(scratch.glob("doeks-kfp-*"))  # its checkpoints are not left on the user's machine
     models = list((state_dir / "kfp").glob("*/train-local/model/model.pt"))
     assert models and models[0].stat().st_size > 1_000_000
     assert not list((state_dir / "kfp").glob("*/train-sagemaker"))  # the other branches did not run
