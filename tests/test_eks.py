@@ -234,3 +234,15 @@ def test_doctor_checks_what_a_real_account_needs(state_dir):
     assert rows["capacity reservation cr-0123456789abcdef0"][0] is False and "EKS_ZONES=us-west-2a" in rows["capacity reservation cr-0123456789abcdef0"][1]
     assert rows["no leftover VPC of doeks"][0] is False and "vpc-0abc" in rows["no leftover VPC of doeks"][1]
     assert rows["image 123456789012.dkr.ecr.us-west-2.amazonaws.com/doeks-train:1.0"][0] is False
+
+
+def test_fresh_on_eks_says_the_checkpoints_on_the_claim_are_kept(state_dir):
+    """--fresh clears a job's checkpoints only where the claim's folder is on this machine (doeks' own cluster); on
+    EKS it still replaces a running job, and says the job resumes from the checkpoints on the claim."""
+    fresh = invoke("elasticjob.deploy", "--fresh", "--dry-run", env={"TARGET": "eks"})
+    assert fresh.returncode == 0, fresh.stderr
+    said = fresh.stdout + fresh.stderr
+    assert "checkpoints on claim fsx-pvc are not on this machine: the job resumes from them" in said
+    assert "remove checkpoints and metrics" not in said
+    plain = invoke("elasticjob.deploy", "--dry-run", env={"TARGET": "eks"})
+    assert plain.returncode == 0 and "resumes from them" not in plain.stdout + plain.stderr

@@ -47,6 +47,10 @@ class KubernetesTarget(Target):
 
             plan.steps.append(Step(f"remove checkpoints and metrics of {job.name} (in the claim's folder)",
                                    lambda: elastic.clear_outputs(job.settings)))
+        elif job.fresh:  # the claim is storage of that cluster: nothing here can clear it
+            plan.warnings.append(f"--fresh replaces a running {job.name}, but its checkpoints on claim "
+                                 f"{job.settings.shared_pvc} are not on this machine: the job resumes from them; "
+                                 "use another JOB_NAME to start over")
         kinds = ", ".join(f"{m['kind']}/{m['metadata']['name']}" for m in plan.manifests)
         plan.steps.append(Step(f"kubectl apply --server-side --field-manager=doeks --force-conflicts -f - ({kinds} in "
                                f"namespace {job.settings.namespace})", None))
