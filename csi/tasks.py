@@ -193,10 +193,9 @@ def deploy(c, dry_run=False):
         from doeks import kube
 
         kube.use(s)
-        r = runner(dry_run)
-        if s.own_cluster:
-            kube.move_volume(r, s, kube.shared_claim(s))
-        kube.apply(r, kube.shared_claim(s))  # the folder's volume on doeks' cluster; else STORAGE_CLASS
+        r, claim = runner(dry_run), kube.shared_claim(s)  # the folder's volume on doeks' cluster; else STORAGE_CLASS
+        kube.move_volume(r, s, claim)
+        kube.apply(r, claim)
         return
     fsx_deploy(c, dry_run=dry_run)
 

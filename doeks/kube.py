@@ -200,9 +200,10 @@ def delete_claim(runner, settings, namespace: str, claim: str, manifests: Sequen
 
 
 def move_volume(runner, settings, manifests: Sequence[dict[str, Any]]) -> None:
-    """doeks' own cluster: a PersistentVolume's source cannot change after it is made, so a volume left on another
-    folder (the cluster outlived a run with another STATE_DIR) is made again on this one, its claim with it (a claim
-    stays bound to its volume). The old folder keeps its files. A claim some pod still uses: one line naming them."""
+    """doeks' own cluster (elsewhere the claim has no PersistentVolume of doeks': nothing to do): a PersistentVolume's
+    source cannot change after it is made, so a volume left on another folder (the cluster outlived a run with another
+    STATE_DIR) is made again on this one, its claim with it (a claim stays bound to its volume). The old folder keeps
+    its files. A claim some pod still uses: one line naming them."""
     from . import ui
     from .errors import DoeksError
 
@@ -210,9 +211,10 @@ def move_volume(runner, settings, manifests: Sequence[dict[str, Any]]) -> None:
     if volume is None or own_cluster_stopped(settings):
         return
     current = get_json(["persistentvolume", volume["metadata"]["name"]])
-    old = ((current or {}).get("spec", {}).get("hostPath") or {}).get("path")
-    new = volume["spec"]["hostPath"]["path"]
-    if current is None or old == new:
+    if current is None:
+        return
+    old, new = (current["spec"].get("hostPath") or {}).get("path"), volume["spec"]["hostPath"]["path"]
+    if old == new:
         return
     held = pods_using_claim(settings.namespace, settings.shared_pvc)
     if held:

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from .conftest import invoke, wait_for
-from .test_kubernetes_cluster import SMALL_JOB, holder_pod, kubectl, own_cluster
+from .test_kubernetes_cluster import SMALL_JOB, _said, holder_pod, kubectl, own_cluster
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.slow]
 
@@ -54,10 +54,6 @@ def trains_past(env, step: int, world: int, timeout: float = 240, job: str = JOB
 
 def pod_json(env, name: str) -> dict:
     return json.loads(kubectl(env, "get", "pod", name, "-n", "default", "-o", "json").stdout)
-
-
-def _said(result) -> str:
-    return result.stdout + result.stderr
 
 
 def describe(env, **more) -> str:
