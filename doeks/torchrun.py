@@ -14,10 +14,18 @@ the directory is never renewed: 2 h after the job started it lapses with the ren
 fails after that cannot rendezvous again ("Unexpected state of EtcdRendezvousHandler, worker needs to die"). Here the
 directory lives 7 days and nobody tries to renew it: each deploy makes a new run id, and the job's etcd goes with it.
 
+Preloaded workers (doeks.zygote): the agent forks, right after its own `import torch`, a process that imports
+torchvision and the rest once; every worker (start and restart) is a fork of it instead of a new interpreter
+importing them again: a replaced pod's first step and a restarted container's come seconds sooner. DOEKS_PRELOAD=0
+in the pod's environment starts workers the usual way.
+
+The hang watchdog (doeks.watchdog) runs in the agent's monitor loop when DOEKS_HANG_TIMEOUT is set.
+
 Standard library and torch only: in the image it runs without the rest of doeks.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -97,9 +105,37 @@ def patch_rendezvous() -> None:
     rendezvous._doeks_recovery = True
 
 
+def patch_worker_start(zygote) -> None:
+    """torchrun's worker start (SubprocessHandler._popen) forks `python -u script.py ...` from the zygote."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    from . import zygote as zygote_module
+
+    handler = subprocess_handler.SubprocessHandler
+    popen = handler._popen
+
+    def start_worker(self, args, env):
+        if zygote_module.runnable(args):
+            try:
+                return zygote.spawn(list(args), env, self._stdout and self._stdout.name, self._stderr and self._stderr.name)
+            except zygote_module.ZygoteGone:
+                pass
+        return popen(self, args, env)
+
+    handler._popen = start_worker
+
+
 def main() -> int:
+    from torch.distributed.run import main as torchrun  # torch imported once, before the fork: the zygote shares it
+
+    if os.environ.get("DOEKS_PRELOAD", "1") != "0":
+        from . import zygote
+
+        patch_worker_start(zygote.start())  # in a worker, start() runs the script and exits
     patch_rendezvous()
-    from torch.distributed.run import main as torchrun
+    from . import watchdog
+
+    watchdog.patch_agent()  # the hang watchdog (DOEKS_HANG_TIMEOUT > 0)
 
     sys.argv[0] = "torchrun"
     torchrun()

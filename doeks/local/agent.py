@@ -3,7 +3,7 @@
 Exactly torch.distributed.run (same arguments, same rendezvous protocol, same worker environment), with changes that
 only make sense when every node is a process on this machine:
 
-- workers are forks of a zygote that has imported torch and torchvision once (doeks.local.zygote), so a start or a
+- workers are forks of a zygote that has imported torch and torchvision once (doeks.zygote), so a start or a
   restart does not pay for those imports again;
 - etcd rendezvous: an agent that leaves a round deletes its own keep-alive key instead of letting it lapse, so the
   others see at once that the round is over, and an agent whose round was replaced by a newer one joins it at its next
@@ -27,12 +27,12 @@ import os
 import sys
 import time
 
-from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 from torch.distributed.elastic.rendezvous import etcd_rendezvous
 from torch.distributed.run import main
 
+from .. import zygote as zygote_module
 from ..torchrun import patch_rendezvous as patch_torchrun
-from . import zygote as zygote_module
+from ..torchrun import patch_worker_start
 
 LAST_CALL_POLL = 0.2
 JOIN_WAIT = 120  # longest the join window waits for a node the supervisor runs (its start: importing torch)
@@ -114,24 +114,12 @@ def patch_permanent_exit() -> None:
     LocalElasticAgent._monitor_workers = monitor_workers
 
 
-def patch_worker_start(zygote: zygote_module.Zygote) -> None:
-    handler = subprocess_handler.SubprocessHandler
-    popen = handler._popen
-
-    def start_worker(self, args, env):
-        if zygote_module.runnable(args):
-            try:
-                return zygote.spawn(list(args), env, self._stdout and self._stdout.name, self._stderr and self._stderr.name)
-            except zygote_module.ZygoteGone:
-                pass
-        return popen(self, args, env)
-
-    handler._popen = start_worker
-
-
 if __name__ == "__main__":
     if os.environ.get("DOEKS_PRELOAD", "1") != "0":
         patch_worker_start(zygote_module.start())  # in a worker, start() runs the script and exits
     patch_rendezvous()
     patch_permanent_exit()
+    from .. import watchdog
+
+    watchdog.patch_agent()  # after patch_permanent_exit: it wraps the monitor loop that one changed
     sys.exit(main())

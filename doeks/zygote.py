@@ -1,13 +1,15 @@
-"""Start a local node's workers as forks of a process that has already imported torch and torchvision (a "zygote").
+"""Start a node's workers as forks of a process that has already imported torch and torchvision (a "zygote").
 
-torchrun starts every worker as a new interpreter, which on a small CPU machine spends seconds importing torch and
-torchvision before its first step, at every start and every restart. On the local target the agent forks a zygote
-right after its own `import torch` (before any thread exists); the zygote imports the rest once and then forks one
-process per worker, which takes the argv, environment, new session and output files torchrun asked for and runs the
-script with runpy. Anything else (`--no-python`, `-m`, a wrapped command) is started by torchrun the usual way.
+torchrun starts every worker as a new interpreter, which spends seconds importing torch and torchvision before its
+first step, at every start and every restart (a pod that recovers pays it twice: the agent's import, then each
+worker's). The agent forks a zygote right after its own `import torch` (before any thread exists); the zygote imports
+the rest once and then forks one process per worker, which takes the argv, environment, new session and output files
+torchrun asked for and runs the script with runpy. Anything else (`--no-python`, `-m`, a wrapped command) is started by
+torchrun the usual way. Nothing CUDA is touched before the fork: a worker initialises its GPU itself, as a fresh
+interpreter would. The local agent (doeks.local.agent) and the training image's torchrun (doeks.torchrun) both use it.
 
 If the agent dies the zygote sees its socket close, kills its workers and exits: like a pod's containers, nothing
-outlives the node.
+outlives the node. Standard library only (and what it preloads), so the training image carries it.
 """
 from __future__ import annotations
 
@@ -20,8 +22,6 @@ import subprocess
 import sys
 import threading
 from typing import Any
-
-from .services import reap_exited
 
 PRELOAD = ("torchvision", "torchvision.datasets", "torchvision.models", "torchvision.transforms", "torch.nn.parallel",
            "torch.utils.data", "PIL.Image")
@@ -42,6 +42,20 @@ def _title(text: str) -> None:
     except ImportError:  # the title is cosmetic (ps shows the agent's command instead)
         return
     setproctitle.setproctitle(text)
+
+
+def reap_exited() -> list[tuple[int, int]]:
+    """(pid, exit code) of every child that has exited, without blocking; a signal shows as minus its number."""
+    exited = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        exited.append((pid, os.waitstatus_to_exitcode(status)))
+    return exited
 
 
 # -- the agent's side ---------------------------------------------------------------------------------------------
