@@ -51,7 +51,7 @@ def _kubernetes_up(s, r):
     if s.own_cluster:
         ui.say(f"TARGET=kubernetes, KUBECONFIG empty: {'the plan for' if r.dry_run else 'starting'} doeks' own "
                f"single-node cluster (Kubernetes v{versions.KUBERNETES})")
-        path = lifecycle.up(r)
+        path = lifecycle.up(r, nodes=s.kube_nodes)
     else:
         path = kube.kubeconfig_path(s)
         ui.say(f"TARGET=kubernetes: using the cluster in {s.kubeconfig}"
