@@ -11,6 +11,12 @@ ETCD_PORT = 2379
 CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks/workload/train.py (doeks.code)
 ETCD_SERVICE = "etcd-service"  # the rendezvous Service's name: rdzvHost, and the URL etcd advertises
 RDZV_CONF = {"last_call_timeout": "1", "timeout": "600"}
+# torchrun's --local-addr from the downward API. Without it rank 0's agent publishes its FQDN (the pod's name) as
+# MASTER_ADDR, and the other ranks look it up in the cluster DNS, which caches answers (CoreDNS `cache 30` on EKS as on
+# doeks' cluster): after a pod was replaced its name still gave the old pod's address for up to 30 s ("No route to
+# host" retries; measured: 79 s from rendezvous to the first step once). A pod's IP is routable on any cluster (the VPC
+# CNI gives pods VPC addresses on EKS).
+POD_ADDRESS = {"name": "PET_LOCAL_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
 
 # EFA adapters per instance (vpc.amazonaws.com/efa a node advertises)
 EFA_ADAPTERS = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
@@ -72,6 +78,40 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
         "spec": {"selector": {"app": "etcd"}, "ports": [{"name": "client", "port": ETCD_PORT, "targetPort": ETCD_PORT}]},
     }
     return [deployment, service]
+
+
+def watchdog_env(settings) -> list[dict[str, Any]]:
+    """What each replica's hang watchdog (doeks.watchdog, in the image's torchrun) reads: the timeout, each rung's
+    bound, and (on a cluster) the job, pod and node it acts on."""
+    values = {"DOEKS_HANG_TIMEOUT": settings.hang_timeout, "DOEKS_HANG_RESTARTS": settings.hang_restarts,
+              "DOEKS_HANG_REPLACEMENTS": settings.hang_replacements, "DOEKS_HANG_MOVES": settings.hang_moves,
+              "DOEKS_HANG_JOB_RESTARTS": settings.hang_job_restarts, "DOEKS_JOB_NAME": settings.job_name}
+    return [{"name": k, "value": str(v)} for k, v in values.items()] + [
+        {"name": "DOEKS_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+
+
+def watchdog_rbac(settings) -> list[dict[str, Any]]:
+    """The job's pods' service account and what their watchdog may do through the API server: delete the job's pods
+    (rungs 2 and 4), record Events (what `status` reads), and list and cordon nodes (rung 3)."""
+    name = f"{settings.job_name}-watchdog"
+    meta = {"namespace": settings.namespace, "labels": labels(settings)}
+    cluster_name = f"doeks-watchdog-{settings.namespace}-{settings.job_name}"
+    subject = [{"kind": "ServiceAccount", "name": name, "namespace": settings.namespace}]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, **meta}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name, **meta},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "delete"]},
+                   {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name, **meta},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}, "subjects": subject},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": cluster_name, "labels": labels(settings)},
+         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": cluster_name, "labels": labels(settings)},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_name},
+         "subjects": subject},
+    ]
 
 
 def train_args(settings, mount: str | None = None) -> list[str]:
@@ -161,7 +201,12 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
                 {"name": "NCCL_DEBUG", "value": "INFO"}]
         + env_list(contract(settings, settings.shared_mount, f"{settings.job_name}-{run}", hosts))
-        + [{"name": "SM_CURRENT_HOST", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        + [{"name": "SM_CURRENT_HOST", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           # the address each agent publishes through the rendezvous (torchrun --local-addr): the pod's own IP, so the
+           # ranks reach rank 0's store by address, not by a pod name the cluster DNS may still answer with the
+           # address of the pod it replaced (see POD_ADDRESS)
+           POD_ADDRESS]
+        + watchdog_env(settings),
         "resources": resources,
         "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
@@ -174,6 +219,11 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     selector = node_selector(settings)
     if selector:
         pod_spec["nodeSelector"] = selector
+    # the replicas on different nodes where there are enough (preferred, not required): a lost node takes one replica,
+    # and the elastic job goes on with the others
+    pod_spec["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                           "labelSelector": {"matchLabels": labels(settings)}}}]}}
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -226,9 +276,14 @@ def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | N
 
 def manifests(settings, extra_args: list[str] | None = None, run: str | None = None,
               image: str | None = None) -> list[dict[str, Any]]:
-    """Everything `elasticjob.deploy` applies, in apply order."""
+    """Everything `elasticjob.deploy` applies, in apply order: etcd, the watchdog's service account (when the
+    watchdog is on), the PyTorchJob (its pods under that account)."""
     head = etcd_manifests(settings) if settings.rdzv_backend.startswith("etcd") else []
-    return head + [pytorchjob(settings, extra_args, run, image)]
+    job = pytorchjob(settings, extra_args, run, image)
+    if settings.hang_timeout:
+        head += watchdog_rbac(settings)
+        worker_pod(job)["serviceAccountName"] = f"{settings.job_name}-watchdog"
+    return head + [job]
 
 
 def worker_pod(job: dict[str, Any]) -> dict[str, Any]:

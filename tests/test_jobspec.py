@@ -66,7 +66,9 @@ def test_deploy_dry_run_prints_yaml_stream_and_commands_and_starts_nothing(state
     result = invoke("elasticjob.deploy", "--dry-run", "--replicas", "3")
     assert result.returncode == 0, result.stderr
     docs = list(yaml.safe_load_all(result.stdout))
-    assert [d["kind"] for d in docs] == ["Deployment", "Service", "PyTorchJob"]
+    # etcd, the hang watchdog's service account and what it may do, the job (whose pods run under that account)
+    assert [d["kind"] for d in docs] == ["Deployment", "Service", "ServiceAccount", "Role", "RoleBinding",
+                                         "ClusterRole", "ClusterRoleBinding", "PyTorchJob"]
     assert docs[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
     assert "would start node 2:" in result.stderr and "doeks.local.agent" in result.stderr
     assert "would start etcd" in result.stderr

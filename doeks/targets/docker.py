@@ -344,7 +344,7 @@ def read_replica(container, name: str, seen: dict | None = None) -> ReplicaStatu
     progress = parse_progress(tail) or {}
     return ReplicaStatus(name, replica_state, int(container.attrs.get("RestartCount", 0)) + worker_restarts,
                          progress.get("step"), progress.get("samples_per_s"), progress.get("world"), container.short_id,
-                         progress.get("total"))
+                         progress.get("total"), progress.get("productive"))
 
 
 def container_job_status(target: str, job_name: str, run: str, containers: list, name_of) -> JobStatus:

@@ -116,7 +116,7 @@ class KubernetesTarget(Target):
             if self.settings.rdzv_backend.startswith("etcd"):
                 images.etcd_job_image(self.settings)
                 refs.append(self.settings.etcd_image)
-            images.ensure(runner, refs)
+            images.ensure(runner, refs, warmed=(image,))
 
     def _get(self, args: list[str]) -> dict[str, Any] | None:
         return kube.get_json(args)
@@ -156,15 +156,17 @@ class KubernetesTarget(Target):
             progress = parse_progress("\n".join(by_pod.get(pod["metadata"]["name"], []))) or {}
             replicas.append(ReplicaStatus(pod["metadata"]["name"], replica_state, restarts, step=progress.get("step"),
                                           samples_per_s=progress.get("samples_per_s"), world=progress.get("world"),
-                                          detail=pod.get("spec", {}).get("nodeName", ""), total=progress.get("total")))
+                                          detail=pod.get("spec", {}).get("nodeName", ""), total=progress.get("total"),
+                                          productive=progress.get("productive")))
         desired = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas")
         restarts = sum(r.restarts for r in replicas)
         fix, permanent = "", False
         recent = _since_last_step(by_pod)
         said = reasons.from_lines(recent)  # a permanent reason in a running pod: torchrun would only retry it
+        events = self._events([p["metadata"]["name"] for p in pods]) if pods else []
+        notes = _watchdog_notes(events, by_pod) + self._lost_nodes(pods, replicas)
         if state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals) or (said and said.permanent)):
             # what the kubelet and the operator said, then the pods' last log lines (only when something is wrong)
-            events = self._events([p["metadata"]["name"] for p in pods])
             signals += [e.get("reason", "") for e in events]
             found = reasons.classify(messages + [e.get("message", "") for e in events] + recent,
                                      exit_codes, signals, restarts, failed=state == FAILED)
@@ -172,7 +174,35 @@ class KubernetesTarget(Target):
                 reason, fix, permanent = found.text, found.fix, found.permanent
         return JobStatus(self.name, s.job_name, state, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
                          replicas=replicas, desired=desired, restarts=restarts, reason=reason, fix=fix,
-                         permanent=permanent)
+                         permanent=permanent, notes=notes,
+                         ended=_when(job.get("status", {}).get("completionTime")) if state in (SUCCEEDED, FAILED) else None)
+
+    def _lost_nodes(self, pods: list[dict[str, Any]], replicas: list[ReplicaStatus]) -> list[str]:
+        """A node of the job's pods that the API server says is not Ready: named, with its pods (asked only when a
+        pod is not Ready: the node controller marks them so once their node stops reporting)."""
+        unready = [p for p in pods if p.get("spec", {}).get("nodeName") and not any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in p.get("status", {}).get("conditions", []))]
+        if not unready:
+            return []
+        try:
+            nodes = {n["metadata"]["name"]: n for n in (self._get(["nodes"]) or {}).get("items", [])}
+        except DoeksError:  # nodes cannot be read (a user's cluster may not allow it): nothing said of them
+            return []
+        out = []
+        for name in sorted({p["spec"]["nodeName"] for p in unready}):
+            ready = next((c for c in nodes.get(name, {}).get("status", {}).get("conditions", [])
+                          if c.get("type") == "Ready"), None)
+            if name in nodes and (ready is None or ready.get("status") == "True"):
+                continue
+            on_it = [p["metadata"]["name"] for p in pods if p.get("spec", {}).get("nodeName") == name]
+            for replica in replicas:
+                if replica.name in on_it:
+                    replica.detail = f"{name} (lost)"
+            since = (ready or {}).get("lastTransitionTime", "")
+            why = (ready or {}).get("message") or (ready or {}).get("reason") or "gone from the API server"
+            out.append(f"node {name} lost: NotReady" + (f" since {since}" if since else "") + f" ({why}); on it: "
+                       + ", ".join(on_it))
+        return out
 
     def _pods(self) -> list[dict[str, Any]]:
         s = self.settings
@@ -261,6 +291,25 @@ class KubernetesTarget(Target):
         return {"metrics": f"{base}/metrics/{s.job_name}", "checkpoints": f"{base}/checkpoints/{s.job_name}",
                 "final": f"{base}/metrics/{s.job_name}/final.json",
                 "copy": "kubectl cp from a pod that mounts the claim"}
+
+
+def _when(stamp: str | None) -> float | None:
+    import datetime
+
+    if not stamp:
+        return None
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _watchdog_notes(events: list[dict[str, Any]], by_pod: dict[str, list[str]]) -> list[str]:
+    """The hang watchdog's steps (doeks.watchdog): its Events (they outlive a replaced pod), then its lines in the
+    pods' logs (an Event the pod could not record), once each, prefixed `watchdog: `."""
+    from ..local.jobs import WATCHDOG_LINE
+
+    said = [e.get("message", "") for e in events if e.get("reason") == "DoeksWatchdog"]
+    said += [line.split("doeks: watchdog: ", 1)[1] for pod in sorted(by_pod) for line in by_pod[pod]
+             if WATCHDOG_LINE.match(line)]
+    return [f"watchdog: {line}" for line in dict.fromkeys(said)]
 
 
 def _since_last_step(by_pod: dict[str, list[str]]) -> list[str]:
