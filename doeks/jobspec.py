@@ -275,12 +275,13 @@ def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | N
 
 
 def manifests(settings, extra_args: list[str] | None = None, run: str | None = None,
-              image: str | None = None) -> list[dict[str, Any]]:
-    """Everything `elasticjob.deploy` applies, in apply order: etcd, the watchdog's service account (when the
-    watchdog is on), the PyTorchJob (its pods under that account)."""
+              image: str | None = None, account: bool = False) -> list[dict[str, Any]]:
+    """Everything `elasticjob.deploy` applies, in apply order: etcd, the PyTorchJob; `account` (a cluster's API server
+    is there for the watchdog to act through): with HANG_TIMEOUT set, the watchdog's service account before the job,
+    whose pods run under it."""
     head = etcd_manifests(settings) if settings.rdzv_backend.startswith("etcd") else []
     job = pytorchjob(settings, extra_args, run, image)
-    if settings.hang_timeout:
+    if account and settings.hang_timeout:
         head += watchdog_rbac(settings)
         worker_pod(job)["serviceAccountName"] = f"{settings.job_name}-watchdog"
     return head + [job]

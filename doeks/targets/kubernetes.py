@@ -40,6 +40,11 @@ class KubernetesTarget(Target):
         """doeks' own cluster runs here: the image is built and imported here, the claim's folder is on this disk."""
         return self.settings.own_cluster
 
+    def manifests(self, job: Job) -> list[dict]:
+        """The base's, with the hang watchdog's service account (it acts through this cluster's API server)."""
+        return jobspec.manifests(job.settings, job.train_args, job.run,
+                                 image=trainimage.reference(job.settings, self.on_this_machine), account=True)
+
     def plan(self, job: Job) -> Plan:
         plan = self.manifest_plan(job)
         if job.fresh and self.on_this_machine:  # doeks' own cluster: the claim's folder is here
@@ -276,7 +281,7 @@ class KubernetesTarget(Target):
             ui.say(f"doeks' cluster is not running: job {s.job_name} is not on it")
             return False
         existed = False if runner.dry_run else self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is not None
-        kube.delete(runner, list(reversed(jobspec.manifests(s, image="-"))))
+        kube.delete(runner, list(reversed(jobspec.manifests(s, image="-", account=True))))
         return existed
 
     def artifacts(self) -> dict[str, str]:
