@@ -10,9 +10,13 @@ import re
 import signal
 import time
 
+import pytest
+
 from doeks.local import jobs
 
 from .conftest import invoke, job_settings, wait_for
+
+pytestmark = pytest.mark.slow  # real torchrun agents and etcd for a few minutes
 
 JOB = {"JOB_NAME": "hang", "DATA_TRAIN_PER_CLASS": "64", "DATA_VAL_PER_CLASS": "8", "REPLICAS": "2",
        "NPROC_PER_NODE": "1", "MIN_REPLICAS": "1", "MAX_REPLICAS": "2", "EPOCHS": "5", "CHECKPOINT_EVERY": "4",

@@ -168,9 +168,12 @@ class KubernetesTarget(Target):
         fix, permanent = "", False
         recent = _since_last_step(by_pod)
         said = reasons.from_lines(recent)  # a permanent reason in a running pod: torchrun would only retry it
-        events = self._events([p["metadata"]["name"] for p in pods]) if pods else []
+        wrong = state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals) or (said and said.permanent))
+        # the events are read only when something is wrong or happened: a healthy job costs two kubectl calls
+        events = self._events([p["metadata"]["name"] for p in pods]) if pods and (
+            wrong or restarts or _replaced(job, pods) or _watchdog_notes([], by_pod)) else []
         notes = _watchdog_notes(events, by_pod) + self._lost_nodes(pods, replicas)
-        if state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals) or (said and said.permanent)):
+        if wrong:
             # what the kubelet and the operator said, then the pods' last log lines (only when something is wrong)
             signals += [e.get("reason", "") for e in events]
             found = reasons.classify(messages + [e.get("message", "") for e in events] + recent,
@@ -304,6 +307,12 @@ def _when(stamp: str | None) -> float | None:
     if not stamp:
         return None
     return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _replaced(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
+    """A pod made well after its job: one was replaced (deleted, evicted, or by the hang watchdog)."""
+    made = _when(job.get("metadata", {}).get("creationTimestamp")) or 0
+    return any((_when(p.get("metadata", {}).get("creationTimestamp")) or 0) > made + 60 for p in pods)
 
 
 def _watchdog_notes(events: list[dict[str, Any]], by_pod: dict[str, list[str]]) -> list[str]:
