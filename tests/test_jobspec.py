@@ -39,10 +39,19 @@ def test_manifests_validate_against_upstream_schemas(env):
     job = manifests[-1]
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     k8s_validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": pod})
+    assert_shm_in_memory(pod)
     elastic = job["spec"]["elasticPolicy"]
     assert (elastic["minReplicas"], elastic["maxReplicas"]) == (s.min_replicas, s.max_replicas)
     assert job["spec"]["nprocPerNode"] == str(s.nproc_per_node)
     assert ":latest" not in s.etcd_image
+
+
+def assert_shm_in_memory(pod: dict) -> None:
+    """The training container's /dev/shm is a RAM-backed emptyDir (the DataLoader's workers pass batches through
+    shared memory, NCCL's transport too; the container runtime's default is 64 MiB), as the MPIJob's workers
+    (test_first_run) and the TrainJob's node (test_trainjob) have theirs."""
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm")
+    assert next(v for v in pod["volumes"] if v["name"] == mount["name"])["emptyDir"] == {"medium": "Memory"}
 
 
 def test_schema_catches_a_broken_job():
