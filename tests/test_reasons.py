@@ -87,6 +87,16 @@ def test_every_rule_has_a_case_here():
     assert {e[0] for e in EVENT_CASES} == set(reasons._EVENT_RULES)
 
 
+def test_a_sagemaker_failure_reason_loses_its_closing_quote():
+    """SageMaker's FailureReason quotes the script's last error (the training toolkit's ExecuteUserScriptError)."""
+    from .test_status_sagemaker import FAILURE
+
+    failure = FAILURE.splitlines()
+    assert failure[-2].endswith('--bogus 1"')
+    assert reasons.classify(failure, failed=True).text == \
+        "bad arguments to the training script: unrecognized arguments: --bogus 1"
+
+
 def test_an_exception_a_library_raised_is_not_the_scripts_bug():
     """The same ValueError, raised in the standard library (its frame last in the traceback): a restart may pass, so
     no permanent reason; a failed job names it as its last error."""
@@ -100,6 +110,11 @@ def test_an_exception_a_library_raised_is_not_the_scripts_bug():
         assert reasons.from_lines([frame, "ValueError: boom"]) is None
     assert reasons.from_lines(["ValueError: boom"]) is None  # no traceback at all: no frame of the script's
     assert reasons.from_lines(['  File "/opt/ml/code/mine.py", line 3', "ValueError: boom"]).permanent
+    # Fedora's and RHEL's interpreter keeps installed packages in lib64 (no "/lib/python" in the path)
+    assert reasons.from_lines(['  File "/usr/lib64/python3.11/site-packages/x.py", line 1, in f', "ValueError: b"]) is None
+    # the traceback is read 80 lines back: a frame further up is not this exception's
+    deep = ['  File "/opt/ml/code/mine.py", line 3'] + ["    helper()"] * 80 + ["ValueError: boom"]
+    assert reasons.from_lines(deep) is None and reasons.from_lines(deep[:1] + deep[2:]).permanent
 
 
 def test_a_permanent_line_wins_over_transient_ones_wherever_it_is():
@@ -130,6 +145,7 @@ EVENT_CASES = [
 def test_each_event_rule(event, code, text):
     found = reasons.from_events(["Scheduled", "Pulling", event, "BackOff"])
     assert (found.code, found.text, found.permanent) == (code, text, False)
+    assert found.fix == reasons._EVENT_RULES[event][3] and found.fix
     assert reasons.classify([], [], [event]) == found
 
 
@@ -144,15 +160,18 @@ def test_exit_codes_restarts_and_failure_without_a_known_cause():
     assert reasons.classify(["step=3 epoch=0 loss=1.2"], [0]) is None  # healthy
     for code in (137, -9):  # the OOM killer's SIGKILL, as a container's exit code and as a process's
         killed = reasons.classify([], [0, code])
-        assert (killed.code, killed.permanent) == ("oom", False) and "exit 137" in killed.text
+        assert killed == reasons.Reason("oom", "a process was killed (exit 137, SIGKILL: out of memory, or killed by hand)",
+                                        "if nobody killed it: " + reasons.OOM_FIX, False)
     assert reasons.classify([], [None, 1]) is None  # a failed exit alone, the job still running: no reason yet
     lines = log("exception-in-library")
     assert reasons.classify(lines, [1], restarts=reasons.CRASH_LOOP_RESTARTS - 1) is None
     loop = reasons.classify(lines, [1], restarts=reasons.CRASH_LOOP_RESTARTS)
     assert (loop.code, loop.permanent) == ("crash-loop", False)
     assert loop.text == "crash loop: 3 restarts, last error: ValueError: Invalid literal for Fraction: 'one half'"
+    assert loop.fix == "read `invoke elasticjob.logs --tail 50`; fix the cause, then `invoke elasticjob.deploy`"
     assert reasons.classify([], events=["CrashLoopBackOff"]).text == "crash loop: 0 restarts"
-    assert reasons.classify([], [None, 0, 2], failed=True).text == "failed (exit 2)"
+    failed = reasons.classify([], [None, 0, 2], failed=True)
+    assert (failed.text, failed.fix) == ("failed (exit 2)", "read `invoke elasticjob.logs --tail 50`")
     assert reasons.classify([], [], failed=True).text == "failed"
 
 
@@ -165,7 +184,17 @@ def test_the_last_error_is_the_scripts_not_torchruns_summary():
         "torch.distributed.elastic.rendezvous.api.RendezvousClosedError"
     assert reasons.last_error(["error_file: <N/A>", "loader: error reading a file", "traceback : see"]) == \
         "loader: error reading a file"
+    child = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "  # torchrun's line, as it writes it
+    assert reasons.last_error(["loader: Error reading a file", child]) == "loader: Error reading a file"
+    assert reasons.last_error([child + "worker 0 failed", "RendezvousClosedError: closed"]) == \
+        "RendezvousClosedError: closed"
     assert reasons.last_error(["step=1", "done"]) == ""
+    # a prefix in brackets (a replica's name) is not part of the error; brackets inside the message are
+    assert reasons.last_error(["[node-0] ValueError: shape [3, 4] ] is not [4, 3]", "[node-0] exiting"]) == \
+        "ValueError: shape [3, 4] ] is not [4, 3]"
+    long = "ValueError: " + "x" * 300
+    assert reasons.last_error([long]) == long[:200] and reasons.last_error(["failed: " + long]) == ("failed: " + long)[:200]
+    assert reasons.last_error([child + "x" * 300]) == ""
 
 
 # -- where reasons are derived: the kubernetes target's reading of pods, events and logs --------------------------
@@ -327,3 +356,19 @@ def test_the_logs_here_are_what_the_programs_write_now(tmp_path):
     for name, text in fresh.items():
         now = reasons.from_lines(text.splitlines())
         assert now == reasons.from_lines(log(name)), name
+
+
+def test_training_arguments_are_checked_with_the_scripts_own_parser():
+    """check_train_args, what every target's plan runs before anything starts (through the CLI: test_status_local)."""
+    from doeks.errors import DoeksError
+
+    assert reasons.check_train_args([]) is None and reasons.check_train_args(["--epochs", "3", "--lr", "0.1"]) is None
+    with pytest.raises(DoeksError) as bad:
+        reasons.check_train_args(["--bogus", "1"])
+    assert str(bad.value) == ("--train-args '--bogus 1': train.py: error: unrecognized arguments: --bogus 1 "
+                              "(`python doeks/workload/train.py --help` lists its arguments)")
+    with pytest.raises(DoeksError, match=r"^--train-args '--epochs lots': train.py: error: argument --epochs: invalid int"):
+        reasons.check_train_args(["--epochs", "lots"])
+    with pytest.raises(DoeksError) as helped:
+        reasons.check_train_args(["--help"])
+    assert str(helped.value) == "--train-args '--help': not a training run (--help exits)"
