@@ -130,8 +130,10 @@ def workers(s) -> list[int]:
 
 def test_killed_workers_in_a_crash_loop_are_counted_and_named(small, state_dir):
     """torchrun restarts a node's workers itself (the node's agent lives on): those restarts count too, per replica
-    and for the job; three of them with no step in between is a crash loop, with the fix."""
-    assert invoke("elasticjob.deploy", "--train-args", "--step-delay 5 --log-every 1").returncode == 0
+    and for the job; three of them with no step in between is a crash loop, with the fix. The workers log no step
+    while the test reads the job (--step-delay 600: a step logged after the last kill ends the crash loop, as it
+    should, and on a busy machine `describe` and `status` took longer than the 5 s delay this test once had)."""
+    assert invoke("elasticjob.deploy", "--train-args", "--step-delay 600 --log-every 1").returncode == 0
     killed = set()
     for _ in range(3):
         victim = wait_for(lambda: [p for p in workers(small) if p not in killed], 300, "a (new) worker")[0]
