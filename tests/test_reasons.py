@@ -95,6 +95,9 @@ def test_a_sagemaker_failure_reason_loses_its_closing_quote():
     assert failure[-2].endswith('--bogus 1"')
     assert reasons.classify(failure, failed=True).text == \
         "bad arguments to the training script: unrecognized arguments: --bogus 1"
+    # only the quote goes, not a last character of the message that happens to be one of its neighbours
+    assert reasons.from_lines(['ErrorMessage "usage: train.py', 'train.py: error: unrecognized arguments: --size 4X"']).text \
+        == "bad arguments to the training script: unrecognized arguments: --size 4X"
 
 
 def test_an_exception_a_library_raised_is_not_the_scripts_bug():
@@ -195,6 +198,14 @@ def test_the_last_error_is_the_scripts_not_torchruns_summary():
     long = "ValueError: " + "x" * 300
     assert reasons.last_error([long]) == long[:200] and reasons.last_error(["failed: " + long]) == ("failed: " + long)[:200]
     assert reasons.last_error([child + "x" * 300]) == ""
+    torchrun_own = "torch.distributed.elastic.rendezvous.api.RendezvousClosedError: " + "y" * 300
+    assert reasons.last_error([torchrun_own]) == torchrun_own[:200]
+    # a prefix with a space in it (a replica's label) goes as a whole
+    assert reasons.last_error(["[node 0] ValueError: boom"]) == "ValueError: boom"
+    # torchrun's table when the worker left an error file: its path names "error", the line is no error
+    assert reasons.last_error(["loader: error reading a file",
+                               "  error_file: /tmp/torchelastic_4k2x/none_ab12/attempt_0/0/error.json"]) == \
+        "loader: error reading a file"
 
 
 # -- where reasons are derived: the kubernetes target's reading of pods, events and logs --------------------------
@@ -370,5 +381,5 @@ def test_training_arguments_are_checked_with_the_scripts_own_parser():
     with pytest.raises(DoeksError, match=r"^--train-args '--epochs lots': train.py: error: argument --epochs: invalid int"):
         reasons.check_train_args(["--epochs", "lots"])
     with pytest.raises(DoeksError) as helped:
-        reasons.check_train_args(["--help"])
-    assert str(helped.value) == "--train-args '--help': not a training run (--help exits)"
+        reasons.check_train_args(["--epochs", "1", "--help"])
+    assert str(helped.value) == "--train-args '--epochs 1 --help': not a training run (--help exits)"

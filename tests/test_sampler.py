@@ -65,5 +65,16 @@ def test_the_order_depends_on_seed_and_epoch_only():
     assert list(sampler) == first[8:8 + len(list(sampler))]
 
 
+def test_each_epochs_order_is_torchs_permutation_of_seed_plus_epoch():
+    """The order is a contract with the checkpoints already written: a job resumed by another doeks version must
+    draw the same permutation, or it trains again samples it already had and skips others."""
+    import torch
+
+    for epoch in (0, 1, 5):
+        g = torch.Generator()
+        g.manual_seed(SEED + epoch)
+        assert list(ResumableSampler(SIZE, 0, 1, SEED, epoch, 0, BATCH)) == torch.randperm(SIZE, generator=g).tolist()[:100]
+
+
 def test_a_finished_epochs_start_leaves_nothing():
     assert trained(2, epoch=0, start=SIZE) == [] and trained(2, epoch=0, start=SIZE - 3) == []
