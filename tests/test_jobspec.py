@@ -71,6 +71,54 @@ def test_pet_env_matches_what_the_operator_sets():
     assert "last_call_timeout=" in env["PET_RDZV_CONF"]
 
 
+@pytest.mark.parametrize("policy", [{}, {"rdzvId": "run-7", "maxRestarts": 9, "nProcPerNode": 4}])
+def test_torchrun_reads_the_pet_env_as_its_own_arguments(policy, monkeypatch):
+    """The local and docker targets give each node the PET_* variables the training operator would: torchrun's own
+    parser (torch.distributed.run, whose defaults come from PET_<ARG>) reads them as the job's elastic policy."""
+    from torch.distributed.run import get_args_parser
+
+    s = S.load(environ={"MIN_REPLICAS": "1", "MAX_REPLICAS": "3"}, path=ROOT / ".env")
+    job = jobspec.pytorchjob(s)
+    elastic = job["spec"]["elasticPolicy"]
+    for key in ("rdzvId", "maxRestarts"):
+        elastic.pop(key, None)
+    elastic.update(policy)
+    if "nProcPerNode" in policy:
+        del job["spec"]["nprocPerNode"]
+    env = jobspec.pet_env(job, "etcd-service:2379")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    args = get_args_parser().parse_args(["train.py"])
+    assert (args.nnodes, args.rdzv_backend, args.rdzv_endpoint) == ("1:3", "etcd", "etcd-service:2379")
+    assert args.nproc_per_node == str(policy.get("nProcPerNode", s.nproc_per_node))
+    assert args.rdzv_id == policy.get("rdzvId", job["metadata"]["name"])  # the operator's default: the job's name
+    assert int(args.max_restarts) == policy.get("maxRestarts", 3)
+    assert dict(kv.split("=", 1) for kv in args.rdzv_conf.split(",")) == {c["key"]: c["value"] for c in elastic["rdzvConf"]}
+
+
+def test_the_rendezvous_etcd_is_one_server_its_service_reaches_with_the_v2_api():
+    """What the API server's schema cannot refuse: the Service selects the Deployment's pods, one etcd (two would be
+    two clusters, agents split between them), the v2 API torch's etcd rendezvous needs, and the Service's own URL
+    advertised (tests/test_kubernetes_jobs.py deletes the etcd pod on the real cluster)."""
+    s = S.load(environ={}, path=ROOT / ".env")
+    deployment, service = jobspec.etcd_manifests(s)
+    assert (deployment["metadata"]["name"], service["metadata"]["name"]) == ("etcd", jobspec.ETCD_SERVICE)
+    pod = deployment["spec"]["template"]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["selector"] == {"app": "etcd"} and deployment["metadata"]["labels"]["app"] == "etcd"
+    container = pod["spec"]["containers"][0]
+    assert container["name"] == "etcd" and container["image"] == s.etcd_image
+    assert container["ports"] == [{"name": "client", "containerPort": jobspec.ETCD_PORT}]
+    assert service["spec"]["ports"][0]["targetPort"] == jobspec.ETCD_PORT
+    command = container["command"]
+    assert command[0] == "/usr/local/bin/etcd" and "--enable-v2" in command and "--initial-cluster-state=new" in command
+    data = command[command.index("--data-dir") + 1]
+    assert {"name": "data", "mountPath": data} in container["volumeMounts"]
+    assert f"--advertise-client-urls=http://{jobspec.ETCD_SERVICE}:{jobspec.ETCD_PORT}" in command
+
+
 def test_deploy_dry_run_prints_yaml_stream_and_commands_and_starts_nothing(state_dir):
     result = invoke("elasticjob.deploy", "--dry-run", "--replicas", "3")
     assert result.returncode == 0, result.stderr
