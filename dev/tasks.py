@@ -107,11 +107,13 @@ def mutate(c, modules="", dry_run=False, max_children=0):
     counts, survivors = summarize(results.stdout, names)
     for name in names:
         by = counts[name]
-        tested = sum(by.values()) - by.get("no tests", 0) - by.get("skipped", 0)
+        unchecked = by.get("not checked", 0) + by.get("check was interrupted by user", 0)
+        tested = sum(by.values()) - by.get("no tests", 0) - by.get("skipped", 0) - unchecked
         caught = by.get("killed", 0) + by.get("timeout", 0)
         score = f"{100 * caught / tested:.1f}%" if tested else "n/a"
         print(f"{name:9} {MODULES[name][0]:28} score {score:>6}: {caught} of {tested} killed, "
-              f"{by.get('survived', 0)} survived, {by.get('no tests', 0)} reached by no fast test")
+              f"{by.get('survived', 0)} survived, {by.get('no tests', 0)} reached by no fast test"
+              + (f", {unchecked} not run (an interrupted run: run again)" if unchecked else ""))
     for mutant in survivors:
         print(f"survived: {mutant}  (python -m mutmut show {mutant})")
     if not any(counts[n] for n in names):
