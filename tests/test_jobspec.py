@@ -117,6 +117,33 @@ def test_the_rendezvous_etcd_is_one_server_its_service_reaches_with_the_v2_api()
     data = command[command.index("--data-dir") + 1]
     assert {"name": "data", "mountPath": data} in container["volumeMounts"]
     assert f"--advertise-client-urls=http://{jobspec.ETCD_SERVICE}:{jobspec.ETCD_PORT}" in command
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": jobspec.ETCD_PORT}  # etcd's own
+    for manifest in (deployment, service):
+        assert_the_api_server_would_take(manifest)
+
+
+def assert_the_api_server_would_take(manifest: dict) -> None:
+    """What kubernetes-validate's schema lets through and the API server refuses: a mount of an undeclared volume, a
+    port or volume name that is no DNS label, a quantity that does not parse (kubernetes' own parser)."""
+    import re
+
+    from kubernetes.utils import parse_quantity
+
+    label = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+    pod = manifest["spec"]["template"]["spec"] if "template" in manifest["spec"] else None
+    for port in manifest["spec"].get("ports", []):
+        assert label.fullmatch(port["name"]), port
+    if pod is None:
+        return
+    declared = {v["name"] for v in pod.get("volumes", [])}
+    assert all(label.fullmatch(name) for name in declared), declared
+    for container in pod["containers"]:
+        assert {m["name"] for m in container.get("volumeMounts", [])} <= declared
+        assert all(label.fullmatch(p["name"]) for p in container.get("ports", []))
+        for kind in ("requests", "limits"):
+            for resource, quantity in container.get("resources", {}).get(kind, {}).items():
+                assert resource in ("cpu", "memory", "nvidia.com/gpu", "vpc.amazonaws.com/efa"), resource
+                parse_quantity(quantity)
 
 
 def test_deploy_dry_run_prints_yaml_stream_and_commands_and_starts_nothing(state_dir):
