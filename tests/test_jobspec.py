@@ -155,3 +155,27 @@ def test_deploy_dry_run_prints_yaml_stream_and_commands_and_starts_nothing(state
     assert "would start node 2:" in result.stderr and "doeks.local.agent" in result.stderr
     assert "would start etcd" in result.stderr
     assert not (state_dir / "jobs").exists() and not (state_dir / "services").exists()
+
+
+def test_what_the_caller_gives_reaches_the_job():
+    """The extra arguments, the run and the image the target resolved reach the PyTorchJob (elastic and fixed-size),
+    and the run id is a fresh, sortable one; runPolicy keeps the training operator's own key (the CRD schema lets an
+    unknown key through)."""
+    import re
+
+    s = S.load(environ={"REPLICAS": "2", "MAX_REPLICAS": "3"}, path=ROOT / ".env")
+    job = jobspec.manifests(s, ["--max-steps", "3"], run="r1", image="registry.example/train:7")[-1]
+    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert container["args"][-2:] == ["--max-steps", "3"] and container["image"] == "registry.example/train:7"
+    assert "--data" in container["args"]  # the built-in script's own arguments, on the shared volume
+    assert job["spec"]["elasticPolicy"]["rdzvId"] == f"{s.job_name}-r1"
+    fixed = jobspec.pytorchjob_fixed(s, ["--max-steps", "3"], run="r2")
+    replicas = fixed["spec"]["pytorchReplicaSpecs"]
+    assert replicas["Master"]["template"]["spec"]["containers"][0]["args"][-2:] == ["--max-steps", "3"]
+    assert replicas["Worker"]["template"]["spec"]["containers"][0]["env"] == \
+        replicas["Master"]["template"]["spec"]["containers"][0]["env"]
+    assert any(e.get("value", "").endswith("-r2") for e in replicas["Master"]["template"]["spec"]["containers"][0]["env"])
+    assert fixed["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "backoffLimit": 3}
+    replicas["Master"]["template"]["spec"]["containers"][0]["args"].append("--only-master")
+    assert "--only-master" not in replicas["Worker"]["template"]["spec"]["containers"][0]["args"]  # copies, not one
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", jobspec.run_id())
