@@ -326,7 +326,7 @@ class Store:
                 return None
             name, meta = found
             try:
-                self.load(state, name)
+                self.load(_stateful(state), name)
                 return meta
             except errors() as error:  # noqa: BLE001 - fall back to the previous complete one
                 earlier = [n for n in self.complete() if order(n) < order(name)]
@@ -362,7 +362,7 @@ class Store:
             client = self.at.choose()
             if _rank() == 0:
                 self.log(f"checkpoints in {self.uri} through {client}" + (f" ({self.at.why})" if self.at.why else ""))
-        payload = dict(state)
+        payload = _stateful(state)
         payload["doeks_meta"] = json.dumps({**(meta or {}), "step": step})
         name = self.name_for(step)
         self._used.add(name)
@@ -432,6 +432,39 @@ class Store:
         for name in self.names():
             if order(name) < order(newest) and name not in keep:
                 self.at.remove(name)
+
+
+def _stateful(state: dict) -> dict:
+    """`state` for DCP: a model under "model" with its optimizer under "optimizer" become one Stateful pair through
+    torch.distributed.checkpoint.state_dict (parameter names as keys, the optimizer's state made before loading, a
+    DDP wrapper's `module.` dropped), so they load into any world size; everything else is passed as it is."""
+    import torch
+
+    model, optimizer = state.get("model"), state.get("optimizer")
+    if not isinstance(model, torch.nn.Module):
+        return dict(state)
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    class Pair(Stateful):
+        def state_dict(self):
+            from torch.distributed.checkpoint.state_dict import get_state_dict, get_model_state_dict
+
+            if optimizer is None:
+                return {"model": get_model_state_dict(model)}
+            model_state, optim_state = get_state_dict(model, optimizer)
+            return {"model": model_state, "optimizer": optim_state}
+
+        def load_state_dict(self, loaded):
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+            if optimizer is None:
+                set_model_state_dict(model, loaded["model"])
+            else:
+                set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
+
+    out = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+    out["app"] = Pair()
+    return out
 
 
 def _short(error: BaseException) -> str:
