@@ -703,14 +703,14 @@ def _on_sigterm(store, grace: float):
     def leave(signum, frame):
         pending = store.in_flight
         if pending is not None:
-            log(f"SIGTERM: waiting up to {grace:.0f}s for checkpoint step={pending}")
+            log(f"SIGTERM: waiting up to {grace:g}s for checkpoint {pending}")
             try:
                 finished = store.wait(timeout=grace)
             except BaseException as error:  # noqa: BLE001 - the save failed: latest stays at the previous one
                 finished = False
-                log(f"SIGTERM: checkpoint step={pending} failed ({_first_line(error)}): latest is unchanged")
+                log(f"SIGTERM: checkpoint {pending} failed ({_first_line(error)}): latest is unchanged")
             else:
-                log(f"SIGTERM: checkpoint step={pending} " + ("complete" if finished else "not finished: latest is unchanged"))
+                log(f"SIGTERM: checkpoint {pending} " + ("complete" if finished else "not finished: latest is unchanged"))
         leave_now(128 + signal.SIGTERM)
 
     return signal.signal(signal.SIGTERM, leave) if threading_main() else None
