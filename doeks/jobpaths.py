@@ -49,3 +49,39 @@ def s3_env(settings, endpoint: str | None) -> dict[str, str]:
 
 def s3_buckets(settings) -> list[str]:
     return sorted({uri[len("s3://"):].split("/", 1)[0] for uri in in_s3(settings)})
+
+
+def _bucket_key(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    return bucket, key.strip("/")
+
+
+def job_s3_policy(settings) -> dict | None:
+    """The IAM policy of the training job's own role (EKS Pod Identity for its pods): exactly the S3 actions its
+    checkpoints and model need (doeks/workload/checkpoints.py: list the job's prefix, read, write, copy and delete its
+    objects, abort its multipart uploads), on the job's prefixes only. None when nothing of the job is in S3."""
+    uris = in_s3(settings)
+    if not uris:
+        return None
+    statements = []
+    for bucket in sorted({_bucket_key(u)[0] for u in uris}):
+        prefixes = sorted({_bucket_key(u)[1] for u in uris if _bucket_key(u)[0] == bucket})
+        statements.append({"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}",
+                           "Condition": {"StringLike": {"s3:prefix": [p for prefix in prefixes for p in (prefix, f"{prefix}/*")]}}})
+        statements.append({"Effect": "Allow",
+                           "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                           "Resource": [f"arn:aws:s3:::{bucket}/{prefix}/*" for prefix in prefixes]})
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+JOB_S3_CALLS = ("s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
+# doeks/workload/checkpoints.py through s3fs and DCP's writer/reader: ListObjectsV2 (names, complete), HeadObject and
+# GetObject (exists, latest, reads), PutObject and the multipart upload calls (data, .metadata, latest, model.pt),
+# CopyObject (DCP renames .metadata.tmp: GetObject on the source, PutObject on the target), DeleteObject(s) (prune,
+# clear_after, the probe), AbortMultipartUpload (a failed upload).
+
+
+def pod_env(settings) -> dict[str, str]:
+    """What the training pods need, besides the contract, to reach the job's S3 on a cluster: the region (their
+    credentials come from the job's role through Pod Identity; no endpoint, no keys)."""
+    return {"AWS_REGION": settings.aws_region} if in_s3(settings) else {}
