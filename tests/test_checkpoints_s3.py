@@ -154,7 +154,7 @@ def _torchrun(nproc: int, data: Path, uri: str, metrics: Path, endpoint: str, *e
             "--data", str(data), "--checkpoint-dir", uri, "--metrics-dir", str(metrics), "--arch", "mobilenet_v3_small",
             "--epochs", "2", "--batch-size", "2", "--crop-size", "32", "--workers", "0", "--checkpoint-every", "1",
             "--log-every", "1", *extra]
-    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=400)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
     return out

@@ -591,7 +591,7 @@ def main(argv=None) -> int:
             epoch, consumed = epoch + 1, 0
 
     writer = _Metrics(metrics_dir) if rank == 0 else None
-    previous_handler = _on_sigterm(store, args.term_grace)
+    term = _TermGuard(store, args.term_grace)
     global_batch = args.batch_size * world
     workers = args.workers
     loader_options = dict(num_workers=workers, pin_memory=use_cuda, persistent_workers=workers > 0,
@@ -612,6 +612,8 @@ def main(argv=None) -> int:
             meta["result"] = result
         stall = store.save({"model": model_state, "optimizer": optim_state}, step, meta, background=background)
         last_saved[0] = step
+        if background:
+            term.guard()
         if rank == 0:
             log(f"checkpoint step={step} stall={stall * 1000:.1f}ms")
 
@@ -639,6 +641,7 @@ def main(argv=None) -> int:
             optimizer.step()
             step += 1
             consumed += global_batch
+            term.release_when_saved()
             window_samples += global_batch
             window_steps += 1
             if args.step_delay:
@@ -662,14 +665,14 @@ def main(argv=None) -> int:
             ready = time.perf_counter()
         if not done:
             epoch, consumed = epoch + 1, 0
-        accuracy, top5 = evaluate(model, val_loader, device, distributed, amp, use_cuda)
+        accuracy, top5 = evaluate(raw_model, val_loader, device, distributed, amp, use_cuda)
         log(f"epoch={epoch - (0 if done else 1)} val_acc={accuracy:.4f} val_top5={top5:.4f} step={step}")
         if writer:
             writer.evaluation(step, epoch, accuracy)
         if epoch < args.epochs and not done and last_saved[0] != step:  # (a periodic one at this step resumes the same)
             checkpoint_now()
     if accuracy is None:  # a checkpoint with nothing left to train but no recorded result: evaluate it
-        accuracy, top5 = evaluate(model, val_loader, device, distributed, amp, use_cuda)
+        accuracy, top5 = evaluate(raw_model, val_loader, device, distributed, amp, use_cuda)
     result = {"step": step, "epochs": args.epochs, "val_accuracy": accuracy, "val_top5": top5, "arch": args.arch,
               "classes": train_set.classes, "crop_size": args.crop_size}
     checkpoint_now(result, background=False)  # the final state, with the result a later deploy reports at once
@@ -683,10 +686,7 @@ def main(argv=None) -> int:
             f"checkpoint_stall_max={stalls[-1] * 1000 if stalls else 0:.1f}ms")
     if writer:
         writer.close()
-    if previous_handler is not None:  # main() called in a process of its own (the tests): its handler back
-        import signal
-
-        signal.signal(signal.SIGTERM, previous_handler)
+    term.release()
     for each in (loader, val_loader):  # persistent loader workers: stopped now, not left to notice the exit
         iterator = getattr(each, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
@@ -695,9 +695,10 @@ def main(argv=None) -> int:
 
 
 def _on_sigterm(store, grace: float):
-    """SIGTERM (a pod evicted, a node drained, a spot interruption; torchrun passes it on): a checkpoint being written
-    gets up to `grace` seconds to finish, which moves `latest` to it; otherwise `latest` stays where it was (it is
-    written last). Then the process leaves with 143, as a SIGTERM'd one would."""
+    """SIGTERM (a pod evicted, a node drained, a spot interruption; torchrun passes it on) while a checkpoint is being
+    written: the save gets up to `grace` seconds to finish, which moves `latest` to it; otherwise `latest` stays where
+    it was (it is written last). Then the process leaves with 143, as a SIGTERM'd one would. Returns the handler it
+    replaced (None off the main thread)."""
     import signal
 
     def leave(signum, frame):
@@ -714,6 +715,31 @@ def _on_sigterm(store, grace: float):
         leave_now(128 + signal.SIGTERM)
 
     return signal.signal(signal.SIGTERM, leave) if threading_main() else None
+
+
+class _TermGuard:
+    """The SIGTERM handler above, only while a save is in flight. A Python handler runs between bytecodes of the main
+    thread, so a process blocked in a collective would not die on SIGTERM while it is installed: outside saves
+    SIGTERM keeps its default (the process ends at once)."""
+
+    def __init__(self, store, grace: float):
+        self.store, self.grace, self.previous, self.active = store, grace, None, False
+
+    def guard(self) -> None:
+        if not self.active:
+            self.previous = _on_sigterm(self.store, self.grace)
+            self.active = self.previous is not None
+
+    def release_when_saved(self) -> None:
+        if self.active and self.store.in_flight is None:
+            self.release()
+
+    def release(self) -> None:
+        if self.active:
+            import signal
+
+            signal.signal(signal.SIGTERM, self.previous)
+            self.active = False
 
 
 def threading_main() -> bool:
@@ -747,7 +773,10 @@ def leave_now(code: int) -> None:
 
 
 def evaluate(model, loader, device, distributed, amp, channels_last) -> tuple[float, float]:
-    """Top-1 and top-5 accuracy over the whole val set (each rank takes every world-th image)."""
+    """Top-1 and top-5 accuracy over the whole val set (each rank takes every world-th image). `model` is the model
+    itself, not its DDP wrapper: DDP's forward broadcasts the buffers, a collective per batch, and ranks with fewer
+    val batches than others (6 ranks, 4 val images) left the rest waiting in it for ever; the counts are the one
+    collective."""
     import torch
     import torch.distributed as dist
 
