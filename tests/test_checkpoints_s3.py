@@ -97,8 +97,8 @@ def test_local_job_with_s3_checkpoints_killed_while_saving_resumes_from_the_prev
         # steps 4 and 8 save (10 steps in all): kill every worker right after rank 0 started the save of step 8
         wait_for(lambda: "checkpoint step=8 " in _agent_logs(s), 600, "the save of step 8 to start")
         status = jobs.read_status(elastic.home(s))
-        victims = training_processes(*[r["pid"] for r in status["replicas"]])
-        assert len(victims) == 2, victims
+        victims = training_processes(*[r["pid"] for r in status["replicas"]])  # both ranks (and their loader workers)
+        assert len(victims) >= 2, victims
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()

@@ -192,3 +192,37 @@ def test_local_job_deployed_again_after_it_finished_succeeds_at_once(state_dir):
     assert time.monotonic() - start < 60
     assert invoke("elasticjob.delete", env=env).returncode == 0 and invoke("eks.delete", "--yes", env=env).returncode == 0
     assert leftover_processes(state_dir) == []
+
+
+def test_the_two_line_helper_resumes_a_model_and_its_optimizer(tmp_path, monkeypatch):
+    """doeks.checkpoints() as a user's script calls it (docs/your-own-script.md): DOEKS_CHECKPOINT_URI from the
+    environment, {"model", "optimizer"} saved through DCP's state_dict API and loaded back in place, momentum too."""
+    import torch
+
+    import doeks
+
+    monkeypatch.setenv("DOEKS_CHECKPOINT_URI", str(tmp_path / "mine"))
+    monkeypatch.setenv("DOEKS_KEEP_CHECKPOINTS", "2")
+
+    def fresh():
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    model, optimizer = fresh()
+    ck = doeks.checkpoints()
+    assert ck.resume({"model": model, "optimizer": optimizer}) is None  # nothing yet: start from scratch
+    for step in range(1, 4):
+        model(torch.randn(5, 8)).sum().backward()
+        optimizer.step()
+        ck.save({"model": model, "optimizer": optimizer}, step, {"epoch": 0})
+    ck.wait()
+    assert ck.complete() == ["step-2", "step-3"] and ck.latest() == "step-3"
+
+    again, again_optimizer = fresh()
+    meta = doeks.checkpoints().resume({"model": again, "optimizer": again_optimizer})
+    assert meta == {"epoch": 0, "step": 3}
+    for mine, theirs in zip(model.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(mine, theirs)
+    momentum = [optimizer.state[p]["momentum_buffer"] for p in model.parameters()]
+    assert all(torch.equal(a, again_optimizer.state[p]["momentum_buffer"]) for a, p in zip(momentum, again.parameters()))
