@@ -265,6 +265,7 @@ class Store:
         self._group = None  # a gloo group of its own for the background writes (training's collectives go on beside it)
         self._told = False
         self._skip: set[str] = set()
+        self._stager = None  # the CPU copy the async saves write from, made once and reused (see _ReusedStager)
         self._used: set[str] = set(self.names())  # listed once, at start, on every rank (see name_for)
 
     # reading
@@ -377,7 +378,10 @@ class Store:
         self._used.add(name)
         writer = self.at.writer(name)
         if background:
-            future = dcp.async_save(payload, storage_writer=writer, process_group=self._group, no_dist=not distributed)
+            if self._stager is None:
+                self._stager = _ReusedStager()
+            future = dcp.async_save(payload, storage_writer=writer, process_group=self._group, no_dist=not distributed,
+                                    async_stager=self._stager)
             done = threading.Event()
 
             def finished(result, name=name):  # on the writer's thread: `latest` moves as soon as the save is complete
@@ -441,6 +445,39 @@ class Store:
         for name in self.names():
             if order(name) < order(newest) and name not in keep:
                 self.at.remove(name)
+
+
+def _ReusedStager():
+    """DCP's staging (the copy of the state to CPU memory the background write reads), into buffers made at the first
+    save and reused: fresh buffers cost page faults on every save (ResNet-50's 200 MB: 0.6-1.4 s to fresh memory vs
+    0.1 s into the same buffers here), pinned where there is a GPU. Safe to reuse: a save first waits for the one
+    before it. A state of another shape (an optimizer's state appearing) makes new buffers."""
+    import torch
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+    from torch.distributed.checkpoint.staging import AsyncStager
+
+    class Stager(AsyncStager):
+        _synchronize_after_execute = False
+
+        def __init__(self):
+            self.cache = None
+
+        def stage(self, state_dict):
+            if self.cache is not None:
+                try:
+                    return _copy_state_dict(state_dict, self.cache, type_check=False)
+                except Exception:  # noqa: BLE001 - another structure or shape: new buffers
+                    self.cache = None
+            self.cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+            return _copy_state_dict(state_dict, self.cache, type_check=False)
+
+        def synchronize_staging(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    return Stager()
 
 
 def _stateful(state: dict) -> dict:
