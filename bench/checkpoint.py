@@ -6,10 +6,12 @@ asynchronous save) of two states, each written to and read from
   byte), through s3torchconnector (the client the job uses where the endpoint answers as S3 does), and
 - a folder on this machine's disk (what a shared volume is to the job),
 in the same run, alternating, several rounds, medians:
-- ResNet-50 training (model + SGD momentum, ~195 MB of state) on this machine's CPU: the stall = the extra time of a
-  window of --every optimizer steps (CHECKPOINT_EVERY's default, 10) with one asynchronous save started at its
-  beginning and waited for at its end, over the same window without one; as a share of the steps' time that is
-  `checkpoint stall: N% of a step` (the time every step loses, on average, to checkpointing).
+- ResNet-50 training (model + SGD momentum, ~205 MB of state) on this machine's CPU, a checkpoint every --every
+  optimizer steps (CHECKPOINT_EVERY's default, 10), the save asynchronous: the stall per checkpoint = the time
+  `save()` blocks the step (the copy to CPU memory) + what the steps during the background write lose to it (their
+  median time over the median time of steps without a write in flight, times their number) + any wait for the write
+  at the next checkpoint; over the --every steps' time that is `checkpoint stall: N% of a step` (the share of every
+  step lost, on average, to checkpointing). Medians of per-step times, so a shared machine's load spikes count little.
 - A ~1 GB state (--big-gb: a stack of Linear layers, parameters + momentum): save and restore throughput.
 Save MB/s: a blocking save (the write the background thread does); restore MB/s: a load into a fresh state.
 
@@ -18,7 +20,7 @@ Prints per model and store, then the ratios:
   save MB/s / restore MB/s
   restore S3 vs folder: N.NNx             (restore throughput S3 / folder; target >= 0.8x at 20 ms)
 
-Run: python bench/checkpoint.py [--rounds 3] [--latency-ms 20] [--every 10] [--big-gb 1.0] [--batch 16] [--crop 112]
+Run: python bench/checkpoint.py [--rounds 3] [--latency-ms 20] [--every 10] [--big-gb 1.0] [--batch 8] [--crop 96]
 """
 from __future__ import annotations
 
@@ -111,16 +113,23 @@ def measure_io(store, state, step: int) -> tuple[float, float]:
     return saved, time.perf_counter() - start
 
 
-def window(step, every: int, store=None, state_fn=None, at: int = 0) -> float:
-    """Seconds of `every` steps; with a store, an asynchronous save at the first step, waited for at the end."""
-    start = time.perf_counter()
+def interval(step, every: int, store=None, state_fn=None, at: int = 0) -> tuple[float, list[float], list[float]]:
+    """One checkpoint interval of `every` steps; with a store, an asynchronous save right after the first step.
+    Returns (seconds save() blocked, times of steps while the write was in flight, times of the other steps); the
+    write is waited for at the end (as the next checkpoint would), and that wait counts as blocked."""
+    blocked, during, other = 0.0, [], []
     for i in range(every):
+        start = time.perf_counter()
         step()
+        took = time.perf_counter() - start
+        (during if store is not None and store.in_flight is not None else other).append(took)
         if store is not None and i == 0:
-            store.save(state_fn(), at, {"bench": True})
+            blocked += store.save(state_fn(), at, {"bench": True})
     if store is not None:
+        start = time.perf_counter()
         store.wait()
-    return time.perf_counter() - start
+        blocked += time.perf_counter() - start
+    return blocked, during, other
 
 
 def main(argv=None) -> int:
@@ -129,8 +138,8 @@ def main(argv=None) -> int:
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--every", type=int, default=10, help="steps between checkpoints (CHECKPOINT_EVERY)")
     parser.add_argument("--big-gb", type=float, default=1.0, help="size of the big state (0 = leave it out)")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--crop", type=int, default=112)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--crop", type=int, default=96)
     args = parser.parse_args(argv)
 
     import torch
@@ -155,22 +164,32 @@ def main(argv=None) -> int:
         print(f"resnet50: {size / 1e6:.0f} MB of state, batch {args.batch} at {args.crop}px", flush=True)
         per = {name: make("resnet50") for name, make in stores.items()}
         counter = 0
-        base, stalled, io = [], {k: [] for k in per}, {k: [] for k in per}
+        quiet: list[float] = []  # step times with no write in flight
+        blocked, during = {k: [] for k in per}, {k: [] for k in per}
+        io = {k: [] for k in per}
         for round_ in range(args.rounds):
-            base.append(window(step, args.every))
+            quiet += interval(step, args.every)[2]
             for name, store in per.items():
                 counter += 1
-                stalled[name].append(window(step, args.every, store, state_fn, counter))
+                stop, busy, other = interval(step, args.every, store, state_fn, counter)
+                blocked[name].append(stop)
+                during[name].append(busy)
+                quiet += other
                 counter += 1
                 io[name].append(measure_io(store, state_fn(), counter))
-            print(f"  round {round_ + 1}: window {base[-1]:.2f}s without, "
-                  + ", ".join(f"{n} {stalled[n][-1]:.2f}s with" for n in per), flush=True)
-        step_s = statistics.median(base) / args.every
+            print(f"  round {round_ + 1}: step {statistics.median(quiet):.2f}s; " + ", ".join(
+                f"{n}: save() blocked {blocked[n][-1]:.2f}s, {len(during[n][-1])} steps during the write "
+                f"(median {statistics.median(during[n][-1]) if during[n][-1] else 0:.2f}s), save {io[n][-1][0]:.2f}s, "
+                f"restore {io[n][-1][1]:.2f}s" for n in per), flush=True)
+        step_s = statistics.median(quiet)
         results["resnet50"] = {"size": size, "step": step_s, "client": per["s3"].at.client}
         for name in per:
-            extra = statistics.median(stalled[name]) - statistics.median(base)
+            lost = []
+            for stop, busy in zip(blocked[name], during[name]):
+                slower = (statistics.median(busy) - step_s) * len(busy) if busy else 0.0
+                lost.append(stop + max(0.0, slower))
             results["resnet50"][name] = {
-                "stall": max(0.0, extra) / args.every / step_s,
+                "stall": statistics.median(lost) / args.every / step_s,
                 "save": size / statistics.median(s for s, _ in io[name]) / 1e6,
                 "restore": size / statistics.median(r for _, r in io[name]) / 1e6}
         del model, optimizer, step, per

@@ -133,9 +133,10 @@ class Limits:
 class S3Protocol(asyncio.Protocol):
     def __init__(self, store: Store, latency: float, limits: Limits):
         self.store, self.latency, self.limits = store, latency, limits
-        self.buffer = b""
+        self.buffer = bytearray()  # appended in place: a request body of many MB arrives in 64 kB pieces
         self.busy = False
         self.continued = False
+        self.waiting = 0  # bytes the request being received needs in all (its head parsed once)
         self.transport = None
 
     def connection_made(self, transport):
@@ -143,7 +144,7 @@ class S3Protocol(asyncio.Protocol):
 
     def data_received(self, data):
         self.buffer += data
-        if not self.busy:
+        if not self.busy and len(self.buffer) >= self.waiting:
             self._next()
 
     def _next(self):
@@ -160,13 +161,15 @@ class S3Protocol(asyncio.Protocol):
             if headers.get("expect", "").lower() == "100-continue" and not self.continued:
                 self.continued = True  # botocore's PutObject waits for it before it sends the body
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting = end + 4 + length
             return  # wait for the request body
         self.continued = False
+        self.waiting = 0
         body = bytes(self.buffer[end + 4:end + 4 + length])
         if "aws-chunked" in headers.get("content-encoding", "") or headers.get("x-amz-content-sha256", "").startswith("STREAMING"):
             body = _dechunk(body)
         headers[":body"] = body
-        self.buffer = self.buffer[end + 4 + length:]
+        del self.buffer[:end + 4 + length]
         self.busy = True
         limits = self.limits
         limits.served += 1
