@@ -565,7 +565,12 @@ def main(argv=None) -> int:
                 return _leave(distributed, 2)
             log(f"warning: checkpoint {where} ({_first_line(error)}) is partial or corrupt: resuming from "
                 f"{earlier[-1]} instead")
-            found = (earlier[-1], store.read_meta(earlier[-1]))
+            try:
+                found = (earlier[-1], store.read_meta(earlier[-1]))
+            except ck.errors() as again:  # noqa: BLE001 - that one is damaged too
+                log(f"error: checkpoint {store.at.join(earlier[-1])} is partial or corrupt too ({_first_line(again)}): "
+                    f"move {store.uri} away to start from scratch")
+                return _leave(distributed, 2)
             checkpoint = found[1]
             continue
         set_state_dict(raw_model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
