@@ -28,6 +28,7 @@ image and in a SageMaker source archive; `doeks.checkpoints()` gives the same St
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -321,8 +322,7 @@ class Store:
         import torch.distributed.checkpoint as dcp
 
         holder = {"doeks_meta": ""}
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        with _quiet():
             dcp.load(holder, storage_reader=self.at.reader(name), no_dist=True)
         return json.loads(holder["doeks_meta"])
 
@@ -356,8 +356,7 @@ class Store:
         import torch.distributed.checkpoint as dcp
 
         distributed = dist.is_available() and dist.is_initialized()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        with _quiet():
             dcp.load(state, storage_reader=self.at.reader(name), process_group=process_group, no_dist=not distributed)
 
     def resume(self, state: dict) -> dict | None:
@@ -545,6 +544,29 @@ def _stateful(state: dict) -> dict:
     out = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
     out["app"] = Pair()
     return out
+
+
+class _DropLoaderWarnings:
+    """DCP's loader logs a damaged .metadata to the root logger with its traceback ("Global metadata is not found",
+    then a FileNotFoundError for the rank-local one it tries next), which Python prints to stderr: in a job's log that
+    reads as a missing file, not as the unusable checkpoint the job then names in one line."""
+
+    def filter(self, record) -> bool:
+        return not record.pathname.endswith("state_dict_loader.py")
+
+
+@contextlib.contextmanager
+def _quiet():
+    import logging
+
+    root, drop = logging.getLogger(), _DropLoaderWarnings()
+    root.addFilter(drop)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            yield
+    finally:
+        root.removeFilter(drop)
 
 
 def _short(error: BaseException) -> str:
