@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .. import code, elastic, ui
+from .. import code, elastic, jobpaths, ui
 from ..errors import DoeksError
 from ..local import jobs as local_jobs
 from ..local import runtime
@@ -177,6 +177,9 @@ class LocalTarget(OnThisMachine, Target):
         else:
             ctx["endpoint"] = f"127.0.0.1:{free_port()}"
             shown = "127.0.0.1:PORT" if job.dry_run else ctx["endpoint"]  # a shown plan is the same every time
+        if jobpaths.in_s3(s):  # checkpoints or model in S3: doeks' moto server (or AWS_ENDPOINT_URL) for the processes
+            plan.steps.append(Step(f"S3 for {', '.join(jobpaths.in_s3(s))}: {s.aws_endpoint_url or 'doeks moto server (started if need be; the bucket made there)'}",
+                                   lambda: ctx.update(s3_env=elastic.prepare_s3(s))))
         argv, env = local_jobs.replica_command(pytorchjob, runtime.volumes_dir(s), shown, s.local_preload, source)
         for replica in range(s.replicas):
             line = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + f" DOEKS_REPLICA={replica}"
@@ -201,7 +204,8 @@ class LocalTarget(OnThisMachine, Target):
         elastic.check_job_data(plan.job.settings)
 
     def _launch(self, s, pytorchjob, ctx, run, source) -> None:
-        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run, source)
+        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run, source,
+                          extra_env=ctx.get("s3_env"))
 
     def submit(self, plan: Plan, runner) -> None:
         try:
@@ -291,7 +295,8 @@ class LocalTarget(OnThisMachine, Target):
 
     def artifacts(self) -> dict[str, str]:
         s = self.settings
-        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
+        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": elastic.checkpoint_uri(s),
+                "model": elastic.model_uri(s) + "/model.pt",
                 "final": str(elastic.metrics_dir(s) / "final.json"), "logs": str(local_jobs.run_dir(self.home) / "replicas")}
 
 
