@@ -43,8 +43,8 @@ LINE_CASES = [
     ("data-layout", "data-missing", True,
      "data laid out wrong: /tmp/capture/flat/val holds files, not class folders", "--relayout-val"),
     ("bad-checkpoint", "bad-checkpoint", True,
-     "unusable checkpoint: checkpoint /tmp/capture/ck/checkpoint.pt is partial or corrupt and there is no earlier one "
-     "(RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory): move /tmp/c",
+     "unusable checkpoint: checkpoint /tmp/capture/ck/step-2 is partial or corrupt and there is no earlier one "
+     "(RuntimeError: Missing key in checkpoint state_dict: doeks_meta.): move /tmp/capture/ck away to start from scratch",
      "--fresh"),
     ("import-error", "import-error", True,
      "import error: ModuleNotFoundError: No module named 'doeks_no_such_module'", "elasticjob/Dockerfile"),
