@@ -12,6 +12,10 @@ concurrency and CPU cost per request, not the server, set its rate. Signatures a
 Objects: `--files` keys `PREFIX/train/nCCCCCCCC/img_IIIIIII.JPEG` (100 classes) of `--size` bytes +-20 %
 (deterministic per key), all slices of one random buffer, so 20,000 objects take no memory of their own.
 
+Faults for the clients' tests: `--fail-every N` answers every Nth request 503 SlowDown; `--reset-every N` resets the
+connection (TCP RST) on every Nth request, alternately before any byte of the answer and after its head and half its
+body (a connection S3 or a middlebox drops mid-request), which a client must retry on a new connection.
+
 Bounded: it serves at most `--max-requests` requests and runs at most `--max-seconds`, then exits by itself (also
 when its parent dies: stdin closes). Prints `port N` once it listens.
 
@@ -24,6 +28,8 @@ import asyncio
 import hashlib
 import os
 import random
+import socket
+import struct
 import sys
 import time
 from email.utils import formatdate
@@ -122,12 +128,14 @@ class Store:
 
 
 class Limits:
-    def __init__(self, max_requests: int, stop: asyncio.Event, fail_every: int = 0, log=None):
+    def __init__(self, max_requests: int, stop: asyncio.Event, fail_every: int = 0, log=None, reset_every: int = 0):
         self.served = 0
         self.max_requests = max_requests
         self.stop = stop
-        self.fail_every = fail_every  # every Nth request answers 503 SlowDown (clients must retry)
-        self.log = log                # a file: one "METHOD target" line per request
+        self.fail_every = fail_every    # every Nth request answers 503 SlowDown (clients must retry)
+        self.reset_every = reset_every  # every Nth request's connection is reset (clients must retry)
+        self.resets = 0
+        self.log = log                  # a file: one "METHOD target" line per request, "RESET METHOD target" per reset
 
 
 class S3Protocol(asyncio.Protocol):
@@ -138,6 +146,7 @@ class S3Protocol(asyncio.Protocol):
         self.continued = False
         self.waiting = 0  # bytes the request being received needs in all (its head parsed once)
         self.transport = None
+        self.reset_mid_answer = False  # this request's answer stops after half its body, with a reset
 
     def connection_made(self, transport):
         self.transport = transport
@@ -180,6 +189,14 @@ class S3Protocol(asyncio.Protocol):
         if limits.fail_every and limits.served % limits.fail_every == 0:
             self._send(b"503 Slow Down", b"", _error("SlowDown", "please reduce your request rate"), 0, later=True)
             return
+        if limits.reset_every and limits.served % limits.reset_every == 0:
+            limits.resets += 1
+            if limits.log is not None:
+                limits.log.write("RESET " + head[0].rsplit(" ", 1)[0] + "\n")
+            if limits.resets % 2:  # before any byte of the answer, after the latency
+                asyncio.get_running_loop().call_later(self.latency, self._reset)
+                return
+            self.reset_mid_answer = True  # the head and half the body, then the reset
         asyncio.get_running_loop().call_later(self.latency, self._answer, head[0], headers)
 
     def _answer(self, request_line: str, headers: dict[str, str]):
@@ -281,11 +298,24 @@ class S3Protocol(asyncio.Protocol):
             return
         self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: " + str(length).encode() + b"\r\n" + extra +
                              b"x-amz-request-id: DOEKSBENCH\r\nServer: AmazonS3\r\n\r\n")
+        if self.reset_mid_answer:
+            self.transport.write(body[:len(body) // 2])
+            self._reset()
+            return
         if body:
             self.transport.write(body)
         self.busy = False
         if self.buffer:
             self._next()
+
+    def _reset(self):
+        """Close with a TCP RST (SO_LINGER 0): the client reads ECONNRESET, as from a dropped connection."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def connection_lost(self, exc):
         self.transport = None
@@ -310,10 +340,10 @@ def _error(code: str, what: str) -> bytes:
 
 
 async def serve(store: Store, latency: float, max_requests: int, max_seconds: float, port: int = 0,
-                fail_every: int = 0, log=None, tls=None) -> int:
+                fail_every: int = 0, log=None, tls=None, reset_every: int = 0) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    limits = Limits(max_requests, stop, fail_every, log)
+    limits = Limits(max_requests, stop, fail_every, log, reset_every)
     server = await loop.create_server(lambda: S3Protocol(store, latency, limits), "127.0.0.1", port, backlog=4096, ssl=tls)
     print(f"port {server.sockets[0].getsockname()[1]}", flush=True)
     loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not os.read(sys.stdin.fileno(), 4096) else None)
@@ -324,7 +354,7 @@ async def serve(store: Store, latency: float, max_requests: int, max_seconds: fl
         pass
     server.close()
     cpu = os.times()
-    print(f"served {limits.served} requests in {time.monotonic() - start:.1f} s, "
+    print(f"served {limits.served} requests ({limits.resets} reset) in {time.monotonic() - start:.1f} s, "
           f"{cpu.user + cpu.system:.1f} CPU s", file=sys.stderr, flush=True)
     return 0
 
@@ -393,6 +423,7 @@ def main(argv=None) -> int:
                         "GET every object over --connections connections, print files/s")
     parser.add_argument("--connections", type=int, default=256)
     parser.add_argument("--fail-every", type=int, default=0, help="every Nth request answers 503 SlowDown")
+    parser.add_argument("--reset-every", type=int, default=0, help="reset the connection (TCP RST) of every Nth request")
     parser.add_argument("--log", help="append one 'METHOD target' line per request to this file")
     parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve HTTPS with this certificate (PEM files)")
     args = parser.parse_args(argv)
@@ -410,7 +441,7 @@ def main(argv=None) -> int:
         tls.load_cert_chain(*args.tls)
     try:
         return asyncio.run(serve(store, args.latency_ms / 1000, args.max_requests, args.max_seconds, args.port,
-                                 args.fail_every, log, tls))
+                                 args.fail_every, log, tls, args.reset_every))
     finally:
         if log is not None:
             log.close()

@@ -108,7 +108,9 @@ class Service:
         info = self.info()
         return f"http://127.0.0.1:{info['port']}" if info else None
 
-    def start(self, port: int | None = None, timeout: float = 30.0) -> dict:
+    def start(self, port: int | None = None, timeout: float = 120.0) -> dict:
+        """Start the server and wait until it answers (the wait ends when it does: the limit is for one that hangs,
+        and is wide enough for a moto or etcd starting on a 2-core machine that other work keeps busy)."""
         existing = self.info()
         if existing:
             return existing
