@@ -298,6 +298,97 @@ class PodIdentity:
         return ""
 
 
+def _patch_iam_checks() -> None:
+    """Two corrections to moto's IAM enforcement, so that what AWS allows is allowed here too:
+    - a GET (or HEAD, DELETE) with query parameters and no body (EKS's ListPodIdentityAssociations?namespace=...)
+      was checked as if its parameters were a form body, so the signature never matched: the empty payload, as
+      signed; and a query value with `/` (ListObjectsV2's prefix=data/...) arrives decoded by the server while the
+      client signed it percent-encoded: the query is encoded again as botocore encodes it (safe `-_.~`);
+    - a policy Condition was evaluated with no request values and StringEquals only (moto ignores other
+      operators, and a key without a value passes), so a conditioned Allow allowed everything: for S3 requests the
+      request's s3:prefix (ListObjects' prefix) is supplied, the key doeks' stage policy conditions ListBucket on,
+      and StringEquals/StringLike/StringNotEquals/StringNotLike are evaluated as IAM does (a key the request lacks
+      fails the condition; any other operator denies: stricter than AWS). Other services keep moto's evaluation."""
+    from urllib.parse import parse_qs, urlparse
+
+    from moto.iam import access_control
+
+    create = access_control.IAMRequestBase._create_aws_request
+
+    def aws_request(self):
+        from urllib.parse import quote, unquote
+
+        path, _, query = self._path.partition("?")
+        if query:
+            pairs = [pair.partition("=") for pair in query.split("&")]
+            self._path = path + "?" + "&".join(f"{quote(unquote(k), safe='-_.~')}{eq}{quote(unquote(v), safe='-_.~')}"
+                                               for k, eq, v in pairs)
+        if not self._body and self._method in ("GET", "HEAD", "DELETE") and not isinstance(self, access_control.S3IAMRequest):
+            saved, self._data = self._data, None
+            try:
+                return create(self)
+            finally:
+                self._data = saved
+        return create(self)
+
+    access_control.IAMRequestBase._create_aws_request = aws_request
+    permitted = access_control.IAMPolicy.is_action_permitted
+
+    def with_request_values(self, action, resource="*", principal=None, incoming_condition_values=None):
+        values = getattr(access_control, "_doeks_request_values", None)
+        return permitted(self, action, resource, principal, incoming_condition_values or values)
+
+    access_control.IAMPolicy.is_action_permitted = with_request_values
+    conditions = access_control.IAMPolicyStatement._check_conditions
+
+    def check_conditions(self, incoming_condition_values):
+        values = getattr(access_control, "_doeks_request_values", None)
+        if values is None:
+            return conditions(self, incoming_condition_values)
+        from fnmatch import fnmatchcase
+
+        def like(pattern: str, value: str) -> bool:
+            return fnmatchcase(value, pattern.replace("[", "[[]"))
+
+        operators = {"StringEquals": lambda e, v: e == v, "StringLike": like,
+                     "StringNotEquals": lambda e, v: e != v, "StringNotLike": lambda e, v: not like(e, v)}
+        for operator, keys in (self._statement.get("Condition") or {}).items():
+            test = operators.get(operator)
+            if test is None:
+                return False
+            for key, expected in keys.items():
+                value = values.get(key)
+                expected = [expected] if isinstance(expected, str) else expected
+                if value is None or not (any if not operator.startswith("StringNot") else all)(test(e, value) for e in expected):
+                    return False
+        return True
+
+    access_control.IAMPolicyStatement._check_conditions = check_conditions
+    statement = access_control.IAMPolicyStatement.is_action_permitted
+
+    def allow_or_neutral(self, *args, **kwargs):
+        """An Allow whose condition (or principal) does not match does not apply (IAM's evaluation logic); moto
+        answered DENIED, an explicit deny that overrode every other Allow."""
+        result = statement(self, *args, **kwargs)
+        if result == access_control.PermissionResult.DENIED and self._statement.get("Effect") == "Allow":
+            return access_control.PermissionResult.NEUTRAL
+        return result
+
+    access_control.IAMPolicyStatement.is_action_permitted = allow_or_neutral
+    check = access_control.S3IAMRequest.check_action_permitted
+
+    def s3_check(self, resource):
+        query = parse_qs(urlparse(self._path).query)
+        values = {"s3:prefix": query["prefix"][0]} if "prefix" in query else {}
+        access_control._doeks_request_values = values
+        try:
+            return check(self, resource)
+        finally:
+            access_control._doeks_request_values = None
+
+    access_control.S3IAMRequest.check_action_permitted = s3_check
+
+
 def main(argv: list[str]) -> None:
     """moto.server's main, with doeks' additions: the same flags."""
     import argparse
@@ -313,6 +404,7 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("MOTO_PORT", str(args.port))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     _only_policies_doeks_names()
+    _patch_iam_checks()
     app = DomainDispatcherApplication(create_backend_app)
     run_simple(args.host, args.port, PodIdentity(app), threaded=True)
 

@@ -1,0 +1,112 @@
+"""The EKS rehearsal's AWS side: doeks' moto server as the account, with IAM enforced, and each workload's calls made
+with exactly the credentials EKS Pod Identity would give its pods.
+
+- `enforce_iam`: an administrator user for doeks itself (what a user's own credentials are on AWS), then moto's
+  enforcement turned on: from then on every request is signed by a known key and checked against its IAM policies.
+- `pod_credentials`: what the EKS Pod Identity Agent does for a pod: the service account's token (from the real API
+  server, audience pods.eks.amazonaws.com) exchanged with EKS Auth's AssumeRoleForPodIdentity for credentials of the
+  role the cluster's association names. A workload without an association gets none; a call its role's policy does
+  not allow is AccessDenied, as on AWS.
+
+What moto checks (moto 5.2, moto/core/authorization.py and moto/iam/access_control.py): the action of every request
+(`service:Action`); the resource for S3 (bucket and key ARNs), IAM, STS and SQS only, `*` elsewhere; a policy's
+Condition only where doeks' server supplies the request's values (S3's s3:prefix, doeks.local.motoserver).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .errors import DoeksError
+
+ADMIN_USER = "doeks-rehearsal-admin"
+POD_IDENTITY_AUDIENCE = "pods.eks.amazonaws.com"
+
+
+def _folder(state_dir: Path) -> Path:
+    return state_dir / "rehearsal"
+
+
+def admin_file(state_dir: Path) -> Path:
+    return _folder(state_dir) / "admin.json"
+
+
+def admin_credentials(state_dir: Path) -> dict[str, str] | None:
+    """The administrator's key made by `enforce_iam` for this moto server, or None."""
+    try:
+        return json.loads(admin_file(state_dir).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def enforce_iam(endpoint: str, state_dir: Path, region: str) -> dict[str, str]:
+    """Make the administrator user (an inline policy allowing everything: what an account owner's credentials are)
+    and its access key, then turn moto's IAM enforcement on. Returns boto3 keyword credentials; safe twice (the
+    server's key is kept in STATE_DIR/rehearsal/admin.json, readable by this user only)."""
+    import boto3
+
+    known = admin_credentials(state_dir)
+    if known and known.get("endpoint") == endpoint:
+        return {k: v for k, v in known.items() if k != "endpoint"}
+    from .aws import LOCAL_CREDENTIALS
+
+    iam = boto3.client("iam", region_name=region, endpoint_url=endpoint, **LOCAL_CREDENTIALS)
+    iam.create_user(UserName=ADMIN_USER, Tags=[{"Key": "doeks", "Value": "rehearsal"}])
+    iam.put_user_policy(UserName=ADMIN_USER, PolicyName="everything", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName=ADMIN_USER)["AccessKey"]
+    credentials = {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
+    request = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST",
+                                     headers={"Content-Type": "text/plain"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        answer.read()
+    path = admin_file(state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({**credentials, "endpoint": endpoint}, f)
+    return credentials
+
+
+def service_account_token(namespace: str, service_account: str, kubectl: str, seconds: int = 3600) -> str:
+    """A token of the service account from the API server's TokenRequest API, for the Pod Identity audience (what
+    the kubelet projects into an EKS pod at /var/run/secrets/pods.eks.amazonaws.com/serviceaccount)."""
+    result = subprocess.run([kubectl, "create", "token", service_account, "-n", namespace,
+                             f"--audience={POD_IDENTITY_AUDIENCE}", f"--duration={seconds}s"],
+                            capture_output=True, text=True, timeout=30)
+    if result.returncode != 0:
+        raise DoeksError(f"no token for service account {namespace}/{service_account}: "
+                         f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    return result.stdout.strip()
+
+
+def pod_credentials(endpoint: str, region: str, cluster: str, token: str, agent: dict[str, str]) -> dict[str, Any]:
+    """EKS Auth's AssumeRoleForPodIdentity, called as the Pod Identity Agent calls it (signed with `agent`'s
+    credentials): the credentials of the role associated with the token's service account. One DoeksError line when
+    EKS Auth refuses (no association, a bad token, a caller not allowed)."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    auth = boto3.client("eks-auth", region_name=region, endpoint_url=endpoint, **agent)
+    try:
+        answer = auth.assume_role_for_pod_identity(clusterName=cluster, token=token)
+    except ClientError as error:
+        detail = error.response.get("Error", {})
+        raise DoeksError(f"EKS Auth refused the pod's credentials: {detail.get('Code')}: {detail.get('Message')}") from None
+    creds = answer["credentials"]
+    return {"aws_access_key_id": creds["accessKeyId"], "aws_secret_access_key": creds["secretAccessKey"],
+            "aws_session_token": creds["sessionToken"], "role": answer["assumedRoleUser"]["arn"],
+            "subject": f"{answer['subject']['namespace']}/{answer['subject']['serviceAccount']}"}
+
+
+def pod_environment(credentials: dict[str, Any], endpoint: str, region: str) -> dict[str, str]:
+    """The environment a rehearsal pod gets in place of the Pod Identity Agent's credential endpoint: the role's
+    session credentials and the moto server as the AWS endpoint."""
+    return {"AWS_ACCESS_KEY_ID": credentials["aws_access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": credentials["aws_secret_access_key"],
+            "AWS_SESSION_TOKEN": credentials["aws_session_token"], "AWS_ENDPOINT_URL": endpoint,
+            "AWS_REGION": region, "AWS_DEFAULT_REGION": region}
