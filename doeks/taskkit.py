@@ -110,7 +110,14 @@ def settings(**overrides):
     from .errors import SettingsError
 
     base = current()
-    if base.target == "kubernetes":  # kubectl and the Python client of this process talk to the target's cluster
+    if base.instance_facts_unknown:  # NPROC_PER_NODE/EFA_PER_NODE=auto: EC2 says what the GPU node type has, once
+        from . import instancetypes
+        from .settings import reset
+
+        if instancetypes.refresh(base):
+            reset()
+            base = current()
+    if base.target in ("kubernetes", "eks"):  # kubectl and the Python client of this process talk to the target's cluster
         from .kube import use
 
         use(base)

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import trainimage
 from .errors import DoeksError
-from .jobspec import EFA_ADAPTERS, labels, node_resources, node_selector, train_args
+from .jobspec import labels, node_resources, node_selector, train_args
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 TRAINER_VERSION = "v2.3.0"
@@ -38,8 +38,8 @@ def resources(settings) -> dict[str, Any]:
         return node_resources(settings)
     gpus = settings.nproc_per_node
     per_node: dict[str, Any] = {"nvidia.com/gpu": gpus}
-    if settings.gpu_efa and settings.gpu_instance_type in EFA_ADAPTERS:
-        per_node["vpc.amazonaws.com/efa"] = EFA_ADAPTERS[settings.gpu_instance_type]
+    if settings.efa_per_node:
+        per_node["vpc.amazonaws.com/efa"] = settings.efa_per_node
     return {"limits": dict(per_node), "requests": dict(per_node)}
 
 

@@ -123,11 +123,28 @@ def create_addon(self):
     arns = [_associate(self.region, name, "kube-system" if addon != "amazon-cloudwatch-observability" else "amazon-cloudwatch",
                        p["serviceAccount"], p["roleArn"])["associationArn"]
             for p in self._get_param("podIdentityAssociations") or []]
+    if addon == "amazon-cloudwatch-observability":
+        _container_insights_log_groups(self.region, name)
     ADDONS[(name, addon)] = {"addonName": addon, "clusterName": name, "status": "ACTIVE",
                              "addonVersion": self._get_param("addonVersion") or "v1.0.0-eksbuild.1", "health": {"issues": []},
                              "addonArn": f"arn:aws:eks:{self.region}:{ACCOUNT}:addon/{name}/{addon}/x",
                              "createdAt": _now(), "modifiedAt": _now(), "podIdentityAssociations": arns}
     return ActionResult({"addon": ADDONS[(name, addon)]})
+
+
+# What the CloudWatch observability add-on's agent and Fluent Bit create once they run (Container Insights; AWS docs
+# "Container Insights log groups": application, dataplane, host, performance), kept after the add-on is deleted.
+CONTAINER_INSIGHTS_GROUPS = ("application", "dataplane", "host", "performance")
+
+
+def _container_insights_log_groups(region, cluster):
+    from moto.logs.models import logs_backends
+
+    logs = logs_backends[ACCOUNT][region]
+    for part in CONTAINER_INSIGHTS_GROUPS:
+        name = f"/aws/containerinsights/{cluster}/{part}"
+        if name not in logs.groups:
+            logs.create_log_group(name, tags={})
 
 
 def _addon(self):
