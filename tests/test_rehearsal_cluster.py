@@ -123,8 +123,14 @@ def test_the_node_is_labelled_as_the_gpu_node_group_and_advertises_its_gpus_and_
     assert labels["node.kubernetes.io/instance-type"] == "g5.12xlarge"
     assert labels["topology.kubernetes.io/zone"] == "us-west-2a"
     assert all(labels[f"topology.k8s.aws/network-node-layer-{i}"].startswith("nn-") for i in (1, 2, 3))
-    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
-    assert node["status"]["allocatable"]["vpc.amazonaws.com/efa"] == "2"
+    assert node["status"]["capacity"]["nvidia.com/gpu"] == "8"
+
+    def allocatable() -> dict:  # the kubelet copies capacity to allocatable at its next status update
+        found = json.loads(kubectl("get", "node", "doeks", "-o", "json").stdout)["status"]["allocatable"]
+        return found if "vpc.amazonaws.com/efa" in found else {}
+
+    found = wait_for(allocatable, 60, "the kubelet to make the extended resources allocatable")
+    assert found["nvidia.com/gpu"] == "8" and found["vpc.amazonaws.com/efa"] == "2"
     wanted = {"nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "1"}
     try:
         kubectl("apply", "-f", "-", input=pod("gpu-pod", "alpine:3.10", wanted,
@@ -193,3 +199,80 @@ def test_the_training_operator_runs_under_pod_security_restricted(cluster):
     finally:
         kubectl("label", "namespace", "kubeflow", "pod-security.kubernetes.io/enforce-",
                 "pod-security.kubernetes.io/enforce-version-")
+
+
+def claim_manifests(folder) -> list[dict]:
+    labels = {"app.kubernetes.io/part-of": "doeks"}
+    volume = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "i31-volume", "labels": labels},
+              "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "i31",
+                       "persistentVolumeReclaimPolicy": "Retain",
+                       "hostPath": {"path": str(folder), "type": "DirectoryOrCreate"},
+                       "claimRef": {"namespace": "default", "name": "i31-claim"}}}
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": {"name": "i31-claim", "namespace": "default", "labels": labels},
+             "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "i31", "volumeName": "i31-volume",
+                      "resources": {"requests": {"storage": "1Gi"}}}}
+    return [volume, claim]
+
+
+def stage_like_job(name: str, script: str) -> dict:
+    """A Job shaped as doeks' staging Job (csi.stage_job: labelled doeks', the claim mounted)."""
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": "default", "labels": {"app.kubernetes.io/part-of": "doeks"}},
+            "spec": {"backoffLimit": 3, "ttlSecondsAfterFinished": 86400, "template": {"spec": {
+                "restartPolicy": "OnFailure",
+                "containers": [{"name": "stage", "image": "alpine:3.10", "imagePullPolicy": "Never",
+                                "command": ["sh", "-c", script], "volumeMounts": [{"name": "shared", "mountPath": "/fsx"}]}],
+                "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": "i31-claim"}}]}}}}
+
+
+def test_a_finished_staging_job_no_longer_keeps_the_claim_and_every_delete_wait_is_bounded(cluster, tmp_path):
+    """Failure 1: the staging Job's Completed pod held the claim, and the claim was deleted with an unbounded wait
+    (`down` hung in csi.delete). Now the wait is bounded and says what it waited for, and doeks' Jobs that mount the
+    claim are deleted first, so the claim goes."""
+    from doeks import kube
+    from doeks.errors import DoeksError
+    from doeks.runner import Runner, to_yaml_stream
+
+    volume, claim = claim_manifests(tmp_path / "volume")
+    assert kubectl("apply", "-f", "-", input=to_yaml_stream([volume, claim])).returncode == 0
+    assert kubectl("apply", "-f", "-", input=json.dumps(stage_like_job("i31-stage", "echo staged > /fsx/x"))).returncode == 0
+    try:
+        done = kubectl("wait", "-n", "default", "--for=condition=complete", "job/i31-stage", "--timeout=120s")
+        assert done.returncode == 0, done.stderr
+        assert kube.pods_using_claim("default", "i31-claim")  # the Completed pod still counts
+        with pytest.raises(DoeksError, match="waited 15 s for PersistentVolumeClaim default/i31-claim to be gone"):
+            kube.delete(Runner(echo=False), [claim], timeout=15)  # the old code waited here for ever
+        assert kube.release_claim(Runner(echo=False), "default", "i31-claim") == []
+        assert kube.get_json(["job", "i31-stage", "-n", "default"]) is None
+        wait_for(lambda: kube.get_json(["pvc", "i31-claim", "-n", "default"]) is None, 60, "the claim to go")
+    finally:
+        kubectl("delete", "job", "i31-stage", "-n", "default", "--ignore-not-found", "--wait=false")
+        kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=to_yaml_stream([claim, volume]))
+
+
+def test_a_failing_stager_ends_the_wait_at_once_with_its_reason(cluster, tmp_path):
+    """Likely failure: `up` waited six hours for the staging Job (`kubectl wait --for=condition=complete
+    --timeout=6h`) while the stager failed (a bucket in another region, SSE-KMS). Now the first failed run of the
+    stager ends the wait with its own last lines."""
+    import time as clock
+
+    from doeks import kube
+    from doeks.errors import DoeksError
+    from doeks.runner import to_yaml_stream
+
+    volume, claim = claim_manifests(tmp_path / "volume")
+    kubectl("apply", "-f", "-", input=to_yaml_stream([volume, claim]))
+    script = "echo 'error: s3://bucket is in eu-west-1, not us-west-2: set AWS_REGION' >&2; exit 2"
+    kubectl("apply", "-f", "-", input=json.dumps(stage_like_job("i31-failing", script)))
+    try:
+        started = clock.monotonic()
+        with pytest.raises(DoeksError, match="staging failed .*is in eu-west-1, not us-west-2"):
+            kube.wait_job("default", "i31-failing", "staging", timeout=300)
+        assert clock.monotonic() - started < 60
+        old = kubectl("wait", "-n", "default", "--for=condition=complete", "job/i31-failing", "--timeout=20s")
+        assert old.returncode != 0 and "timed out" in old.stderr  # the old wait was still waiting (for 6 h)
+    finally:
+        kubectl("delete", "job", "i31-failing", "-n", "default", "--ignore-not-found", "--cascade=foreground", "--wait=true",
+                "--timeout=120s")
+        kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=to_yaml_stream([claim, volume]))
