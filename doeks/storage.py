@@ -626,7 +626,8 @@ def stage_job(settings, source: str, relayout_val: bool) -> dict[str, Any]:
         args.append("--relayout-val")
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": f"{s.job_name}-stage", "namespace": s.namespace, "labels": {"app.kubernetes.io/part-of": "doeks"}},
-            "spec": {"backoffLimit": 3, "ttlSecondsAfterFinished": 86400, "template": {"spec": {
+            # `up` deletes it once complete (its finished pod would keep the claim); the TTL is the backstop
+            "spec": {"backoffLimit": 3, "ttlSecondsAfterFinished": 600, "template": {"spec": {
                 "restartPolicy": "OnFailure", "serviceAccountName": identity.get("data-stage").service_account,
                 "containers": [{"name": "stage", "image": image, "command": args,
                                 "env": [{"name": "AWS_REGION", "value": s.aws_region}],
@@ -640,4 +641,8 @@ def stage_on_cluster(settings, runner, source: str, relayout_val: bool) -> None:
     from . import identity, kube
 
     identity.ensure(settings, runner, identity.get("data-stage"))
-    kube.apply(runner, stage_manifests(settings, source, relayout_val))
+    manifests = stage_manifests(settings, source, relayout_val)
+    # a Job's pod template cannot change ("field is immutable"): a previous staging Job (another image after a code
+    # change, another source) is deleted first, with its pods
+    kube.delete(runner, [m for m in manifests if m["kind"] == "Job"])
+    kube.apply(runner, manifests)
