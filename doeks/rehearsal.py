@@ -153,3 +153,93 @@ def make_node_eks(settings, kubectl: list[str], node: str, zone: str, nodes: int
         if result.returncode != 0:
             raise DoeksError(f"cannot make node {node} look like a {settings.gpu_instance_type} node: "
                              f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+# -- what eksctl makes, made in the rehearsal's account ----------------------------------------------------------------
+def eksctl_create(settings, config: dict) -> None:
+    """What `eksctl create cluster -f` makes on AWS, made in the moto account with doeks' own credentials: the VPC
+    (tagged as eksctl tags it), a private and a public subnet per zone of the config, the cluster security group,
+    the EKS cluster at the config's version, its node groups, the OIDC provider (iam.withOIDC) and the config's
+    add-ons. Not made: CloudFormation stacks (eksctl's bookkeeping; nothing of doeks reads them)."""
+    from .aws import client
+
+    meta, region = config["metadata"], settings.aws_region
+    ec2, eks, iam = client(settings, "ec2"), client(settings, "eks"), client(settings, "iam")
+    tags = [{"Key": k, "Value": v} for k, v in {**meta.get("tags", {}), "alpha.eksctl.io/cluster-name": meta["name"]}.items()]
+    vpc = ec2.create_vpc(CidrBlock=config["vpc"]["cidr"], TagSpecifications=[{"ResourceType": "vpc", "Tags": tags}])["Vpc"]["VpcId"]
+    base = config["vpc"]["cidr"].rsplit(".", 2)[0]
+    zones = config.get("availabilityZones") or [f"{region}a", f"{region}b"]
+    private = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"{base}.{i}.0/24", AvailabilityZone=z,
+                                 TagSpecifications=[{"ResourceType": "subnet", "Tags": tags}])["Subnet"]["SubnetId"]
+               for i, z in enumerate(zones, start=1)]
+    public = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{base}.100.0/24", AvailabilityZone=zones[0],
+                               TagSpecifications=[{"ResourceType": "subnet", "Tags": tags}])["Subnet"]["SubnetId"]
+    ec2.modify_subnet_attribute(SubnetId=public, MapPublicIpOnLaunch={"Value": True})
+    group = ec2.create_security_group(GroupName=f"eks-cluster-sg-{meta['name']}", Description="EKS cluster", VpcId=vpc,
+                                      TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}])["GroupId"]
+    cluster = eks.create_cluster(name=meta["name"], version=meta["version"],
+                                 roleArn=f"arn:aws:iam::{ACCOUNT}:role/eksctl-{meta['name']}-cluster-ServiceRole",
+                                 resourcesVpcConfig={"subnetIds": private + [public], "securityGroupIds": [group]},
+                                 tags=meta.get("tags", {}))["cluster"]
+    for ng in config["managedNodeGroups"]:
+        eks.create_nodegroup(clusterName=meta["name"], nodegroupName=ng["name"], instanceTypes=[ng["instanceType"]],
+                             scalingConfig={"minSize": ng["minSize"], "desiredSize": ng["desiredCapacity"],
+                                            "maxSize": ng["maxSize"]},
+                             subnets=[private[0]] if ng.get("availabilityZones") else private,
+                             nodeRole=f"arn:aws:iam::{ACCOUNT}:role/eksctl-{meta['name']}-nodegroup-{ng['name']}",
+                             labels=ng.get("labels", {}), tags=ng.get("tags", {}))
+    issuer = (cluster.get("identity") or {}).get("oidc", {}).get("issuer")
+    if config.get("iam", {}).get("withOIDC") and issuer:
+        iam.create_open_id_connect_provider(Url=issuer, ClientIDList=["sts.amazonaws.com"],
+                                            ThumbprintList=["9e99a48a9960b14926bb7f3b02e22da2b0ab7280"],
+                                            Tags=[{"Key": "alpha.eksctl.io/cluster-name", "Value": meta["name"]}])
+    for addon in config.get("addons", []):
+        eks.create_addon(clusterName=meta["name"], addonName=addon["name"])
+
+
+def eksctl_delete(settings) -> bool:
+    """What `eksctl delete cluster --wait` does: the node groups, the cluster (its add-ons and associations go with
+    it), the OIDC provider, then the VPC; like eksctl's CloudFormation stack, it FAILS with DependencyViolation while
+    anything else is left in the VPC (security groups, VPC endpoints, EFS mount targets, FSx file systems). False
+    when there is no cluster."""
+    from .aws import client
+
+    ec2, eks, iam = client(settings, "ec2"), client(settings, "eks"), client(settings, "iam")
+    name = settings.cluster_name
+    try:
+        cluster = eks.describe_cluster(name=name)["cluster"]
+    except eks.exceptions.ResourceNotFoundException:
+        return False
+    groups = cluster["resourcesVpcConfig"].get("securityGroupIds", [])
+    vpc = ec2.describe_subnets(SubnetIds=cluster["resourcesVpcConfig"]["subnetIds"][:1])["Subnets"][0]["VpcId"]
+    subnets = [s["SubnetId"] for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]]
+    blocking = [g["GroupName"] for g in ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["SecurityGroups"]
+                if g["GroupName"] != "default" and g["GroupId"] not in groups]
+    blocking += [e["VpcEndpointId"] for e in ec2.describe_vpc_endpoints(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["VpcEndpoints"]
+                 if e.get("State", "").lower() not in ("deleted", "deleting")]
+    efs = client(settings, "efs")
+    for fs in efs.describe_file_systems()["FileSystems"]:
+        blocking += [m["MountTargetId"] for m in efs.describe_mount_targets(FileSystemId=fs["FileSystemId"])["MountTargets"]
+                     if m["SubnetId"] in subnets]
+    blocking += [f["FileSystemId"] for f in client(settings, "fsx").describe_file_systems()["FileSystems"]
+                 if set(f.get("SubnetIds", [])) & set(subnets) and f.get("Lifecycle") != "DELETED"]
+    if blocking:
+        raise DoeksError(f"eksctl delete cluster: deleting VPC {vpc}: DependencyViolation: still in use by "
+                         f"{', '.join(blocking)}")
+    for group in eks.list_nodegroups(clusterName=name)["nodegroups"]:
+        eks.delete_nodegroup(clusterName=name, nodegroupName=group)
+    eks.delete_cluster(name=name)
+    for provider in iam.list_open_id_connect_providers()["OpenIDConnectProviderList"]:
+        arn = provider["Arn"]
+        found = {t["Key"]: t["Value"] for t in iam.list_open_id_connect_provider_tags(OpenIDConnectProviderArn=arn).get("Tags", [])}
+        if found.get("alpha.eksctl.io/cluster-name") == name:
+            iam.delete_open_id_connect_provider(OpenIDConnectProviderArn=arn)
+    for group in groups:
+        ec2.delete_security_group(GroupId=group)
+    for subnet in subnets:
+        ec2.delete_subnet(SubnetId=subnet)
+    ec2.delete_vpc(VpcId=vpc)
+    return True
+
+
+ACCOUNT = "123456789012"  # moto's account

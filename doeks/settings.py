@@ -317,6 +317,7 @@ KEYS: tuple[Key, ...] = (
     _key("GPU_NODES", "eks", "2", "GPU node group desired size", _int(0, 1000)),
     _key("GPU_NODES_MAX", "eks", "4", "GPU node group maximum size", _int(0, 1000)),
     _key("GPU_EFA", "eks", "true", "Enable EFA on the GPU node group (only for EFA-capable instance types)", _bool),
+    _key("EKS_REHEARSAL", "eks", "false", "With TARGET=eks: rehearse on this machine (doeks' own cluster as the EKS cluster, its moto server with IAM enforced as AWS, a registry built here as ECR; docs/testing.md)", _bool),
     _key("EFA_PER_NODE", "eks", "auto", "EFA interfaces each GPU pod asks for (auto = all of a GPU_INSTANCE_TYPE node's, as EC2's DescribeInstanceTypes says; 0 with GPU_EFA=false)", _auto_int(0, 64)),
     _key("GPU_SPOT", "eks", "false", "Use spot capacity for the GPU node group", _bool),
     _key("PLACEMENT_GROUP", "eks", "", "Existing cluster placement group for the GPU nodes (empty = none)", _text),

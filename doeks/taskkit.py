@@ -119,7 +119,12 @@ def settings(**overrides):
             base = current()
     from . import targets
 
-    targets.get(base).connect()  # kubectl and the Python client of this process talk to the target's cluster
+    if targets.get(base).connect():  # kubectl and the Python client of this process talk to the target's cluster
+        from .settings import reset  # the target set this process's AWS endpoint and credentials (the rehearsal)
+
+        reset()
+        base = current()
+        targets.get(base).connect()
     if not any(v is not None for v in overrides.values()):
         return base
     try:

@@ -378,8 +378,7 @@ def _cluster_needs(target, s, dry_run):
         from doeks import trainimage, ui
 
         try:
-            trainimage.build(s, runner(dry_run), on_this_machine=False)
-            ui.say(f"training image: {trainimage.push(s, runner(dry_run), on_this_machine=False)}")
+            ui.say(f"training image: {target.image_push(runner(dry_run))}")
         except DoeksError as error:
             raise DoeksError(f"the training image: {error} (`invoke elasticjob.build elasticjob.push`, or set TRAIN_IMAGE "
                              "to an image the nodes can pull)") from None

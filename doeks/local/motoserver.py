@@ -184,7 +184,36 @@ def delete_cluster(self):
     return _delete_cluster(self)
 
 
-for _fn in (create_pod_identity_association, list_pod_identity_associations, describe_pod_identity_association,
+def describe_cluster_versions(self):
+    """EKS's DescribeClusterVersions from doeks' calendar (doeks.catalog.EKS_SUPPORT), as eksctl and doeks ask it."""
+    import datetime as dt
+
+    from doeks import catalog
+
+    today = dt.date.today()
+    found = []
+    newest = catalog.newest_standard(today)
+    for version, (standard, extended) in sorted(catalog.EKS_SUPPORT.items(), key=lambda kv: catalog.version_key(kv[0])):
+        phase = catalog.support_phase(version, today)
+        if phase == "ended":
+            continue
+        status = "STANDARD_SUPPORT" if phase == "standard" else "EXTENDED_SUPPORT"
+        found.append({"clusterVersion": version, "clusterType": "eks", "defaultPlatformVersion": "eks.1",
+                      "defaultVersion": version == newest, "status": status, "versionStatus": status,
+                      "endOfStandardSupportDate": dt.datetime.fromisoformat(standard).replace(tzinfo=timezone.utc),
+                      "endOfExtendedSupportDate": dt.datetime.fromisoformat(extended).replace(tzinfo=timezone.utc),
+                      "kubernetesPatchVersion": f"{version}.0"})
+    wanted = self._get_param("clusterVersions") or self.querystring.get("clusterVersions")
+    if wanted:
+        found = [v for v in found if v["clusterVersion"] in wanted]
+    if self._get_param("defaultOnly") in (True, "true"):
+        found = [v for v in found if v["defaultVersion"]]
+    return ActionResult({"clusterVersions": found})
+
+
+urls.url_paths.update({"{0}/cluster-versions$": EKSResponse.dispatch})
+
+for _fn in (describe_cluster_versions, create_pod_identity_association, list_pod_identity_associations, describe_pod_identity_association,
             delete_pod_identity_association, create_addon, describe_addon, delete_addon, list_addons, delete_cluster):
     setattr(EKSResponse, _fn.__name__, _fn)
 
