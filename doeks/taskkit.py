@@ -110,13 +110,6 @@ def settings(**overrides):
     from .errors import SettingsError
 
     base = current()
-    if base.instance_facts_unknown:  # NPROC_PER_NODE/EFA_PER_NODE=auto: EC2 says what the GPU node type has, once
-        from . import instancetypes
-        from .settings import reset
-
-        if instancetypes.refresh(base):
-            reset()
-            base = current()
     from . import targets
 
     if targets.get(base).connect():  # kubectl and the Python client of this process talk to the target's cluster
@@ -125,6 +118,13 @@ def settings(**overrides):
         reset()
         base = current()
         targets.get(base).connect()
+    if base.instance_facts_unknown:  # NPROC_PER_NODE/EFA_PER_NODE=auto: EC2 says what the GPU node type has, once
+        from . import instancetypes
+        from .settings import reset
+
+        if instancetypes.refresh(base):
+            reset()
+            base = current()
     if not any(v is not None for v in overrides.values()):
         return base
     try:

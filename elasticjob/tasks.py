@@ -66,7 +66,11 @@ def push(c, dry_run=False):
     from doeks import trainimage, ui
 
     s = settings()
-    ref = trainimage.push(s, runner(dry_run), on_this_machine=_target(s).on_this_machine)
+    target = _target(s)
+    if target.on_this_machine:
+        ref = trainimage.push(s, runner(dry_run), on_this_machine=True)
+    else:  # where the cluster pulls from, the target's way (the EKS rehearsal's registry is on this machine)
+        ref = target.image_push(runner(dry_run), build=False)
     ui.say(f"training image: {ref}")
 
 

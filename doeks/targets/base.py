@@ -271,12 +271,14 @@ class Target:
         """Remove what identity_ensure made (nothing where there is no Pod Identity)."""
 
     # -- unit elasticjob: what the job needs before it is deployed ---------------------------------------------------
-    def image_push(self, runner) -> str:
-        """The training image built for where the cluster runs it and pushed to REGISTRY or this account's ECR
-        (`up`'s elasticjob step on a cluster); returns the reference the manifests name."""
+    def image_push(self, runner, build: bool = True) -> str:
+        """The training image built (unless `build` is False: elasticjob.push) for where the cluster runs it and
+        pushed to REGISTRY or this account's ECR (`up`'s elasticjob step on a cluster); returns the reference the
+        manifests name."""
         from .. import trainimage
 
-        trainimage.build(self.settings, runner, on_this_machine=False)
+        if build:
+            trainimage.build(self.settings, runner, on_this_machine=False)
         return trainimage.push(self.settings, runner, on_this_machine=False)
 
     def job_needs(self, build: Callable[[], Any], data: Callable[[], Any], cluster: Callable[[], Any]) -> None:

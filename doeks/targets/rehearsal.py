@@ -81,6 +81,24 @@ class RehearsalTarget(EksTarget):
         return ("EKS rehearsal (EKS_REHEARSAL=true): doeks' own cluster as the EKS cluster, doeks' moto server (IAM "
                 "enforced) as AWS, a registry on this machine as ECR; nothing leaves this machine")
 
+    def checks(self):
+        """eks's checks, against the rehearsal's account and cluster, with a first row saying it is the rehearsal."""
+        from ..cluster import registry
+
+        rows = [("EKS rehearsal (EKS_REHEARSAL=true)", True, self.describe_place(), False),
+                ("registry built", registry.built(), str(registry.binary()) if registry.built() else
+                 "`invoke setup --kubernetes` builds it", True)]
+        try:
+            return rows + super().checks()
+        except Exception as error:  # noqa: BLE001 - a check moto cannot answer (Service Quotas) is said, not a traceback
+            return rows + [("eks checks", False, f"not all checked: {str(error).splitlines()[0][:160]}", False)]
+
+    def plan(self, job):
+        plan = super().plan(job)
+        plan.warnings.append("EKS rehearsal (EKS_REHEARSAL=true): on doeks' own cluster, with doeks' moto server as AWS "
+                             "and the registry on this machine as ECR")
+        return plan
+
     # -- eks ----------------------------------------------------------------------------------------------------------
     def cluster_create(self, runner) -> None:
         from .. import eks
@@ -171,13 +189,14 @@ class RehearsalTarget(EksTarget):
         return self.own().cluster_running()
 
     # -- images -------------------------------------------------------------------------------------------------------
-    def image_push(self, runner) -> str:
+    def image_push(self, runner, build: bool = True) -> str:
         """The training image as `up` makes it for EKS (on the CPU base made here), pushed the ECR way: the
         repository and its tag through ECR's API, the image to the registry the node pulls from."""
         from ..cluster import registry
 
         s = self.settings
-        trainimage.build(s, runner, on_this_machine=False)
+        if build:
+            trainimage.build(s, runner, on_this_machine=False)
         remote = trainimage.reference(s, on_this_machine=False)
         tag = remote.rsplit(":", 1)[1]
         if runner.dry_run:
@@ -187,8 +206,10 @@ class RehearsalTarget(EksTarget):
         if trainimage.in_ecr(s, tag):
             self.say(f"{remote} is in ECR already: not pushed again")
             return remote
-        media, manifest = registry.push(trainimage.local_ref(trainimage.base_image(s, True), _code(s)),
-                                        trainimage.REPOSITORY, tag)
+        local = trainimage.require_image(trainimage.local_ref(trainimage.base_image(s, True), _code(s)))
+        started = __import__("time").monotonic()
+        media, manifest = registry.push(local, trainimage.REPOSITORY, tag)
+        self.say(f"docker push to the registry: {__import__('time').monotonic() - started:.0f} s", style="dim")
         from ..aws import client
 
         runner.call(client(s, "ecr"), "put_image", repositoryName=trainimage.REPOSITORY, imageManifest=manifest,
