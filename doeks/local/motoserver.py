@@ -242,6 +242,8 @@ def token_subject(token: str, key_path: str | None, now: float | None = None) ->
         header = json.loads(_b64(head))
     except (ValueError, AttributeError):
         raise TokenError("the token is not a JWT") from None
+    if key_path and not os.path.exists(key_path):
+        raise TokenError(f"the cluster's service-account key {key_path} is not there: is the cluster up?")
     if key_path:
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives import hashes, serialization
