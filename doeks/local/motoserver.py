@@ -234,8 +234,8 @@ class TokenError(Exception):
 
 
 def token_subject(token: str, key_path: str | None, now: float | None = None) -> tuple[str, str]:
-    """(namespace, service account) of a projected service-account token for the Pod Identity audience, its RS256
-    signature checked against the cluster's service-account public key when `key_path` is given."""
+    """(namespace, service account) of a projected service-account token for the Pod Identity audience, its RS256 or
+    ES256 signature checked against the cluster's service-account public key when `key_path` is given."""
     try:
         head, payload, signature = token.split(".")
         claims = json.loads(_b64(payload))
@@ -247,13 +247,18 @@ def token_subject(token: str, key_path: str | None, now: float | None = None) ->
     if key_path:
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import padding
+        from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 
-        if header.get("alg") != "RS256":
-            raise TokenError(f"token algorithm {header.get('alg')} is not RS256")
         key = serialization.load_pem_public_key(open(key_path, "rb").read())
+        signed, raw = f"{head}.{payload}".encode(), _b64(signature)
         try:
-            key.verify(_b64(signature), f"{head}.{payload}".encode(), padding.PKCS1v15(), hashes.SHA256())
+            if header.get("alg") == "RS256" and isinstance(key, rsa.RSAPublicKey):
+                key.verify(raw, signed, padding.PKCS1v15(), hashes.SHA256())
+            elif header.get("alg") == "ES256" and isinstance(key, ec.EllipticCurvePublicKey) and len(raw) == 64:
+                der = utils.encode_dss_signature(int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:], "big"))
+                key.verify(der, signed, ec.ECDSA(hashes.SHA256()))
+            else:
+                raise TokenError(f"token algorithm {header.get('alg')} does not match the cluster's key")
         except InvalidSignature:
             raise TokenError("the token's signature is not the cluster's") from None
     audience = claims.get("aud")

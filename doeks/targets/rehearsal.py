@@ -22,6 +22,7 @@ import os
 
 from .. import kube, rehearsal, trainimage
 from ..errors import DoeksError
+from ..settings import PROJECT_ROOT
 from .eks import EksTarget
 from .kubernetes import KubernetesTarget
 
@@ -46,7 +47,9 @@ class RehearsalTarget(EksTarget):
         return services.Service("moto-bridge", self.settings.state_dir,
                                 lambda listen, data: [sys.executable, "-m", "doeks.local.forward", versions.NODE_IP,
                                                       str(listen), "127.0.0.1", str(port)],
-                                lambda listen: services.port_open(listen, versions.NODE_IP), host=versions.NODE_IP)
+                                lambda listen: services.port_open(listen, versions.NODE_IP), host=versions.NODE_IP,
+                                env={"PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT),
+                                                                                 os.environ.get("PYTHONPATH")]))})
 
     def connect(self) -> bool:
         """The account (the moto server, started once, IAM enforced) for this process's AWS calls, and doeks' own
