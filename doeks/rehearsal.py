@@ -137,7 +137,8 @@ def node_patches(settings, zone: str, nodes: int) -> tuple[dict, list[dict]]:
     interfaces for `nodes` such nodes, advertised as extended resources the documented way (Kubernetes: "Advertise
     Extended Resources for a Node", a PATCH of the node's status; the kubelet keeps them). One node stands in for the
     node group: the pods are scheduled by the scheduler's own accounting of these resources, and run on CPU."""
-    capacity = [{"op": "add", "path": f"/status/capacity/{GPU.replace('/', '~1')}", "value": str(settings.nproc_per_node * nodes)}]
+    gpus = settings.node_gpus or settings.nproc_per_node  # the type's GPUs (EC2), whatever a pod asks for
+    capacity = [{"op": "add", "path": f"/status/capacity/{GPU.replace('/', '~1')}", "value": str(gpus * nodes)}]
     if settings.efa_per_node:
         capacity.append({"op": "add", "path": f"/status/capacity/{EFA.replace('/', '~1')}",
                          "value": str(settings.efa_per_node * nodes)})
