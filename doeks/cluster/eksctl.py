@@ -1,4 +1,4 @@
-"""eksctl, built here from its Go module when `invoke setup --kubernetes --eksctl` asks (github.com/weaveworks/eksctl
+"""eksctl, built here from its Go module by `build_binary()` (not by `invoke setup`: minutes to an hour on 2 cores) (github.com/weaveworks/eksctl
 v0.215.0, the newest the Go module proxy serves; its go.mod replaces the Kubernetes libraries, so it is built as a
 dependency of a small module that repeats those replaces, as doeks' node is). The EKS rehearsal runs its own
 validation of doeks' ClusterConfig, `eksctl create cluster --dry-run -f`, against the rehearsal's account, with any
@@ -31,10 +31,15 @@ def built() -> bool:
     return binary().exists()
 
 
+def module() -> Path:
+    """eksctl's module in Go's module cache (downloaded once): its schema is pkg/apis/eksctl.io/v1alpha5/assets."""
+    from .operators import Operator, module_dir
+
+    return module_dir(Operator("eksctl", MODULE, VERSION, "cmd/eksctl", "eksctl", "", ""))
+
+
 def build_binary(runner=None) -> Path:
     """eksctl at VERSION, once (minutes: the AWS SDK and Kubernetes libraries)."""
-    from .operators import module_dir, Operator
-
     out = binary()
     if out.exists():
         return out
@@ -43,7 +48,7 @@ def build_binary(runner=None) -> Path:
         return out
     where = home() / "src"
     where.mkdir(parents=True, exist_ok=True)
-    source = module_dir(Operator("eksctl", MODULE, VERSION, "cmd/eksctl", "eksctl", "", ""))
+    source = module()
     replaces = re.search(r"^replace \($.*?^\)$", (source / "go.mod").read_text(), flags=re.M | re.S)
     (where / "go.mod").write_text(f"module doeks.local/eksctl\n\ngo 1.25.1\n\nrequire {MODULE} {VERSION}\n\n"
                                   + (replaces.group(0) + "\n" if replaces else ""))
