@@ -68,7 +68,7 @@ def test_up_job_up_again_code_edit_down_audit(env):
     wait_for(lambda: job_state(env) in ("Succeeded", "Failed"), 900, "the job to end")
     assert job_state(env) == "Succeeded"
     logs = invoke("elasticjob.logs", env=env).stdout
-    assert "v1 step 1/1 world=2" in logs, logs[-2000:]
+    assert "v1 step 1/1 world=" in logs, logs[-2000:]
     _, timings["up again"] = ok("up", env=env, timeout=1800)
     edited = env["TRAIN_SCRIPT"]
     open(edited, "w").write(SCRIPT.replace("VERSION", "v2"))
