@@ -42,9 +42,24 @@ def env(request):
 
 @pytest.fixture(scope="module")
 def cluster(env):
+    import os
+
+    from doeks import kube
+    from doeks.cluster import versions
+
     started = invoke("eks.create", env=env, timeout=900)
     assert started.returncode == 0, started.stderr[-3000:]
+    saved = {k: os.environ.get(k) for k in ("KUBECONFIG", "PATH")}
+    os.environ["KUBECONFIG"] = str(versions.kubeconfig())  # doeks.kube's functions, called here, read the cluster
+    bundled = kube.wheel_kubectl()
+    if bundled:
+        os.environ["PATH"] = os.path.dirname(bundled) + os.pathsep + os.environ["PATH"]
     yield env
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def kubectl(*args: str, input: str | None = None) -> subprocess.CompletedProcess:

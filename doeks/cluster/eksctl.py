@@ -72,7 +72,10 @@ def validate(settings, path: Path) -> None:
         return
     from .node import NO_PULL_ENV
 
-    env = {**os.environ, **NO_PULL_ENV, "AWS_ENDPOINT_URL": settings.aws_endpoint_url or "http://127.0.0.1:9",
+    endpoint = settings.aws_endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    if not endpoint:
+        raise DoeksError("eksctl --dry-run is run against the rehearsal's account only: no AWS_ENDPOINT_URL")
+    env = {**os.environ, **NO_PULL_ENV, "AWS_ENDPOINT_URL": endpoint,
            "AWS_REGION": settings.aws_region, "AWS_EC2_METADATA_DISABLED": "true"}
     result = subprocess.run([str(binary()), "create", "cluster", "--dry-run", "-f", str(path)], capture_output=True,
                             text=True, env=env, timeout=300)

@@ -63,7 +63,9 @@ class RehearsalTarget(EksTarget):
                   "AWS_SECRET_ACCESS_KEY": admin["aws_secret_access_key"]}
         if not s.train_base_image:  # the CPU base made here (the AWS DLC is not pulled here)
             wanted["TRAIN_BASE_IMAGE"] = trainimage.CPU_BASE
-        changed = any(os.environ.get(k) != v for k, v in wanted.items())
+        # whether this target's settings were loaded before these values (reload them): compared with the settings,
+        # not the environment (the constructor connects first, so the environment may be set already)
+        changed = any(s.raw(k) != v for k, v in wanted.items())
         os.environ.update(wanted)
         for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
             os.environ.pop(key, None)
