@@ -162,22 +162,29 @@ def epoch_seconds(metrics_csv: Path) -> float:
     return end - first
 
 
-def cluster_data_source(settings, runner=None) -> str:
-    """s3://S3_BUCKET/DATA_S3_PREFIX, which `invoke up` stages into SHARED_PVC on a cluster before the job starts;
-    one line naming the missing step when it holds no train/ data (a dry run without credentials plans on)."""
+def cluster_data_source(settings, runner=None) -> str | None:
+    """s3://S3_BUCKET/DATA_S3_PREFIX, which `invoke up` stages into SHARED_PVC on a cluster before the job starts.
+    The built-in ImageNet job needs its train/ there: one line naming the missing step when there is none (a dry
+    run without credentials plans on). A user's own script (TRAIN_SCRIPT) needs no data: whatever is under the
+    prefix is staged, and None when there is nothing (docs/your-own-script.md: its data folder is as it is)."""
     from .aws import client, lookup
+    from .code import resolve
 
     source = f"s3://{settings.s3_bucket}/{settings.data_s3_prefix.strip('/')}"
+    builtin = resolve(settings).builtin
+    under = f"{settings.data_s3_prefix.strip('/')}/" + ("train/" if builtin else "")
 
     def count():
         s3 = client(settings, "s3")
         try:
-            return s3.list_objects_v2(Bucket=settings.s3_bucket, Prefix=f"{settings.data_s3_prefix.strip('/')}/train/",
-                                      MaxKeys=1).get("KeyCount", 0)
+            return s3.list_objects_v2(Bucket=settings.s3_bucket, Prefix=under, MaxKeys=1).get("KeyCount", 0)
         except s3.exceptions.NoSuchBucket:
             return 0
 
-    found = lookup(runner, f"training data under {source}/train/", count, unknown=1)
+    found = lookup(runner, f"{'training data' if builtin else 'data'} under s3://{settings.s3_bucket}/{under}", count,
+                   unknown=1)
+    if not found and not builtin:
+        return None
     if not found:
         raise DoeksError(f"no training data under {source}/train/: upload the ImageNet layout (train/ and val/) there, "
                          f"e.g. `aws s3 sync ./imagenet {source}`, or set S3_BUCKET/DATA_S3_PREFIX; `invoke up` then stages "

@@ -13,18 +13,17 @@ CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks
 ETCD_SERVICE = "etcd-service"  # the rendezvous Service's name: rdzvHost, and the URL etcd advertises
 RDZV_CONF = {"last_call_timeout": "1", "timeout": "600"}
 
-# EFA adapters per instance (vpc.amazonaws.com/efa a node advertises)
-EFA_ADAPTERS = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
-                "p6-b200.48xlarge": 8, "trn1.32xlarge": 8, "trn1n.32xlarge": 16, "g5.48xlarge": 1, "g6.48xlarge": 1,
-                "g4dn.metal": 1, "c5n.18xlarge": 1, "hpc7g.16xlarge": 1}
-from .catalog import GPUS  # noqa: E402 - GPUs per instance type, with the other AWS tables
+from .catalog import EFA_ADAPTERS, GPUS  # noqa: E402,F401 - offline stand-ins (doeks.instancetypes asks EC2)
 
 
 def idle_gpus_warning(settings) -> str:
     """One line when NPROC_PER_NODE does not match the GPUs of the nodes doeks sizes (GPU_INSTANCE_TYPE): GPUs left
     idle, or more processes than GPUs (the pods cannot be scheduled); "" when they match or the type is not known."""
-    gpus = GPUS.get(settings.gpu_instance_type)
+    gpus = settings.node_gpus
     n = settings.nproc_per_node
+    if gpus is None and settings.raw("NPROC_PER_NODE") == "auto":
+        return (f"warning: the GPUs of a {settings.gpu_instance_type} node are not known yet ({settings.instance_facts}: "
+                f"no AWS credentials to ask EC2): the plan asks for {n} per pod; set NPROC_PER_NODE to be sure")
     if gpus is None or n == gpus:
         return ""
     if n < gpus:
@@ -113,17 +112,17 @@ class Placement:
 
 
 def node_type_placement(settings) -> Placement:
-    """EKS's GPU node group: NPROC_PER_NODE GPUs and, on an EFA instance type with GPU_EFA, all of its EFA adapters
-    per pod, on GPU_INSTANCE_TYPE (+ NODE_LABELS). The manifests' default: what the job asks of EKS, also where this
+    """EKS's GPU node group: NPROC_PER_NODE GPUs and EFA_PER_NODE EFA interfaces per pod (auto: all of the type's,
+    as EC2's DescribeInstanceTypes says; none with GPU_EFA=false), on GPU_INSTANCE_TYPE (+ NODE_LABELS). The manifests' default: what the job asks of EKS, also where this
     machine only interprets them."""
     instance = settings.gpu_instance_type
     gpus = settings.nproc_per_node
     resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
-    if settings.gpu_efa and instance in EFA_ADAPTERS:
+    if settings.efa_per_node:  # the type's EFA interfaces (EFA_PER_NODE), none with GPU_EFA=false
         for part in ("limits", "requests"):
-            resources[part]["vpc.amazonaws.com/efa"] = EFA_ADAPTERS[instance]
+            resources[part]["vpc.amazonaws.com/efa"] = settings.efa_per_node
     return Placement(resources, {"node.kubernetes.io/instance-type": instance, **settings.node_labels},
-                     node_gpus=GPUS.get(instance, settings.nproc_per_node), node_efa=EFA_ADAPTERS.get(instance, 0),
+                     node_gpus=settings.node_gpus or settings.nproc_per_node, node_efa=settings.efa_per_node,
                      cloud=True)
 
 

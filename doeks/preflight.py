@@ -81,6 +81,18 @@ def setup_kubernetes(runner) -> None:
             runner.step(f"build {op.name} {op.version} from the Go module proxy ({op.module}/{op.package})", lambda: None)
         else:
             operators.build_binary(op)
+    from .cluster import registry  # the EKS rehearsal's registry (the node pulls the training image from it)
+
+    if registry.built():
+        ui.say(f"registry {registry.VERSION}: already built in {registry.home()}")
+    else:
+        registry.build_binary(runner)
+    from .cluster import eksctl  # its module only (its ClusterConfig schema, for the tests); building it is long
+
+    if runner.dry_run:
+        runner.step(f"go mod download {eksctl.MODULE}@{eksctl.VERSION} (its ClusterConfig JSON schema)", lambda: None)
+    else:
+        eksctl.module()
     if not runner.dry_run:
         ui.say(f"doeks' cluster is built ({time.monotonic() - started:.0f}s this time; cached in {build.versions.cache_dir()})")
 

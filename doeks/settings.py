@@ -333,6 +333,8 @@ KEYS: tuple[Key, ...] = (
     _key("GPU_NODES", "eks", "2", "GPU node group desired size", _int(0, 1000)),
     _key("GPU_NODES_MAX", "eks", "4", "GPU node group maximum size", _int(0, 1000)),
     _key("GPU_EFA", "eks", "true", "Enable EFA on the GPU node group (only for EFA-capable instance types)", _bool),
+    _key("EKS_REHEARSAL", "eks", "false", "With TARGET=eks: rehearse on this machine (doeks' own cluster as the EKS cluster, its moto server with IAM enforced as AWS, a registry built here as ECR; docs/testing.md)", _bool),
+    _key("EFA_PER_NODE", "eks", "auto", "EFA interfaces each GPU pod asks for (auto = all of a GPU_INSTANCE_TYPE node's, as EC2's DescribeInstanceTypes says; 0 with GPU_EFA=false)", _auto_int(0, 64)),
     _key("GPU_SPOT", "eks", "false", "Use spot capacity for the GPU node group", _bool),
     _key("PLACEMENT_GROUP", "eks", "", "Existing cluster placement group for the GPU nodes (empty = none)", _text),
     _key("CAPACITY_RESERVATION_ID", "eks", "", "EC2 capacity reservation for the GPU nodes (empty = none)", _pattern(_CAPACITY_RESERVATION, "cr- and 8 to 17 hex digits", optional=True)),
@@ -342,7 +344,7 @@ KEYS: tuple[Key, ...] = (
     _key("REPLICAS", "elasticjob", "2", "Number of nodes (worker replicas) to start with", _int(1, 1000)),
     _key("MIN_REPLICAS", "elasticjob", "1", "Fewest nodes the job keeps training with", _int(1, 1000)),
     _key("MAX_REPLICAS", "elasticjob", "3", "Most nodes the job can grow to", _int(1, 1000)),
-    _key("NPROC_PER_NODE", "elasticjob", "auto", "Processes per node (auto = on eks the GPUs of a GPU_INSTANCE_TYPE node, e.g. 8 on p4d.24xlarge; else 2)", _auto_int(1, 64)),
+    _key("NPROC_PER_NODE", "elasticjob", "auto", "Processes per node (auto = on eks the GPUs of a GPU_INSTANCE_TYPE node, as EC2's DescribeInstanceTypes says, e.g. 8 on p4d.24xlarge, 1 on g5.2xlarge; else 2)", _auto_int(1, 64)),
     _key("MAX_RESTARTS", "elasticjob", "10", "Times torchrun restarts a node's workers before giving up", _int(0, 1000)),
     _key("RDZV_BACKEND", "elasticjob", "etcd", "Rendezvous backend: etcd (an etcd server) or c10d (no extra server)", _choice(RDZV_BACKENDS)),
     _key("ETCD_ENDPOINT", "elasticjob", "", "External etcd (http://host:port, v2 API) for local rendezvous (empty = doeks starts its own)", _url),
@@ -478,6 +480,13 @@ class Settings:
         return 32 if cpu or (self.target == "sagemaker" and self.sagemaker_local) else 224
 
     @property
+    def instance_facts_unknown(self) -> bool:
+        """NPROC_PER_NODE or EFA_PER_NODE follow GPU_INSTANCE_TYPE (auto) and EC2 has not been asked about it yet
+        (doeks.instancetypes asks it and caches the answer)."""
+        auto = self._raw["NPROC_PER_NODE"] == "auto" or self._raw["EFA_PER_NODE"] == "auto"
+        return self.target == "eks" and auto and self._values["INSTANCE_FACTS"] != "EC2 DescribeInstanceTypes"
+
+    @property
     def state_dir(self) -> Path:
         path = Path(self._values["STATE_DIR"])
         return path if path.is_absolute() else PROJECT_ROOT / path
@@ -595,9 +604,16 @@ def _validate(raw: dict[str, str], sources: dict[str, str], lenient: bool = Fals
         if not lenient:
             raise SettingsError(f"{error}{_where(str(error), sources)}") from None
         problems[str(error).split("=", 1)[0]] = f"{error}{_where(str(error), sources)}"
-    if values["NPROC_PER_NODE"] == "auto":  # GPUs per node follow the node (doeks.catalog.GPUS)
+    # the GPU node type's GPUs and EFA interfaces: EC2's answer cached by doeks.instancetypes (offline: a table)
+    gpus, efa, facts = _catalog.instance_facts(values["AWS_REGION"], values["GPU_INSTANCE_TYPE"])
+    values["NODE_GPUS"], values["INSTANCE_FACTS"] = gpus, facts
+    if values["EFA_PER_NODE"] == "auto":
+        values["EFA_PER_NODE"] = (efa or 0) if values["GPU_EFA"] else 0
+    elif not values["GPU_EFA"]:
+        values["EFA_PER_NODE"] = 0
+    if values["NPROC_PER_NODE"] == "auto":  # GPUs per node follow the node
         if values["TARGET"] == "eks":
-            values["NPROC_PER_NODE"] = _catalog.GPUS.get(values["GPU_INSTANCE_TYPE"], 2)
+            values["NPROC_PER_NODE"] = gpus or 1
         else:  # kubernetes: KUBE_GPUS per pod when it asks for GPUs; CPU targets: 2 processes
             values["NPROC_PER_NODE"] = values["KUBE_GPUS"] if values["TARGET"] == "kubernetes" and values["KUBE_GPUS"] else 2
     if not values["SAGEMAKER_IMAGE"]:  # derived from the region (doeks.catalog), shown as such by `invoke config`

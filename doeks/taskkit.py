@@ -112,7 +112,19 @@ def settings(**overrides):
     base = current()
     from . import targets
 
-    targets.get(base).connect()  # kubectl and the Python client of this process talk to the target's cluster
+    if targets.get(base).connect():  # kubectl and the Python client of this process talk to the target's cluster
+        from .settings import reset  # the target set this process's AWS endpoint and credentials (the rehearsal)
+
+        reset()
+        base = current()
+        targets.get(base).connect()
+    if base.instance_facts_unknown:  # NPROC_PER_NODE/EFA_PER_NODE=auto: EC2 says what the GPU node type has, once
+        from . import instancetypes
+        from .settings import reset
+
+        if instancetypes.refresh(base):
+            reset()
+            base = current()
     if not any(v is not None for v in overrides.values()):
         return base
     try:

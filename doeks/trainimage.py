@@ -83,15 +83,9 @@ def local_ref(base: str, code=None) -> str:
 
 
 def _credentials_configured(settings) -> bool:
-    """Credentials doeks can see without probing the network (the instance metadata service is not asked)."""
-    env = os.environ
-    if settings.aws_endpoint_url or settings.aws_profile or settings.aws_access_key_id:
-        return True
-    if any(env.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
-                                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")):
-        return True
-    home = Path(env.get("AWS_SHARED_CREDENTIALS_FILE", Path.home() / ".aws" / "credentials"))
-    return home.is_file() or Path(env.get("AWS_CONFIG_FILE", Path.home() / ".aws" / "config")).is_file()
+    from .aws import credentials_configured
+
+    return credentials_configured(settings)
 
 
 PLACEHOLDER_ACCOUNT = "<account>"
@@ -264,12 +258,12 @@ def push(settings, runner, on_this_machine: bool = False) -> str:
     if is_ecr and PLACEHOLDER_ACCOUNT in host:
         runner.step(f"create ECR repository {REPOSITORY} if missing", lambda: None)
     elif is_ecr:
-        ecr = aws_client(settings, "ecr")
-        try:
-            ecr.describe_repositories(repositoryNames=[REPOSITORY])
-        except ecr.exceptions.RepositoryNotFoundException:
-            runner.call(ecr, "create_repository", repositoryName=REPOSITORY, imageTagMutability="IMMUTABLE",
-                        imageScanningConfiguration={"scanOnPush": True}, tags=[{"Key": "doeks", "Value": "true"}])
+        ensure_repository(settings, runner)
+        if in_ecr(settings, ref.split(":", 1)[1]):
+            # the tag is the content's hash: the same tag is the same image, and the repository is IMMUTABLE (a
+            # second push of a tag is refused): nothing to push
+            ui.say(f"{remote} is in ECR already: not pushed again")
+            return remote
     if runner.dry_run:
         runner.step(f"docker tag {ref} {remote} && docker push {remote}", lambda: None)
         return remote
@@ -294,3 +288,69 @@ def push(settings, runner, on_this_machine: bool = False) -> str:
         raise DoeksError(runner.mask(f"push of {remote} failed: {str(error).splitlines()[0]}")) from None
     ui.say(f"pushed {remote}")
     return remote
+
+
+ECR_TAG = "doeks/cluster"  # the repository's cluster: `invoke down` deletes it with the cluster, `invoke audit` lists it
+
+
+def ensure_repository(settings, runner) -> None:
+    """This account's ECR repository for the training image: IMMUTABLE tags (a tag is a content hash), scanned on
+    push, tagged with the cluster it was made for."""
+    from .aws import client as aws_client
+
+    ecr = aws_client(settings, "ecr")
+    try:
+        ecr.describe_repositories(repositoryNames=[REPOSITORY])
+    except ecr.exceptions.RepositoryNotFoundException:
+        runner.call(ecr, "create_repository", repositoryName=REPOSITORY, imageTagMutability="IMMUTABLE",
+                    imageScanningConfiguration={"scanOnPush": True},
+                    tags=[{"Key": "doeks", "Value": "true"}, {"Key": ECR_TAG, "Value": settings.cluster_name}])
+
+
+def in_ecr(settings, tag: str) -> bool:
+    """Whether this account's ECR repository has the image tag already (DescribeImages)."""
+    from .aws import client as aws_client
+
+    ecr = aws_client(settings, "ecr")
+    try:
+        return bool(ecr.describe_images(repositoryName=REPOSITORY, imageIds=[{"imageTag": tag}])["imageDetails"])
+    except (ecr.exceptions.ImageNotFoundException, ecr.exceptions.RepositoryNotFoundException):
+        return False
+
+
+def repository(settings) -> dict | None:
+    """The training image's ECR repository when it is this cluster's (tag doeks/cluster), with its image count."""
+    from .aws import client as aws_client
+
+    ecr = aws_client(settings, "ecr")
+    try:
+        found = ecr.describe_repositories(repositoryNames=[REPOSITORY])["repositories"][0]
+    except ecr.exceptions.RepositoryNotFoundException:
+        return None
+    tags = {t["Key"]: t["Value"] for t in ecr.list_tags_for_resource(resourceArn=found["repositoryArn"]).get("tags", [])}
+    if tags.get(ECR_TAG) != settings.cluster_name:
+        return None
+    images = sum(len(page["imageIds"]) for page in ecr.get_paginator("list_images").paginate(repositoryName=REPOSITORY))
+    return {**found, "images": images}
+
+
+def delete_repository(settings, runner) -> bool:
+    """Delete the training image's ECR repository and its images when this cluster's `up` made it (tag
+    doeks/cluster); another cluster's, or a REGISTRY that is not this account's ECR, is left alone. Safe twice."""
+    from .aws import lookup
+
+    if settings.registry and settings.registry != "default" and ".dkr.ecr." not in settings.registry:
+        return False
+    found = lookup(runner, f"ECR repository {REPOSITORY}", lambda: repository(settings), False)
+    if found is False:  # a dry run without credentials
+        from .aws import client as aws_client
+
+        runner.call(aws_client(settings, "ecr"), "delete_repository", repositoryName=REPOSITORY, force=True)
+        return False
+    if found is None:
+        ui.say(f"no ECR repository {REPOSITORY} of cluster {settings.cluster_name}")
+        return False
+    from .aws import client as aws_client
+
+    runner.call(aws_client(settings, "ecr"), "delete_repository", repositoryName=REPOSITORY, force=True)
+    return True

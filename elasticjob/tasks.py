@@ -66,7 +66,11 @@ def push(c, dry_run=False):
     from doeks import trainimage, ui
 
     s = settings()
-    ref = trainimage.push(s, runner(dry_run), on_this_machine=_target(s).on_this_machine)
+    target = _target(s)
+    if target.on_this_machine:
+        ref = trainimage.push(s, runner(dry_run), on_this_machine=True)
+    else:  # where the cluster pulls from, the target's way (the EKS rehearsal's registry is on this machine)
+        ref = target.image_push(runner(dry_run), build=False)
     ui.say(f"training image: {ref}")
 
 
@@ -378,21 +382,32 @@ def _cluster_needs(target, s, dry_run):
         from doeks import trainimage, ui
 
         try:
-            trainimage.build(s, runner(dry_run), on_this_machine=False)
-            ui.say(f"training image: {trainimage.push(s, runner(dry_run), on_this_machine=False)}")
+            ui.say(f"training image: {target.image_push(runner(dry_run))}")
         except DoeksError as error:
             raise DoeksError(f"the training image: {error} (`invoke elasticjob.build elasticjob.push`, or set TRAIN_IMAGE "
                              "to an image the nodes can pull)") from None
     from doeks import datastage
 
     source = elastic.cluster_data_source(s, runner(dry_run))
+    if source is None:  # a user's own script, and nothing under the prefix: no data to stage
+        from doeks import ui
+
+        ui.say(f"no data under s3://{s.s3_bucket}/{s.data_s3_prefix.strip('/')}/: nothing staged (your script's "
+               f"DOEKS_DATA_DIR is {s.shared_mount}/data, as it is on the claim)")
+        return
     datastage.split_s3(source)
     target.stage_data(runner(dry_run), source, False)
-    wait = ["wait", "-n", s.namespace, "--for=condition=complete", f"job/{s.job_name}-stage", "--timeout=6h"]
+    name = f"{s.job_name}-stage"
     if dry_run:  # the plan shows the wait; a real run waits (the job must not start on an empty volume)
-        runner(dry_run).run(["kubectl"] + wait)
-    else:
-        runner().run([kube.kubectl()] + wait, mutating=False)
+        runner(dry_run).step(f"wait for Job {s.namespace}/{name} to complete (at most {STAGE_TIMEOUT // 3600} h; the "
+                             "stager's first failure ends the wait with its reason), then delete it and its pod (a "
+                             "finished pod keeps the claim)", lambda: None)
+        return
+    kube.wait_job(s.namespace, name, f"staging {source} into {s.shared_pvc}", timeout=STAGE_TIMEOUT)
+    kube.delete(runner(), [{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": s.namespace}}])
+
+
+STAGE_TIMEOUT = 6 * 3600  # ImageNet (150 GB) from S3 into FSx takes hours; a failing stager ends the wait at once
 
 
 ns = Collection("elasticjob", data, build, push, deploy, status, describe, logs, history, scale, delete, artifacts, plot,

@@ -8,11 +8,11 @@ import yaml
 from doeks import jobspec
 from doeks import settings as S
 
-from .conftest import ROOT, SCHEMAS, invoke
+from .conftest import ROOT, invoke, schema_path
 
 
 def crd_schema(filename: str, version: str) -> dict:
-    crd = yaml.safe_load((SCHEMAS / filename).read_text())
+    crd = yaml.safe_load(schema_path(filename).read_text())
     return next(v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == version)
 
 

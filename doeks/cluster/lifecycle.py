@@ -130,6 +130,13 @@ def up(runner) -> Path:
 
 
 def down(runner) -> bool:
+    """Stop the cluster, and the rehearsal's registry with it (its storage is kept, as the node's images are)."""
+    from . import registry
+
+    if runner.dry_run:
+        runner.step("stop the registry, if it runs (its storage stays cached)", lambda: None)
+    else:
+        registry.stop()
     return node.down(runner)
 
 

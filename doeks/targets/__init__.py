@@ -38,6 +38,8 @@ def get(settings, name: str | None = None) -> Target:
     if name not in found:
         raise DoeksError(f"TARGET={name!r}: expected one of {', '.join(names())}")
     module, cls = found[name]
+    if name == "eks" and getattr(settings, "eks_rehearsal", False):  # EKS_REHEARSAL: the eks target on this machine
+        module, cls = "doeks.targets.rehearsal", "RehearsalTarget"
     return getattr(importlib.import_module(module), cls)(settings)
 
 

@@ -271,6 +271,16 @@ class Target:
         """Remove what identity_ensure made (nothing where there is no Pod Identity)."""
 
     # -- unit elasticjob: what the job needs before it is deployed ---------------------------------------------------
+    def image_push(self, runner, build: bool = True) -> str:
+        """The training image built (unless `build` is False: elasticjob.push) for where the cluster runs it and
+        pushed to REGISTRY or this account's ECR (`up`'s elasticjob step on a cluster); returns the reference the
+        manifests name."""
+        from .. import trainimage
+
+        if build:
+            trainimage.build(self.settings, runner, on_this_machine=False)
+        return trainimage.push(self.settings, runner, on_this_machine=False)
+
     def job_needs(self, build: Callable[[], Any], data: Callable[[], Any], cluster: Callable[[], Any]) -> None:
         """`up`'s elasticjob step before the deploy: `build()` the training image where this target runs it, then
         the data where the job reads it: `data()` (made if missing) on this machine's volume, else `cluster()` (the
