@@ -91,7 +91,10 @@ def test_a_run_on_eks_is_recorded_and_its_end_seen_by_history(world):  # noqa: F
 
     world["script"].write_text(json.dumps([{"match": ["apply"], "stdout": "pytorchjob.kubeflow.org/imagenet serverside-applied\n"},
                                            {"match": ["get"], "stdout": ""}]))
-    assert invoke("elasticjob.deploy", env={"TARGET": "eks"}).returncode == 0
+    # a prebuilt image (doeks' own content-tagged one must be in ECR first: tests/test_eks_user_script.py)
+    image = "123456789012.dkr.ecr.us-west-2.amazonaws.com/doeks-train:prebuilt"
+    deployed = invoke("elasticjob.deploy", env={"TARGET": "eks", "TRAIN_IMAGE": image})
+    assert deployed.returncode == 0, deployed.stderr
     applied = [json.loads(line) for line in world["record"].read_text().splitlines() if "apply" in line][-1]
     job = list(yaml.safe_load_all(applied["stdin"]))[-1]
     run = job["spec"]["elasticPolicy"]["rdzvId"]
