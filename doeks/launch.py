@@ -109,14 +109,17 @@ def given(options: list[str], *names: str) -> bool:
 
 
 def from_environment(options: list[str], env: dict[str, str]) -> tuple[list[str], str]:
-    """torchrun options for what the launcher's environment says and torchrun does not read itself."""
-    if given(options, "--nnodes") or "PET_NNODES" in env:
-        return [], "Kubeflow (PET_* variables)" if "PET_NNODES" in env else "torchrun options"
+    """torchrun options for what the launcher's environment says and torchrun does not read itself, and which
+    convention that was."""
+    if "PET_NNODES" in env:
+        return [], "Kubeflow (PET_* variables)"
+    if given(options, "--nnodes", "--standalone"):
+        return [], "torchrun options"
     if env.get("MASTER_ADDR") and env.get("WORLD_SIZE") and env.get("RANK"):
         return ["--nnodes", env["WORLD_SIZE"], "--node-rank", env["RANK"], "--nproc-per-node", "1",
                 "--master-addr", env["MASTER_ADDR"], "--master-port", env.get("MASTER_PORT", "29500")], \
             "MASTER_ADDR / WORLD_SIZE / RANK (one process per pod)"
-    return [], "one node (no launcher variables)"
+    return [], "torchrun options" if options else "one node (no launcher variables)"
 
 
 def _read_json(path: Path) -> dict | None:

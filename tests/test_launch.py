@@ -50,6 +50,9 @@ def test_torchrun_flags_then_the_images_script_and_its_arguments():
     # without `--`: the first argument torchrun does not know starts the script's
     got = launch.plan(["--standalone", "--nproc_per_node", "2", "--steps", "3"], IMAGE)
     assert got.argv == ["torchrun", "--standalone", "--nproc_per_node", "2", "/workspace/train.py", "--steps", "3"]
+    assert launch.plan(["--standalone", "--", "--steps", "3"], IMAGE).source == "torchrun options"
+    got = launch.plan([], IMAGE)  # `docker run IMAGE`: one node, one process
+    assert got.argv == ["torchrun", "/workspace/train.py"] and got.source == "one node (no launcher variables)"
     # `--` with nothing after it: no arguments, not DOEKS_TRAIN_ARGS
     assert launch.plan(["--"], {**IMAGE, "DOEKS_TRAIN_ARGS": "--x 1"}).argv == ["torchrun", "/workspace/train.py"]
 
