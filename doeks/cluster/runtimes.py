@@ -2,25 +2,24 @@
 
 `kubeflow.trainer.deploy` applies Trainer v2.3.0's runtimes as upstream ships them (manifests/overlays/runtimes: 8
 runtimes, which the Kubeflow SDK lists). Each names the images its pods run. The PyTorch one, torch-distributed, names
-`pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime` (versions.TORCH_RUNTIME_IMAGE); doeks makes it from its CPU torch
-base, the same torch (images/pytorch/Dockerfile), and imports it under that name, so the SDK's
-`train(trainer=CustomTrainer(func=...))` runs. The others' images (DeepSpeed, MLX, JAX on NVIDIA's GPU image, XGBoost,
+`pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime` (versions.TORCH_RUNTIME_IMAGE); here it is doeks' CPU torch base
+itself under that name (the same torch; python, pip, torchrun and bash on the PATH, which the SDK's
+`CustomTrainer(func=...)` command uses: `bash -c "... printf ... > fn.py; torchrun fn.py"`), imported into the node
+without streaming its layers again (import_sharing_layers), so the SDK's `train(trainer=CustomTrainer(func=...))`
+runs. The others' images (DeepSpeed, MLX, JAX on NVIDIA's GPU image, XGBoost,
 torchtune's LLM trainer and its initializers, which fetch models and data sets from the internet) cannot be made
 here: `kubeflow.trainer.deploy` and `invoke doctor` name those runtimes as unavailable on this cluster instead of
 leaving a job of theirs to fail at pull time.
 """
 from __future__ import annotations
 
-import hashlib
 import subprocess
-from pathlib import Path
 
 from .. import ui
 from ..errors import DoeksError
 from . import images, operators, versions
 
-RECIPE = Path(__file__).resolve().parent / "images" / "pytorch"
-MAKEABLE = {versions.TORCH_RUNTIME_IMAGE: RECIPE}   # runtime image -> the recipe doeks makes it from (on the CPU base)
+MAKEABLE = {versions.TORCH_RUNTIME_IMAGE}   # the runtime images doeks makes (each: the CPU torch base, renamed)
 CRD = "clustertrainingruntimes.trainer.kubeflow.org"
 
 
@@ -69,29 +68,114 @@ def unavailable_line(unavailable: dict[str, list[str]]) -> str:
     return f"{', '.join(sorted(unavailable))} (images {', '.join(refs)})"
 
 
-def _recipe(folder: Path, base: str) -> str:
-    digest = hashlib.sha256(base.encode() + b"\0")
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:12]
+def tag(ref: str, base: str) -> bool:
+    """The runtime's image in docker is the CPU torch base itself under the runtime's name; returns whether the tag
+    moved (a new base), in which case the node's old copy is removed."""
+    from ..container import _client
 
-
-def build(ref: str, base: str) -> None:
-    """`docker build` of the image's recipe on the CPU torch base, once per recipe and base (a label holds their hash;
-    a changed one is rebuilt and the node's old copy removed)."""
-    folder = MAKEABLE[ref]
-    recipe = _recipe(folder, base)
-    if images.docker_label(ref, "doeks.recipe") == recipe:
-        return
-    ui.say(f"building image {ref} from {folder.name}/ on {base}")
-    result = subprocess.run(["docker", "build", "-q", "--build-arg", f"BASE_IMAGE={base}", "--label",
-                             f"doeks.recipe={recipe}", "-t", ref, str(folder)], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise DoeksError(f"docker build {ref} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    client = _client()
+    image = client.images.get(base)
+    if has_same_id(client, ref, image.id):
+        return False
+    image.tag(ref)
     from . import node
 
     if node.pid("containerd") and images.in_containerd(ref):
         node.ctr("images", "rm", images.containerd_name(ref))
+    return True
+
+
+def has_same_id(client, ref: str, image_id: str) -> bool:
+    import docker
+
+    try:
+        return client.images.get(ref).id == image_id
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def _json(digest: str) -> dict | None:
+    import json
+
+    from . import node
+
+    got = node.ctr("content", "get", digest)
+    if got.returncode != 0:
+        return None
+    try:
+        return json.loads(got.stdout)
+    except ValueError:
+        return None
+
+
+def donor_layers(diff_ids: list[str]) -> list[dict] | None:
+    """The layer descriptors (digest, size, media type as the node stores them) of an image on the node whose first
+    layers are exactly `diff_ids` (the training image, built on the same base), or None."""
+    from . import node
+
+    listed = node.ctr("images", "list").stdout.splitlines()[1:]
+    for line in sorted(listed, key=lambda row: "doeks-train" not in row):  # the training image first
+        fields = line.split()
+        if len(fields) < 3 or not fields[2].startswith("sha256:"):
+            continue
+        manifest = _json(fields[2])
+        if not manifest or "config" not in manifest or len(manifest.get("layers", [])) < len(diff_ids):
+            continue
+        config = _json(manifest["config"]["digest"]) or {}
+        if config.get("rootfs", {}).get("diff_ids", [])[:len(diff_ids)] == diff_ids:
+            return manifest["layers"][:len(diff_ids)]
+    return None
+
+
+CONFIG_KEYS = ("User", "ExposedPorts", "Env", "Entrypoint", "Cmd", "Volumes", "WorkingDir", "Labels", "StopSignal")
+
+
+def import_sharing_layers(ref: str) -> bool:
+    """`ref` into the node's containerd without streaming its layers through `docker save` (2.5 min for the 3.9 GB
+    base here): when an image on the node already holds every layer (the training image, built on the same base),
+    only a manifest naming those layers and the image's config (from `docker image inspect`) are imported, as an OCI
+    layout archive; containerd finds the layers' content and unpacked snapshots already there. Returns False (nothing
+    done) when no image on the node holds them."""
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    from ..container import _client
+
+    info = _client().images.get(ref).attrs
+    diff_ids = info["RootFS"]["Layers"]
+    layers = donor_layers(diff_ids)
+    if layers is None:
+        return False
+    config = json.dumps({"architecture": info["Architecture"], "os": info["Os"], "created": info["Created"],
+                         "config": {k: v for k, v in (info.get("Config") or {}).items() if k in CONFIG_KEYS and v},
+                         "rootfs": {"type": "layers", "diff_ids": diff_ids}}, sort_keys=True).encode()
+    config_desc = {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config),
+                   "digest": "sha256:" + hashlib.sha256(config).hexdigest()}
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                           "config": config_desc, "layers": layers}, sort_keys=True).encode()
+    manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    index = json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": manifest_digest,
+        "size": len(manifest), "annotations": {"io.containerd.image.name": images.containerd_name(ref),
+                                               "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[1]}}]}).encode()
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, data in (("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index),
+                           (f"blobs/sha256/{config_desc['digest'][7:]}", config),
+                           (f"blobs/sha256/{manifest_digest[7:]}", manifest)):
+            entry = tarfile.TarInfo(name)
+            entry.size = len(data)
+            tar.addfile(entry, io.BytesIO(data))
+    from . import node
+
+    result = subprocess.run(["ctr", "--address", str(node.CONTAINERD_SOCKET), "--namespace", "k8s.io", "images",
+                             "import", "--no-unpack=false", "-"], input=archive.getvalue(), capture_output=True)
+    if result.returncode != 0 or not images.in_containerd(ref):
+        raise DoeksError(f"importing {ref} into the cluster's containerd failed: "
+                         f"{(result.stderr.decode(errors='replace').strip().splitlines() or ['not listed after import'])[-1]}")
+    return True
 
 
 def ensure_images(settings, runner) -> dict[str, list[str]]:
@@ -104,8 +188,9 @@ def ensure_images(settings, runner) -> dict[str, list[str]]:
     for ref in made:
         if runner.dry_run:
             runner.step(f"docker build {base} from elasticjob/Dockerfile.torch-cpu (if missing)", lambda: None)
-            runner.step(f"docker build {ref} from doeks/cluster/images/{MAKEABLE[ref].name} on {base} (if the recipe "
-                        "or the base changed): the runtime's image, doeks' CPU torch", lambda: None)
+            runner.step(f"docker tag {base} {ref} (the runtime's image: doeks' CPU torch); import it into the cluster's "
+                        "containerd: a manifest naming the layers the training image brought (docker save | ctr "
+                        "images import when none did)", lambda: None)
             continue
         from ..container import _client
 
@@ -113,8 +198,11 @@ def ensure_images(settings, runner) -> dict[str, list[str]]:
         if not trainimage._has_image(client, base):
             runner.note(f"building the CPU training base {base} (once; a few minutes)")
             trainimage.build_cpu_base(settings, runner, client)
-        build(ref, base)
-    images.ensure(runner, made)
+        tag(ref, base)
+        if not images.in_containerd(ref):
+            ui.say(f"importing {ref} into the cluster")
+            if not import_sharing_layers(ref):
+                images.import_image(ref)
     if unavailable:
         ui.say(f"runtimes unavailable on doeks' cluster (their images cannot be made here, so a job of theirs would "
                f"not start): {unavailable_line(unavailable)}", style="yellow")
