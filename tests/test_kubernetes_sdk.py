@@ -2,16 +2,15 @@
 (Kubeflow Trainer v2.3.0) and `kubeflow-training` 1.9.4's TrainingClient (the training operator v1), each through the
 API server of the cluster `TARGET=kubernetes invoke up` starts.
 
-- TrainingClient reads doeks' elastic PyTorchJob (the one `up` deploys) to Succeeded, and submits a PyTorchJob of
-  doeks' training image with no command: the image's default command runs the job under the operator's variables.
-- TrainerClient runs a function (`CustomTrainer(func=...)`, docs/kubernetes.md's example as a user runs it) on the
-  torch-distributed runtime, whose image (`pytorch/pytorch:2.13.0-...`) `kubeflow.trainer.deploy` makes from doeks'
-  CPU torch base, and doeks' training image
-  (`CustomTrainerContainer`) with no command, under the Trainer's PET_* variables; `wait_for_job_status`,
-  `get_job_logs`, `delete_job`; a job the SDK submitted shows in `invoke kubeflow.trainjob.status`; the same client
-  reads a TrainJob doeks submitted.
-A job that will never start (an image the node cannot pull, a container with no command) fails its test at once with
-the pod's reason, not at the SDK's timeout. Needs `invoke setup --kubernetes`.
+- docs/kubernetes.md's example, run as a user runs it: TrainerClient() runs a function (`CustomTrainer(func=...)`) on
+  the torch-distributed runtime, whose image (`pytorch/pytorch:2.13.0-...`) `kubeflow.trainer.deploy` makes from
+  doeks' CPU torch base; wait_for_job_status, get_job_logs, delete_job.
+- doeks' training image with no command, from both SDKs at once: TrainerClient's CustomTrainerContainer and
+  TrainingClient's create_job(base_image=...); its default command under each launcher's variables; the SDK's
+  TrainJob shown by `invoke kubeflow.trainjob.status`.
+Both SDKs reading jobs doeks submitted (its elastic PyTorchJob, its TrainJob) are checked where those jobs run, in
+tests/test_kubernetes_cluster.py. A job that will never start (an image the node cannot pull, a container with no
+command) fails its test at once with the pod's reason, not at the SDK's timeout. Needs `invoke setup --kubernetes`.
 """
 from __future__ import annotations
 
@@ -22,11 +21,11 @@ import sys
 import pytest
 
 from .conftest import ROOT, invoke, wait_for
-from .test_kubernetes_cluster import SMALL_JOB, _said, kubectl, own_cluster
+from .test_kubernetes_cluster import SMALL_JOB, _said, kubectl, own_cluster, trainer_client, training_client
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.slow]
 
-JOB = "sdkjob"            # doeks' elastic PyTorchJob, which `up` deploys
+JOB = "sdkjob"            # the elastic job `up` deploys, deleted at once (this module submits its own)
 CLAIM, MOUNT = "fsx-pvc", "/fsx-shared"
 # the built-in workload, as small as it runs: 2 optimizer steps of the smallest model on 64-pixel crops
 TINY = "--data {m}/data --arch mobilenet_v3_small --epochs 1 --max-steps 2 --batch-size 8 --crop-size 64 --workers 0 " \
@@ -43,12 +42,14 @@ def env(request):
 @pytest.fixture(scope="module")
 def cluster(env):
     """The cluster with every unit (`up`: the training operator, the claim with the data, the training image on the
-    node, doeks' elastic job started) and Kubeflow Trainer with its runtimes; yields the training image's name."""
+    node; the elastic job it starts deleted) and Kubeflow Trainer with its runtimes; yields the training image's name."""
     from doeks import trainimage
     from doeks.settings import load
 
     up = invoke("up", env=env, timeout=1800)
     assert up.returncode == 0, up.stderr[-3000:]
+    deleted = invoke("elasticjob.delete", env=env, timeout=600)  # its job is not this module's: nothing trains beside
+    assert deleted.returncode == 0, deleted.stderr[-3000:]
     deployed = invoke("kubeflow.trainer.deploy", env=env, timeout=1800)
     assert deployed.returncode == 0, deployed.stderr[-3000:]
     yield trainimage.reference(load({**os.environ, **env}), on_this_machine=True)
@@ -70,21 +71,6 @@ def fail_fast(selector: str):
         why = never_starts(selector)
         assert not why, f"the job's pods will never run: {why}"
     return check
-
-
-def trainer_client():
-    from doeks.cluster import versions
-    from kubeflow.common.types import KubernetesBackendConfig
-    from kubeflow.trainer import TrainerClient
-
-    return TrainerClient(KubernetesBackendConfig(config_file=str(versions.kubeconfig()), namespace="default"))
-
-
-def training_client():
-    from doeks.cluster import versions
-    from kubeflow.training import TrainingClient
-
-    return TrainingClient(config_file=str(versions.kubeconfig()), namespace="default")
 
 
 def claim_patch():
@@ -109,45 +95,6 @@ def _delete_and_wait_gone(client, name: str) -> None:
 
 def _remove_trainjob(name: str) -> None:
     kubectl({}, "delete", "trainjob", name, "-n", "default", "--ignore-not-found", "--wait=true")
-
-
-def test_training_client_follows_doeks_elastic_pytorchjob_to_succeeded(cluster, env):
-    client = training_client()
-    job = client.wait_for_job_conditions(JOB, wait_timeout=900, polling_interval=5,
-                                         callback=fail_fast(f"training.kubeflow.org/job-name={JOB}"))
-    assert client.is_job_succeeded(JOB)
-    assert "Succeeded" in [c.type for c in client.get_job_conditions(JOB) if c.status == "True"]
-    assert JOB in [j.metadata.name for j in client.list_jobs()]
-    assert job.spec.elastic_policy.min_replicas == 1 and job.spec.elastic_policy.max_replicas == 3
-    pods = client.get_job_pod_names(JOB)
-    assert sorted(pods) == [f"{JOB}-worker-0", f"{JOB}-worker-1"]
-    logs, _ = client.get_job_logs(JOB, is_master=False)
-    assert set(logs) == set(pods) and all("step=" in text for text in logs.values()), list(logs)
-
-
-def test_training_client_runs_doeks_image_with_no_command_under_the_operators_variables(cluster, env):
-    """create_job(base_image=...): 1 Master + 1 Worker (the Worker waits in the operator's init container); the
-    image's default command reads the operator's PET_* variables and runs the image's script with DOEKS_TRAIN_ARGS."""
-    from kubernetes import client as k8s
-
-    name = "sdk-operator"
-    client = training_client()
-    kubectl({}, "delete", "pytorchjob", name, "-n", "default", "--ignore-not-found", "--wait=true")
-    client.create_job(name=name, base_image=cluster, num_workers=2,
-                      env_vars={"DOEKS_TRAIN_ARGS": TINY.format(m=MOUNT, name=name)},
-                      volumes=[k8s.V1Volume(name="shared", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
-                          claim_name=CLAIM))],
-                      volume_mounts=[k8s.V1VolumeMount(name="shared", mount_path=MOUNT)])
-    try:
-        client.wait_for_job_conditions(name, wait_timeout=900, polling_interval=5,
-                                       callback=fail_fast(f"training.kubeflow.org/job-name={name}"))
-        logs, _ = client.get_job_logs(name, is_master=False)
-        assert sorted(logs) == [f"{name}-master-0", f"{name}-worker-0"]
-        master = logs[f"{name}-master-0"]
-        assert "doeks-launch: Kubeflow (PET_* variables): torchrun /workspace/train.py --data" in master, master[-2000:]
-        assert "world=2" in master and "done final_val_acc=" in master and "steps=2" in master, master[-2000:]
-    finally:
-        client.delete_job(name)
 
 
 def docs_example() -> str:
@@ -188,48 +135,53 @@ def test_the_docs_sdk_example_runs_a_function_on_the_torch_distributed_runtimes_
     assert {j.name for j in client.list_jobs()} == before  # delete_job took it away
 
 
-def test_trainer_client_runs_doeks_image_with_no_command_under_the_trainers_variables(cluster, env):
+def test_doeks_image_with_no_command_runs_under_the_trainers_and_the_operators_variables(cluster, env):
+    """doeks' training image, no command named, submitted by both SDKs at once (so their pods start side by side):
+    TrainerClient's CustomTrainerContainer (a TrainJob; the claim mounted with the SDK's RuntimePatch) and
+    TrainingClient's create_job(base_image=...) (a PyTorchJob: 1 Master + 1 Worker, which waits in the operator's
+    injected init container). The image's default command reads each launcher's PET_* variables and runs the image's
+    script with DOEKS_TRAIN_ARGS; the SDK's TrainJob shows in `invoke kubeflow.trainjob.status`; delete_job takes
+    each away."""
     from kubeflow.trainer import CustomTrainerContainer
     from kubeflow.trainer.options import Name
+    from kubernetes import client as k8s
 
     from doeks import trainjob
 
-    client = trainer_client()
-    name = "sdk-image"
+    trainer, operator = trainer_client(), training_client()
+    name, pytorchjob = "sdk-image", "sdk-operator"
     _remove_trainjob(name)
-    client.train(runtime="torch-distributed",
-                 trainer=CustomTrainerContainer(image=cluster, num_nodes=2,
-                                                env={"DOEKS_TRAIN_ARGS": TINY.format(m=MOUNT, name=name)}),
-                 options=[Name(name), claim_patch()])
-    job = client.wait_for_job_status(name, timeout=600, polling_interval=3, callbacks=[fail_fast(trainjob.selector(name))])
-    assert job.status == "Complete"
-    logs = "\n".join(client.get_job_logs(name))
-    assert "doeks-launch: Kubeflow (PET_* variables): torchrun /workspace/train.py --data" in logs, logs[-2000:]
-    assert "world=2" in logs and "done final_val_acc=" in logs and "steps=2" in logs, logs[-2000:]
-    # the SDK's job is a TrainJob like doeks' own: the doeks task shows it, with nothing wrong to say
-    status = invoke("kubeflow.trainjob.status", env={**env, "JOB_NAME": name}, timeout=120)
-    said = _said(status)
-    assert status.returncode == 0 and name in said and "Complete" in said and "reason:" not in said, said[-2000:]
-    _delete_and_wait_gone(client, name)
-    assert name not in [j.name for j in client.list_jobs()]
-
-
-def test_trainer_client_reads_a_trainjob_doeks_submitted(cluster, env):
-    name = "sdk-doeks"
-    values = {**env, "JOB_NAME": name, "TRAIN_ARGS": "--max-steps 2", "EPOCHS": "1"}
-    _remove_trainjob(name)
-    submitted = invoke("kubeflow.trainjob.submit", "--replicas", "2", "--fresh", env=values, timeout=900)
-    assert submitted.returncode == 0, submitted.stderr[-3000:]
-    from doeks import trainjob
-
-    client = trainer_client()
+    kubectl({}, "delete", "pytorchjob", pytorchjob, "-n", "default", "--ignore-not-found", "--wait=true")
+    trainer.train(runtime="torch-distributed",
+                  trainer=CustomTrainerContainer(image=cluster, num_nodes=2,
+                                                 env={"DOEKS_TRAIN_ARGS": TINY.format(m=MOUNT, name=name)}),
+                  options=[Name(name), claim_patch()])
+    operator.create_job(name=pytorchjob, base_image=cluster, num_workers=2, num_procs_per_worker=1,
+                        env_vars={"DOEKS_TRAIN_ARGS": TINY.format(m=MOUNT, name=pytorchjob)},
+                        volumes=[k8s.V1Volume(name="shared", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
+                            claim_name=CLAIM))],
+                        volume_mounts=[k8s.V1VolumeMount(name="shared", mount_path=MOUNT)])
     try:
-        job = client.wait_for_job_status(name, timeout=600, polling_interval=3,
-                                         callbacks=[fail_fast(trainjob.selector(name))])
-        assert job.status == "Complete" and job.runtime.name == "torch-distributed" and job.num_nodes == 2
-        assert name in [j.name for j in client.list_jobs()]
-        logs = "\n".join(client.get_job_logs(name))
+        job = trainer.wait_for_job_status(name, timeout=600, polling_interval=3,
+                                          callbacks=[fail_fast(trainjob.selector(name))])
+        assert job.status == "Complete"
+        logs = "\n".join(trainer.get_job_logs(name))
+        assert "doeks-launch: Kubeflow (PET_* variables): torchrun /workspace/train.py --data" in logs, logs[-2000:]
         assert "world=2" in logs and "done final_val_acc=" in logs and "steps=2" in logs, logs[-2000:]
-        assert any(e.reason for e in client.get_job_events(name))
+        # the SDK's job is a TrainJob like doeks' own: the doeks task shows it, with nothing wrong to say
+        status = invoke("kubeflow.trainjob.status", env={**env, "JOB_NAME": name}, timeout=120)
+        said = _said(status)
+        assert status.returncode == 0 and name in said and "Complete" in said and "reason:" not in said, said[-2000:]
+
+        operator.wait_for_job_conditions(pytorchjob, wait_timeout=600, polling_interval=3,
+                                         callback=fail_fast(f"training.kubeflow.org/job-name={pytorchjob}"))
+        pods, _ = operator.get_job_logs(pytorchjob, is_master=False)
+        assert sorted(pods) == [f"{pytorchjob}-master-0", f"{pytorchjob}-worker-0"]
+        master = pods[f"{pytorchjob}-master-0"]
+        assert "doeks-launch: Kubeflow (PET_* variables): torchrun /workspace/train.py --data" in master, master[-2000:]
+        assert "world=2" in master and "done final_val_acc=" in master and "steps=2" in master, master[-2000:]
     finally:
-        invoke("kubeflow.trainjob.delete", env=values, timeout=300)
+        operator.delete_job(pytorchjob)
+        _delete_and_wait_gone(trainer, name)
+    assert name not in [j.name for j in trainer.list_jobs()]
+    assert pytorchjob not in [j.metadata.name for j in operator.list_jobs()]
