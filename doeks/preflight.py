@@ -397,7 +397,8 @@ def eks_doctor_checks(settings) -> list[Check]:
 
 def kubernetes_checks(settings) -> list[Check]:
     """TARGET=kubernetes: the API server reachable, nodes Ready, CoreDNS answering, each operator available and its
-    webhook serving, the training image on the node (doeks' own cluster); each failure with its fix."""
+    webhook serving, the training image on the node and the Trainer runtimes whose images are there or cannot be made
+    (doeks' own cluster); each failure with its fix."""
     import json
 
     from . import kube
@@ -459,6 +460,9 @@ def kubernetes_checks(settings) -> list[Check]:
         present = images.in_containerd(image)
         rows.append((f"training image {image} on the node", present, "imported" if present else
                      "not on the node: `invoke elasticjob.build`, then `invoke elasticjob.deploy` imports it", False))
+        from .cluster import runtimes
+
+        rows += runtimes.check(get)
     return rows
 
 

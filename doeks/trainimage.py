@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -36,10 +37,12 @@ DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile"
 BASE_DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile.torch-cpu"
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
 # At /opt/doeks-stage: the stager, for the cluster's staging Job (`python -m doeks.datastage`, standard library only),
-# and the image's torchrun (`python3 -m doeks.torchrun`: torch's, with its etcd run directory fixed).
-# and doeks.checkpoints() for a user's script (doeks/workload/checkpoints.py: torch, s3fs, s3torchconnector)
+# the image's torchrun (`python3 -m doeks.torchrun`: torch's, with its etcd run directory fixed), its default command
+# (`doeks-launch`: doeks.launch, the job under torchrun with whatever started the container's settings), and
+# doeks.checkpoints() for a user's script (doeks/workload/checkpoints.py: torch, s3fs, s3torchconnector).
 STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py",
-                                                          "workload/__init__.py", "workload/checkpoints.py")]
+                                                          "launch.py", "workload/__init__.py",
+                                                          "workload/checkpoints.py")]
 
 
 def _cpu_base() -> str:
@@ -192,12 +195,13 @@ def build(settings, runner, on_this_machine: bool) -> str:
     named = reference(settings, on_this_machine) if not settings.train_image else ref
     workdir = CODE_DIR
     entry = "" if code.module else code.entry
+    script = shlex.join(code.launcher()[1:])  # the image's default command runs it (DOEKS_TRAIN_SCRIPT)
     files = code.files()
     if runner.dry_run:
         if base == CPU_BASE:
             runner.step(f"docker build {CPU_BASE} from {BASE_DOCKERFILE.relative_to(PROJECT_ROOT)} (if missing)", lambda: None)
         runner.step(f"docker build --network host --build-arg TRAIN_BASE_IMAGE={base} --build-arg WORKDIR={workdir} "
-                    f"--build-arg ENTRY={entry} -t {ref}{' -t ' + named if named != ref else ''} "
+                    f"--build-arg ENTRY={entry} --build-arg SCRIPT={shlex.quote(script)} -t {ref}{' -t ' + named if named != ref else ''} "
                     f"({DOCKERFILE.relative_to(PROJECT_ROOT)}, {len(files)} files of {code.source} -> {workdir}/"
                     + (f", pip install -r {code.requirements}" if code.requirements else "") + ")", lambda: None)
         return named
@@ -223,7 +227,8 @@ def build(settings, runner, on_this_machine: bool) -> str:
             shutil.copyfile(path, target)
         shutil.copyfile(DOCKERFILE, context / "Dockerfile")
         try:
-            stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir, "ENTRY": entry})
+            stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir, "ENTRY": entry,
+                                                 "SCRIPT": script})
         finally:
             shutil.rmtree(context, ignore_errors=True)
         ui.say(f"built training image {ref}")

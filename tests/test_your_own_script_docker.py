@@ -82,3 +82,46 @@ def test_a_script_that_raises_ends_failed_with_its_exception_on_docker_and_sagem
         last = failed.stderr.strip().splitlines()[-1]
         assert re.match(r"error: job byo-docker ended Failed after \d+ restarts: the script raised ValueError: "
                         r"--fail-at 0: failing on purpose at step 0", last), (extra, failed.stderr[-3000:])
+
+
+def test_the_image_runs_with_no_command_named_as_torchrun_and_sagemaker_start_it(client, job_env, tmp_path):
+    """The image's default command (doeks.launch): given torchrun's flags and the script's arguments, as `docker run`
+    or `kubectl run` would; and as SageMaker runs a bring-your-own container (`train`), on two hosts whose names
+    resolve to this machine, with /opt/ml/input/config as SageMaker writes it: hyperparameters become the script's
+    arguments, the first host is the master, the model lands in /opt/ml/model. (Kubeflow's launchers run it on the
+    cluster: tests/test_kubernetes_sdk.py.)"""
+    from doeks.local.services import free_port
+
+    built = invoke("elasticjob.build", timeout=1800)
+    assert built.returncode == 0, built.stderr[-3000:]
+    image = re.search(r"training image: (\S+)", built.stderr).group(1)
+    out = client.containers.run(image, ["--standalone", "--nproc-per-node", "2", "--", "--steps", "2", "--note", "a b"],
+                                remove=True, network_mode="host", stderr=True).decode()
+    assert "doeks-launch: torchrun options: torchrun --standalone --nproc-per-node 2 /workspace/fit.py --steps 2 " \
+           "--note 'a b'" in out, out[-3000:]
+    assert _argv(out) == [["--steps", "2", "--note", "a b"]] and "world=2 " in out and "done steps=2" in out, out[-3000:]
+
+    hosts, port, started = ["algo-1", "algo-2"], free_port(), []
+    try:
+        for host in hosts:
+            ml = tmp_path / host
+            (ml / "input" / "config").mkdir(parents=True)
+            (ml / "model").mkdir()
+            (ml / "input" / "config" / "resourceconfig.json").write_text(json.dumps({"current_host": host, "hosts": hosts}))
+            (ml / "input" / "config" / "hyperparameters.json").write_text(json.dumps({"steps": "3", "note": "two words"}))
+            started.append(client.containers.run(
+                image, ["train"], detach=True, network_mode="host", extra_hosts={h: "127.0.0.1" for h in hosts},
+                environment={"MASTER_PORT": str(port)}, labels={"doeks/job": "byo-docker"},
+                volumes={str(ml / "input" / "config"): {"bind": "/opt/ml/input/config", "mode": "ro"},
+                         str(ml / "model"): {"bind": "/opt/ml/model", "mode": "rw"}}))
+        codes = [c.wait(timeout=300)["StatusCode"] for c in started]
+        logs = [c.logs().decode() for c in started]
+        assert codes == [0, 0], logs
+        assert f"doeks-launch: SageMaker (host algo-1 of 2): torchrun --nnodes 2 --node-rank 0 --nproc-per-node 1 " \
+               f"--master-addr algo-1 --master-port {port} /workspace/fit.py --steps 3 --note 'two words'" in logs[0], logs[0]
+        assert "--node-rank 1 " in logs[1]
+        assert _argv(logs[0]) == [["--steps", "3", "--note", "two words"]] and "world=2 " in logs[0], logs[0][-3000:]
+        assert (tmp_path / "algo-1" / "model" / "model.pt").is_file()  # DOEKS_MODEL_DIR: SageMaker's /opt/ml/model
+    finally:
+        for c in started:
+            c.remove(force=True)
