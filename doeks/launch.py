@@ -43,6 +43,7 @@ SAGEMAKER_ENV = {"SM_MODEL_DIR": f"{ML}/model", "SM_OUTPUT_DATA_DIR": f"{ML}/out
                  "SM_CHECKPOINT_DIR": f"{ML}/checkpoints"}
 # doeks' names for the same folders (doeks.sagemaker.ENVIRONMENT; a test keeps them equal)
 DOEKS_ON_SAGEMAKER = {"DOEKS_DATA_DIR": f"{ML}/input/data/training", "DOEKS_CHECKPOINT_DIR": f"{ML}/checkpoints",
+                      "DOEKS_CHECKPOINT_URI": f"{ML}/checkpoints",
                       "DOEKS_MODEL_DIR": f"{ML}/model", "DOEKS_OUTPUT_DIR": f"{ML}/output/data"}
 
 
