@@ -201,11 +201,13 @@ def describe(c):
 @task(help={"follow": "keep streaming until the job ends", "replica": "only this node (its index)",
             "run": "an earlier run's logs (ids: `invoke elasticjob.history`); default: the current run",
             "tail": "only the last N lines of each node (then new ones with --follow)",
-            "since": "only lines from this long ago on: 30s, 5m, 2h, 1d"})
-def logs(c, follow=False, replica=None, run=None, tail=None, since=None):
-    """Print the current run's logs with node prefixes (--follow to stream)."""
+            "since": "only lines from this long ago on: 30s, 5m, 2h, 1d",
+            "errors": "only the tracebacks: each distinct exception once (the script's first), with where it was seen"})
+def logs(c, follow=False, replica=None, run=None, tail=None, since=None, errors=False):
+    """Print the current run's logs with node prefixes (--follow to stream, --errors for the tracebacks alone)."""
     import sys
 
+    from doeks.errors import DoeksError
     from doeks.targets.follow import parse_since
     from doeks.taskkit import int_flag
 
@@ -214,10 +216,35 @@ def logs(c, follow=False, replica=None, run=None, tail=None, since=None):
     since = parse_since(since) if since is not None else None
     s = settings()
     target = _target(s)
+    if errors:
+        if follow or tail is not None:
+            raise DoeksError("--errors reads the whole run's logs once: leave out --follow and --tail")
+        _errors(s, target, list(target.logs(replica=replica, run=run or None, since=since)), run)
+        return
     with _still_running_on_interrupt(s, target):
         for line in target.logs(follow=follow, replica=replica, run=run or None, tail=tail, since=since):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
+
+
+def _errors(s, target, lines, run):
+    """The tracebacks of a run's logs, each distinct exception once: those through the job's own code first."""
+    import sys
+
+    from doeks import ui
+    from doeks.targets import reasons
+
+    blocks = reasons.error_blocks(lines)
+    if not blocks:
+        ui.say(f"job {s.job_name}: no traceback in the logs of run {run or target.describe().run or '-'} "
+               f"({len(lines)} lines; `invoke elasticjob.logs --tail 50` shows their end)")
+        return
+    blocks.sort(key=lambda block: block[0].frame is None)  # the script's own first, then torch's and the rest
+    for raised, count, streams in blocks:
+        sys.stdout.write("\n".join(raised.lines) + "\n")
+        ui.say(f"  {raised.kind}: seen {count} time{'s' if count > 1 else ''}, from {', '.join(streams) or 'the log'}"
+               + (f"; in the job's code at {raised.where()}" if raised.frame else ""))
+    sys.stdout.flush()
 
 
 @task

@@ -236,5 +236,13 @@ def _become_worker(request: dict[str, Any]) -> None:
     _title(" ".join(args))
     sys.argv = [script] + args[3:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except Exception as error:  # noqa: BLE001 - shown as `python script.py` shows it, then exit 1 as it does
+        trace = error.__traceback__
+        while trace is not None and trace.tb_frame.f_code.co_filename != script:
+            trace = trace.tb_next  # the zygote's and runpy's frames are doeks' own, not the script's
+        error = error.with_traceback(trace or error.__traceback__)  # Python prints the exception's own traceback
+        sys.excepthook(type(error), error, error.__traceback__)  # torch's, once the script made its process group
+        sys.exit(1)
     sys.exit(0)

@@ -11,7 +11,7 @@ from ..errors import DoeksError
 from ..local import jobs as local_jobs
 from ..local import runtime
 from ..local.services import etcd, free_port
-from .base import FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus, Step, Target
+from .base import FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus, Step, Target
 from .follow import FileCursor, follow_until_done
 from .reasons import Reason
 
@@ -107,10 +107,12 @@ class LocalTarget(Target):
                                           progress.get("step"), progress.get("samples_per_s"), progress.get("world"),
                                           f"pid {r['pid']}" if r.get("pid") else "", progress.get("total")))
         state = state if state in (RUNNING, SUCCEEDED, FAILED, STOPPED) else RUNNING
-        found = status.get("reason") if state in (RUNNING, FAILED) else None
+        if state == RUNNING and any(r.state == RESTARTING for r in replicas):
+            state = RESTARTING  # a node, or torchrun's group in it, is being restarted: not training now
+        found = status.get("reason") if state in (RUNNING, RESTARTING, FAILED) else None
         reason = Reason(found["code"], found["text"], found["fix"], found["permanent"]) if found else None
         return JobStatus(self.name, s.job_name, state, run=status.get("run") or run, replicas=replicas,
-                         desired=status.get("desired"), restarts=status.get("restarts", 0),
+                         desired=status.get("desired"), restarts=sum(r.restarts for r in replicas),
                          reason=reason.text if reason else "", fix=reason.fix if reason else "",
                          permanent=bool(reason and reason.permanent))
 
