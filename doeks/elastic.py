@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from . import ui
+from .code import checkpoint_location, job_folder
 from .errors import DoeksError
 from .local import jobs as local_jobs
 from .local import runtime
@@ -21,11 +22,16 @@ def data_root(settings) -> Path:
 
 
 def metrics_dir(settings) -> Path:
-    return runtime.shared_volume(settings) / "metrics" / settings.job_name
+    return job_dir(settings, "metrics")
 
 
 def checkpoint_dir(settings) -> Path:
-    return runtime.shared_volume(settings) / "checkpoints" / settings.job_name
+    return Path(checkpoint_location(settings, str(runtime.shared_volume(settings))))
+
+
+def job_dir(settings, kind: str) -> Path:
+    """The job's folder of `kind` (checkpoints, metrics, models, output) in the volume's folder on this machine."""
+    return Path(job_folder(settings, kind, str(runtime.shared_volume(settings))))
 
 
 def clear_outputs(settings) -> None:
@@ -66,8 +72,7 @@ def check_job_data(settings) -> None:
         check_data(settings)
         return
     root = runtime.shared_volume(settings)
-    for folder in (root / "data", checkpoint_dir(settings), root / "models" / settings.job_name,
-                   root / "output" / settings.job_name):
+    for folder in (root / "data", checkpoint_dir(settings), job_dir(settings, "models"), job_dir(settings, "output")):
         folder.mkdir(parents=True, exist_ok=True)
 
 

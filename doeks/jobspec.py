@@ -84,14 +84,15 @@ def train_args(settings, mount: str | None = None) -> list[str]:
 
 def imagenet_args(settings, mount: str | None = None) -> list[str]:
     """The built-in workload's own flags (doeks/workload/train.py): data, model, schedule and output folders."""
+    from .code import checkpoint_location, job_folder
+
     mount = mount or settings.shared_mount
     crop = settings.crop  # CROP_SIZE, or by where the job trains (see Settings.crop)
     return ["--data", f"{mount}/data", "--arch", settings.arch, "--epochs", str(settings.epochs),
             "--batch-size", str(settings.batch_size), "--lr", str(settings.learning_rate),
             "--crop-size", str(crop),
             "--workers", str(settings.data_workers), "--checkpoint-every", str(settings.checkpoint_every),
-            "--checkpoint-dir", f"{mount}/checkpoints/{settings.job_name}",
-            "--metrics-dir", f"{mount}/metrics/{settings.job_name}"]
+            "--checkpoint-dir", checkpoint_location(settings, mount), "--metrics-dir", job_folder(settings, "metrics", mount)]
 
 
 def node_resources(settings) -> dict[str, Any]:

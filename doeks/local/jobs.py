@@ -271,6 +271,18 @@ from ..targets.reasons import NODE_RESTART, WORKER_RESTART, WORKER_RESTARTED  # 
 GROUP_FAILED = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: \d+\)")
 
 
+def restarting(lines: list[str]) -> bool:
+    """A node's log says torchrun is restarting its workers: a restart said, and neither "restarted" nor a training
+    step after it."""
+    for line in reversed(lines):
+        text = reasons.split_prefix(line)[2]
+        if WORKER_RESTART.search(text):
+            return True
+        if WORKER_RESTARTED.search(text) or STEP_LINE.search(line):
+            return False
+    return False
+
+
 class LogScanner:
     """Reads each replica's log as it grows: worker-group restarts (torchrun's own, inside a node) and whether one is
     under way, the lines since the last training step (what a transient reason is read from), and every traceback

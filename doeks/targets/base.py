@@ -71,6 +71,14 @@ class Plan:
     image: str = ""
     context: dict[str, Any] = field(default_factory=dict)   # what steps hand on to later steps at run time
     warnings: list[str] = field(default_factory=list)       # shown before the steps, by a dry run and a submission
+    interprets: bool = False  # the target runs the manifests itself (local, docker): its steps are the plan to show
+
+    @property
+    def shown_manifests(self) -> list[dict[str, Any]]:
+        """What a dry run and a submission print on stdout: the manifests a cluster gets; none where the target
+        interprets them on this machine (the cluster's GPUs, EFA and node types do not apply: its steps say what
+        runs, and `TARGET=kubernetes invoke elasticjob.deploy --dry-run` prints the manifests)."""
+        return [] if self.interprets else self.manifests
 
     def warn(self) -> None:
         from .. import ui
@@ -86,8 +94,8 @@ class Plan:
         """Print the plan: manifests as one YAML stream and requests as JSON on stdout, each step on stderr."""
         import json
 
-        if self.manifests:
-            runner.emit(self.manifests)
+        if self.shown_manifests:
+            runner.emit(self.shown_manifests)
         for request in self.requests:
             sys.stdout.write(runner.mask(json.dumps(request, indent=2, default=str)) + "\n")
         sys.stdout.flush()
@@ -140,6 +148,7 @@ class Target:
     name = "?"
     on_this_machine = False       # the job's containers/processes run here (local image name, CPU base)
     builds_image = False          # it runs containers of the training image built here (`up` builds it first)
+    interprets = False            # it runs the job's manifests itself, as processes or containers here
 
     def __init__(self, settings):
         self.settings = settings
@@ -171,7 +180,8 @@ class Target:
         if code.resolve(job.settings).builtin:  # a user's script parses its own arguments
             check_train_args(job.train_args)
         manifests = self.manifests(job)
-        plan = Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(manifests[-1])["containers"][0]["image"])
+        plan = Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(manifests[-1])["containers"][0]["image"],
+                    interprets=self.interprets)
         warning = "" if self.on_this_machine else jobspec.idle_gpus_warning(job.settings)
         if warning:  # GPUs per node follow the node: a setting that leaves some idle is a warning in the plan
             plan.warnings.append(warning)

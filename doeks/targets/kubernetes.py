@@ -11,7 +11,7 @@ import subprocess
 from typing import Any, Iterator
 
 from .. import jobspec, kube, trainimage
-from ..local.jobs import parse_progress
+from ..local.jobs import parse_progress, restarting
 from ..errors import DoeksError
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
                    Step, Target)
@@ -153,25 +153,38 @@ class KubernetesTarget(Target):
             if waiting in _POD_PROBLEMS:
                 replica_state = RESTARTING if waiting == "CrashLoopBackOff" else PENDING
                 reason = reason or f"{pod['metadata']['name']}: {waiting}"
-            progress = parse_progress("\n".join(by_pod.get(pod["metadata"]["name"], []))) or {}
+            logged = by_pod.get(pod["metadata"]["name"], [])
+            progress = parse_progress("\n".join(logged)) or {}
+            restarts += sum(1 for line in logged if reasons.WORKER_RESTART.search(line))  # torchrun's, in the pod
+            if replica_state == RUNNING and restarting(logged):
+                replica_state = RESTARTING
             replicas.append(ReplicaStatus(pod["metadata"]["name"], replica_state, restarts, step=progress.get("step"),
                                           samples_per_s=progress.get("samples_per_s"), world=progress.get("world"),
                                           detail=pod.get("spec", {}).get("nodeName", ""), total=progress.get("total")))
         desired = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas")
-        restarts = sum(r.restarts for r in replicas)
+        restarts_of_pods = sum(c.get("restartCount", 0) for p in pods for c in p.get("status", {}).get("containerStatuses", []))
         fix, permanent = "", False
         recent = _since_last_step(by_pod)
-        said = reasons.from_lines(recent)  # a permanent reason in a running pod: torchrun would only retry it
+        everything = [f"[{pod}] {line}" for pod in sorted(by_pod) for line in by_pod[pod]]
+        said = reasons.tracebacks(everything).permanent() or reasons.from_lines(recent)
+        limit = job["spec"].get("elasticPolicy", {}).get("maxRestarts")
+        over = [r for r in replicas if limit is not None and r.restarts > int(limit)]
+        if said is None and over:  # MAX_RESTARTS: the pod's restarts and torchrun's in it, together
+            said = reasons.restart_limit(over[0].name, over[0].restarts, int(limit), reasons.last_error(everything))
+        if state == RUNNING and any(r.state == RESTARTING for r in replicas):
+            state = RESTARTING
         if state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals) or (said and said.permanent)):
             # what the kubelet and the operator said, then the pods' last log lines (only when something is wrong)
             events = self._events([p["metadata"]["name"] for p in pods])
             signals += [e.get("reason", "") for e in events]
-            found = reasons.classify(messages + [e.get("message", "") for e in events] + recent,
-                                     exit_codes, signals, restarts, failed=state == FAILED)
+            found = said if said and said.permanent else reasons.classify(
+                messages + [e.get("message", "") for e in events] + recent, exit_codes, signals,
+                sum(1 for line in recent if reasons.WORKER_RESTART.search(line)) + restarts_of_pods,
+                failed=state == FAILED, total=sum(r.restarts for r in replicas))
             if found is not None:
                 reason, fix, permanent = found.text, found.fix, found.permanent
         return JobStatus(self.name, s.job_name, state, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
-                         replicas=replicas, desired=desired, restarts=restarts, reason=reason, fix=fix,
+                         replicas=replicas, desired=desired, restarts=sum(r.restarts for r in replicas), reason=reason, fix=fix,
                          permanent=permanent)
 
     def _pods(self) -> list[dict[str, Any]]:
@@ -255,11 +268,14 @@ class KubernetesTarget(Target):
             from .. import elastic
 
             return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
-                    "final": str(elastic.metrics_dir(s) / "final.json"),
+                    "model": str(elastic.job_dir(s, "models")), "final": str(elastic.metrics_dir(s) / "final.json"),
                     "volume": f"pvc://{s.namespace}/{s.shared_pvc} (folder {s.state_dir / 'volumes' / s.shared_pvc})"}
+        from ..code import checkpoint_location, job_folder
+
         base = f"pvc://{s.namespace}/{s.shared_pvc}"
-        return {"metrics": f"{base}/metrics/{s.job_name}", "checkpoints": f"{base}/checkpoints/{s.job_name}",
-                "final": f"{base}/metrics/{s.job_name}/final.json",
+        return {"metrics": job_folder(s, "metrics", base), "checkpoints": checkpoint_location(s, base),
+                "model": job_folder(s, "models", base),
+                "final": f"{job_folder(s, 'metrics', base)}/final.json",
                 "copy": "kubectl cp from a pod that mounts the claim"}
 
 

@@ -19,6 +19,7 @@ from .reasons import Reason
 class LocalTarget(Target):
     name = "local"
     on_this_machine = True
+    interprets = True
 
     def checks(self):
         from ..preflight import local_checks
@@ -59,7 +60,9 @@ class LocalTarget(Target):
             plan.steps.append(Step(f"start node {replica}: {line} {shlex.join(argv)} (in {source})"))
         if job.fresh:
             plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: elastic.clear_outputs(s)))
-        plan.steps.append(Step(f"launch job supervisor for {s.job_name} ({s.replicas} nodes x {s.nproc_per_node} processes)",
+        plan.steps.append(Step(f"launch job supervisor for {s.job_name} ({s.replicas} nodes x {s.nproc_per_node} processes; "
+                               f"checkpoints in {elastic.checkpoint_dir(s)}, model in {elastic.job_dir(s, 'models')}, "
+                               f"logs in {local_jobs.run_dir(self.home, job.run)})",
                                lambda: self._launch(s, pytorchjob, ctx, job.run, source)))
         return plan
 
@@ -170,7 +173,8 @@ class LocalTarget(Target):
     def artifacts(self) -> dict[str, str]:
         s = self.settings
         return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
-                "final": str(elastic.metrics_dir(s) / "final.json"), "logs": str(local_jobs.run_dir(self.home) / "replicas")}
+                "model": str(elastic.job_dir(s, "models")), "final": str(elastic.metrics_dir(s) / "final.json"),
+                "logs": str(local_jobs.run_dir(self.home) / "replicas")}
 
 
 def start_rendezvous(settings, ctx: dict) -> None:

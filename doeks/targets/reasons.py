@@ -29,6 +29,11 @@ IMAGE_FIX = "`invoke elasticjob.push`, or set TRAIN_IMAGE to an image the nodes 
 # pkg/constants JobCreationFailedReason; the event's message is the API server's refusal). Permanent: the same
 # template is refused again.
 JOB_CREATION_FAILED = "JobCreationFailed"
+# torch.nn.Module.load_state_dict's message when a state dict has other keys or shapes (torch/nn/modules/module.py)
+STATE_DICT_MISFIT = "Error(s) in loading state_dict"
+CHECKPOINTS = "{checkpoints}"  # the job's checkpoint folder: the target fills it in where it shows the fix
+CHECKPOINT_FIX = (f"{CHECKPOINTS} holds a checkpoint of another model: `invoke elasticjob.deploy --fresh` starts "
+                  "over (or move that folder away, or give this job its own --job-name)")
 IMPORT_FIX = ("the training image lacks a module: add it to TRAIN_REQUIREMENTS (or elasticjob/Dockerfile) and "
               "`invoke elasticjob.build`")
 MISSING_FIX = "check the paths in --train-args and the shared volume (SHARED_PVC, SHARED_MOUNT)"
@@ -212,12 +217,17 @@ class Tracebacks:
 
     def permanent(self, roots: Iterable[str] = ()) -> Reason | None:
         """A script error no restart can cure: the first exception the job's own code raised (a bug, a bad value,
-        its own `raise`: the same code raises it again), or one a library raised in a call from the job's code that
-        came back the same (type, message, place) after a restart of that stream."""
+        its own `raise`: the same code raises it again), a checkpoint that does not fit the model, or one a library
+        raised in a call from the job's code that came back the same (type, message, place) after a restart of that
+        stream."""
         mine = self.of_script()
         raised = next((r for r in mine if r.by_script), None)
         if raised is not None:
             return script_reason(raised, roots)
+        misfit = next((r for r in mine if r.message.startswith(STATE_DICT_MISFIT)), None)
+        if misfit is not None:  # torch's load_state_dict: the folder holds another model's checkpoint
+            return Reason("bad-checkpoint", f"a checkpoint that does not fit the model: {misfit.said(roots)}",
+                          CHECKPOINT_FIX, True)
         first: dict[tuple, dict[str, int]] = {}
         for r in mine:
             attempts = first.setdefault(r.identity, {})

@@ -41,8 +41,33 @@ def start(settings, target: str, run: str, train_args: list[str] | None = None) 
         if record.get("end") is None:
             record.update(end=now, result="Replaced", reason=f"run {run} was deployed before its end was seen")
     records.append({"run": run, "target": target, "job": settings.job_name, "start": now, "end": None,
-                    "result": "Running", "reason": "", "train_args": list(train_args or [])})
+                    "result": "Running", "reason": "", "script": script_of(settings, train_args),
+                    "train_args": list(train_args or [])})
     _write(settings, records)
+
+
+def script_of(settings, train_args=None) -> str:
+    """The run's code as `history` shows it: the script (relative to the project when inside it, `-m module`, or
+    `built-in`) and its arguments (TRAIN_ARGS, then --train-args)."""
+    import shlex
+
+    from ..code import resolve
+    from ..errors import DoeksError
+    from ..settings import PROJECT_ROOT
+
+    try:
+        code = resolve(settings)
+    except DoeksError:
+        return settings.train_script
+    if code.builtin:
+        shown = "built-in (doeks/workload/train.py)"
+    elif code.module:
+        shown = f"-m {code.entry}"
+    else:
+        path = code.source / code.entry
+        shown = str(path.relative_to(PROJECT_ROOT)) if PROJECT_ROOT in path.parents else str(path)
+    args = list(code.args) + list(train_args or [])
+    return shown + (f" {shlex.join(args)}" if args and not code.builtin else "")
 
 
 def settle(settings, status) -> None:
@@ -74,9 +99,9 @@ def rows(settings) -> list[list[str]]:
     out = []
     for r in read(settings):
         took = f"{r['end'] - r['start']:.0f}s" if r.get("end") and r.get("start") else ""
-        out.append([r["run"], r.get("target", ""), when(r.get("start")), when(r.get("end")), took,
+        out.append([r["run"], r.get("target", ""), r.get("script", ""), when(r.get("start")), when(r.get("end")), took,
                     r.get("result", ""), r.get("reason", "")])
     return out
 
 
-COLUMNS = ["run", "target", "start", "end", "took", "result", "reason"]
+COLUMNS = ["run", "target", "script", "start", "end", "took", "result", "reason"]

@@ -50,8 +50,11 @@ def main() -> None:
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
         print(f"[rank {rank}] resumed from {path} at step {step}", flush=True)
+        if rank == 0:
+            print(f"doeks: step={step} total={args.steps}", flush=True)  # where it stands, for `elasticjob.status`
 
     generator = torch.Generator().manual_seed(1000 * rank + step)
+    loss = None  # a job deployed again after its last step resumes there and trains no step
     while step < args.steps:
         if step == args.fail_at:
             raise ValueError(f"--fail-at {args.fail_at}: failing on purpose at step {step}")
@@ -71,7 +74,8 @@ def main() -> None:
     if rank == 0:
         os.makedirs(model_dir, exist_ok=True)
         torch.save(model.state_dict(), os.path.join(model_dir, "model.pt"))
-        print(f"done steps={step} loss={loss.item():.4f} model={model_dir}/model.pt", flush=True)
+        print(f"done steps={step}" + (f" loss={loss.item():.4f}" if loss is not None else " (resumed at the end)")
+              + f" model={model_dir}/model.pt", flush=True)
     dist.destroy_process_group()
 
 
