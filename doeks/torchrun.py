@@ -143,6 +143,7 @@ def patch_restarts() -> None:
     def initialize_workers(self, worker_group):
         failed = getattr(self, "_doeks_failed", None)
         if failed is not None:
+            drain_relays()  # the stopped workers' last lines (their tracebacks) come before the restart is said
             spec = worker_group.spec
             _say(f"{RESTART_SAID} (exit codes {failed}): torchrun restarts it "
                  f"({spec.max_restarts - self._remaining_restarts} of {spec.max_restarts})")
@@ -155,6 +156,56 @@ def patch_restarts() -> None:
     LocalElasticAgent._monitor_workers = monitor_workers
     SimpleElasticAgent._initialize_workers = initialize_workers
     SimpleElasticAgent._doeks_restarts = True
+
+
+_RELAYS: list[threading.Thread] = []
+_WRITE = threading.Lock()
+
+
+def drain_relays(timeout: float = 5.0) -> None:
+    """Wait until what the workers that are gone wrote has reached the agent's output."""
+    for relay in list(_RELAYS):
+        relay.join(timeout)
+        if not relay.is_alive():
+            _RELAYS.remove(relay)
+
+
+def patch_whole_lines() -> None:
+    """Each line a worker writes reaches the node's log whole. torchrun starts workers as `python -u script` (every
+    write unbuffered, print's text and its newline two writes) on the agent's own stdout and stderr, so two ranks'
+    lines ran together in a container's log (`cwd=/workspacehello rank=3`). Here a worker torchrun gives no file of
+    its own (no --redirects) writes into pipes the agent reads line by line and writes on, one write per line."""
+    import subprocess
+
+    try:
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+    except ImportError:
+        return
+    handler = subprocess_handler.SubprocessHandler
+    if getattr(handler, "_doeks_lines", False):
+        return
+    popen = handler._popen
+
+    def relay(source, sink) -> None:
+        with source:
+            for line in iter(source.readline, b""):
+                with _WRITE:
+                    sink.write(line)
+                    sink.flush()
+
+    def start(self, args, env):
+        if self._stdout is not None or self._stderr is not None:
+            return popen(self, args, env)
+        process = subprocess.Popen(args=args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   start_new_session=True)
+        for source, sink in ((process.stdout, sys.stdout.buffer), (process.stderr, sys.stderr.buffer)):
+            thread = threading.Thread(target=relay, args=(source, sink), name="doeks-lines", daemon=True)
+            thread.start()
+            _RELAYS.append(thread)
+        return process
+
+    handler._popen = start
+    handler._doeks_lines = True
 
 
 def run_quietly(entry) -> int:
@@ -182,6 +233,7 @@ def run_quietly(entry) -> int:
 def main() -> int:
     patch_rendezvous()
     patch_restarts()
+    patch_whole_lines()
     from torch.distributed.run import main as torchrun
 
     sys.argv[0] = "torchrun"

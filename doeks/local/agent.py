@@ -32,7 +32,7 @@ from torch.distributed.elastic.rendezvous import etcd_rendezvous
 from torch.distributed.run import main
 
 from ..torchrun import patch_rendezvous as patch_torchrun
-from ..torchrun import patch_restarts, run_quietly
+from ..torchrun import patch_restarts, patch_whole_lines, run_quietly
 from . import zygote as zygote_module
 
 LAST_CALL_POLL = 0.2
@@ -104,6 +104,7 @@ def patch_worker_start(zygote: zygote_module.Zygote) -> None:
 
 
 if __name__ == "__main__":
+    patch_whole_lines()  # a worker the zygote cannot start is started the usual way, its lines whole
     if os.environ.get("DOEKS_PRELOAD", "1") != "0":
         patch_worker_start(zygote_module.start())  # in a worker, start() runs the script and exits
     patch_rendezvous()

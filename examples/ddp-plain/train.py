@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="per process")
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep each step (to watch it)")
-    parser.add_argument("--fail-at", type=int, default=-1, help="raise ValueError at this step (to see a failure)")
+    parser.add_argument("--fail-at", type=int, default=-1, help="raise RuntimeError at this step (to see a failure)")
     parser.add_argument("--note", default="", help="any text; printed back")
     args = parser.parse_args()  # strict: an argument it does not know exits 2
 
@@ -57,7 +57,7 @@ def main() -> None:
     loss = None  # a job deployed again after its last step resumes there and trains no step
     while step < args.steps:
         if step == args.fail_at:
-            raise ValueError(f"--fail-at {args.fail_at}: failing on purpose at step {step}")
+            raise RuntimeError(f"--fail-at {args.fail_at}: failing on purpose at step {step}")
         x = torch.randn(args.batch_size, 10, generator=generator).to(device)
         loss = torch.nn.functional.mse_loss(ddp(x), (x @ true_w.to(device)))
         optimizer.zero_grad()
