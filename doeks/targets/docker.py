@@ -315,11 +315,23 @@ class DockerTarget(Target):
             runner.step(f"docker rm -f {c.name}", c.remove, force=True)
         return bool(running)
 
+    def end_failed(self, runner) -> None:
+        stop_containers(self.containers(), runner)
+
     def artifacts(self) -> dict[str, str]:
         s = self.settings
         return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
                 "model": str(elastic.job_dir(s, "models")), "final": str(elastic.metrics_dir(s) / "final.json"),
                 "manifests": str(self.home / "manifests.yaml")}
+
+
+def stop_containers(containers, runner) -> None:
+    """Stop a failed job's containers for good (docker does not restart a container stopped by hand) and keep them:
+    their states and logs are what `status`, `describe` and `logs --errors` read; the next deploy or `delete` removes
+    them."""
+    for c in containers:
+        if c.status in ("running", "restarting", "created"):
+            runner.step(f"docker stop {c.name}", c.stop, timeout=5)
 
 
 def read_replica(container, name: str, seen: dict | None = None) -> ReplicaStatus | None:

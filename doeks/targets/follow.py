@@ -181,7 +181,7 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
                 # a restart cannot help (bad arguments, missing data, an import error): end the job now
                 from ..runner import Runner
 
-                target.cancel(Runner(echo=False))
+                target.end_failed(Runner(echo=False))
                 status.state = "Failed"
             if status.finished:
                 from .runs import settle

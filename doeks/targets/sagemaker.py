@@ -316,6 +316,13 @@ class SageMakerTarget(Target):
                 raise DoeksError(f"training job still running after {timeout:.0f}s")
             time.sleep(15)
 
+    def end_failed(self, runner) -> None:
+        if not self.local:
+            return super().end_failed(runner)
+        from .docker import stop_containers
+
+        stop_containers(self._containers(), runner)
+
     def scale(self, replicas: int, runner) -> None:
         raise NotSupported(self.name, "scale", "a SageMaker training job keeps its instance count "
                                                "(SAGEMAKER_INSTANCE_COUNT); submit a new job to change it")

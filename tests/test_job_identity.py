@@ -1,0 +1,125 @@
+"""A job is named by its code, and lives under its name: the demo stays `imagenet`, the examples and a user's script
+get their own names (checkpoints, metrics, models, runs), so one never reads another's state; `--job-name` on every
+job task; a checkpoint of another model is refused with its folder and --fresh; the help of every flag is right."""
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+
+import pytest
+
+from doeks import code, elastic
+from doeks import settings as S
+
+from .conftest import ROOT, invoke, job_settings
+
+EXAMPLES = ROOT / "examples"
+
+
+def test_the_job_name_comes_from_the_code_and_the_folders_from_one_function():
+    assert S.job_name_of("") == "imagenet" and S.job_name_of("doeks/workload/train.py") == "imagenet"
+    assert S.job_name_of("examples/ddp-plain/train.py") == "ddp-plain"
+    assert S.job_name_of("examples/sagemaker-style/train.py") == "sagemaker-style"
+    assert S.job_name_of("/home/me/cifar/src/main.py") == "cifar" and S.job_name_of("/home/me/fit_v2.py") == "fit-v2"
+    assert S.job_name_of("-m my_pkg.train") == "my-pkg" and S.job_name_of("/x/2nd_Try.py") == "nd-try"
+    s = S.load(environ={"TRAIN_SCRIPT": "examples/ddp-plain/train.py"}, path=ROOT / ".env")
+    assert s.job_name == "ddp-plain" and s.with_overrides(train_script="").job_name == "imagenet"
+    assert s.with_overrides(job_name="mine").job_name == "mine"  # JOB_NAME (or --job-name) wins
+    assert S.load(environ={"JOB_NAME": "x", "TRAIN_SCRIPT": "a/fit.py"}, path=ROOT / ".env").job_name == "x"
+    env = code.contract(s, "/fsx-shared", "run", [])
+    assert env["DOEKS_CHECKPOINT_DIR"] == code.checkpoint_location(s) == "/fsx-shared/checkpoints/ddp-plain"
+    assert env["DOEKS_MODEL_DIR"] == env["SM_MODEL_DIR"] == code.job_folder(s, "models") == "/fsx-shared/models/ddp-plain"
+    assert str(elastic.checkpoint_dir(s)) == code.checkpoint_location(s, str(elastic.data_root(s).parent))
+    shown = invoke("config", "--key", "JOB_NAME", env={"TRAIN_SCRIPT": "examples/ddp-plain/train.py", "COLUMNS": "200"})
+    assert "ddp-plain" in shown.stdout and "from TRAIN_SCRIPT" in shown.stdout, shown.stdout
+
+
+def test_every_job_task_takes_job_name_and_every_flag_has_a_true_help():
+    """`invoke --help elasticjob.deploy` showed `--=STRING, --train-requirements=STRING`: invoke gave the flag the
+    '-' of its name as its short flag once the letters before it were taken."""
+    tasks = {name: invoke("--help", name) for name in (
+        "elasticjob.deploy", "elasticjob.status", "elasticjob.describe", "elasticjob.logs", "elasticjob.history",
+        "elasticjob.scale", "elasticjob.delete", "elasticjob.artifacts", "elasticjob.plot", "elasticjob.scaling",
+        "elasticjob.tensorboard")}
+    for name, shown in tasks.items():
+        assert shown.returncode == 0 and "--job-name=STRING" in shown.stdout, (name, shown.stdout)
+    listing = invoke("--list").stdout
+    for name in re.findall(r"^  (\S+)", listing, re.M):
+        shown = invoke("--help", name).stdout
+        options = shown.split("Options:", 1)[-1]
+        assert not re.search(r"(^|\s)--=|(^|\s)-[-_](\s|,)", options), (name, options)
+        for flag in re.findall(r"^  (?:-\w(?: \w+)?, )?--([\w-]+)", options, re.M):
+            block = options.split(f"--{flag}", 1)[1].split("\n  -", 1)[0]
+            assert re.search(r"\s{2,}\S", block), (name, flag, block)  # a help text next to it
+
+
+def _md5(path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def _demo_state(s):
+    """What the Quickstart (`invoke setup demo`) leaves: the demo's ResNet-18 checkpoint and model under its name."""
+    import torch
+
+    from doeks.workload import train
+
+    model = train.build_model("resnet18", s.data_classes)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    folder = elastic.checkpoint_dir(s)
+    folder.mkdir(parents=True)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 100, "epoch": 4,
+                "arch": "resnet18"}, folder / "checkpoint.pt")
+    models = elastic.job_dir(s, "models")
+    models.mkdir(parents=True)
+    torch.save(model.state_dict(), models / "model.pt")
+    return [folder / "checkpoint.pt", models / "model.pt"]
+
+
+@pytest.mark.slow
+def test_the_examples_and_a_users_script_run_after_the_quickstart_and_leave_the_demos_model_alone(
+        tmp_path, state_dir, monkeypatch):
+    """The example's own command after the Quickstart used to load the demo's ResNet checkpoint (Unexpected key(s)),
+    crash-loop 31 times and, with --fresh, overwrite the demo's model: each job now has its own folders."""
+    s = job_settings({"REPLICAS": "1", "MIN_REPLICAS": "1", "MAX_REPLICAS": "1", "NPROC_PER_NODE": "2",
+                      "TARGET": "local"}, monkeypatch)
+    assert s.job_name == "imagenet"
+    demo = _demo_state(s)
+    before = [_md5(path) for path in demo]
+    mine = tmp_path / "my-project" / "fit.py"
+    mine.parent.mkdir()
+    shutil.copyfile(EXAMPLES / "ddp-plain" / "train.py", mine)
+    for script, args, name in ((EXAMPLES / "ddp-plain" / "train.py", "--steps 6", "ddp-plain"),
+                               (EXAMPLES / "sagemaker-style" / "train.py", "--epochs 1", "sagemaker-style"),
+                               (mine, "--steps 4", "fit"), (EXAMPLES / "ddp-plain" / "train.py", "--steps 6", "ddp-plain")):
+        result = invoke("elasticjob.deploy", "--follow", env={"TRAIN_SCRIPT": str(script), "TRAIN_ARGS": args}, timeout=300)
+        assert result.returncode == 0, (name, result.stderr[-3000:])
+        last = result.stderr.strip().splitlines()[-1]
+        assert re.fullmatch(rf"job {name} succeeded: \d+ steps in \d+s; model: \S+/models/{name}/model.pt", last), last
+        assert (state_dir / "volumes" / "fsx-pvc" / "checkpoints" / name).is_dir() or name == "sagemaker-style"
+    assert [_md5(path) for path in demo] == before  # the demo's checkpoint and model untouched
+    # the tasks find a job by its name; without one they mean the demo's
+    status = invoke("elasticjob.status", "--job-name", "ddp-plain")
+    assert "job ddp-plain on local: Succeeded" in status.stderr, status.stderr
+    assert "job imagenet on local" in invoke("elasticjob.status").stderr
+    history = invoke("elasticjob.history", "--job-name", "ddp-plain", env={"COLUMNS": "250"})
+    assert history.stderr.count("examples/ddp-plain/train.py --steps 6") == 2, history.stderr
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_another_model_is_refused_naming_its_folder_and_fresh(tmp_path, state_dir, monkeypatch):
+    mine = tmp_path / "my-project" / "fit.py"
+    mine.parent.mkdir()
+    shutil.copyfile(EXAMPLES / "ddp-plain" / "train.py", mine)
+    s = job_settings({"REPLICAS": "1", "MIN_REPLICAS": "1", "MAX_REPLICAS": "1", "NPROC_PER_NODE": "1",
+                      "TARGET": "local", "TRAIN_SCRIPT": str(mine), "TRAIN_ARGS": "--steps 4"}, monkeypatch)
+    folder = _demo_state(s.with_overrides(job_name="fit"))[0].parent  # another model's checkpoint in fit's folder
+    line = next(i for i, text in enumerate(mine.read_text().splitlines(), 1) if "model.load_state_dict(" in text)
+    result = invoke("elasticjob.deploy", "--follow", timeout=300)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: job fit ended Failed after 0 restarts: a checkpoint that does not fit the model: "
+                           "RuntimeError: Error(s) in loading state_dict for Linear: "
+                           f"(fit.py, line {line}, in main)"), result.stderr[-3000:]
+    assert last.endswith(f"(fix: {folder} holds a checkpoint of another model: `invoke elasticjob.deploy --fresh` "
+                         "starts over (or move that folder away, or give this job its own --job-name))"), last
+    assert invoke("elasticjob.deploy", "--follow", "--fresh", timeout=300).returncode == 0
