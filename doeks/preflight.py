@@ -401,10 +401,10 @@ def sagemaker_checks(settings, client=None) -> list[Check]:
     return rows
 
 
-def local_checks(settings) -> list[Check]:
-    """TARGET=local/docker: the tools and services this machine runs the job with."""
+def local_checks(settings, docker: bool = False) -> list[Check]:
+    """TARGET=local/docker: the tools and services this machine runs the job with (`docker`: its daemon needed too)."""
     needed = {"python: invoke", "python: boto3", "python: torch", "torchvision imports", "etcd (v2 API)"}
-    if settings.target == "docker":
+    if docker:
         needed |= {"docker daemon", "python: docker"}
     return [(w, ok, d, w in needed) for w, ok, d in checks()]
 

@@ -18,7 +18,38 @@ from .errors import SettingsError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-TARGETS = ("local", "docker", "kubernetes", "eks", "sagemaker")
+TARGETS = ("local", "docker", "kubernetes", "eks", "sagemaker")  # the built-in ones, in the order docs list them
+TARGETS_ENV = "DOEKS_TARGETS"  # importable modules that each define a target class of one's own (comma-separated)
+_TARGET_CLASS = re.compile(r'^class (\w+)\(([^)]*Target[^)]*)\):\n(?:(?!^class ).*\n)*?    name = "(\w+)"', re.M)
+
+
+def target_classes() -> dict[str, tuple[str, str]]:
+    """TARGET name -> (module, class): every file of doeks/targets/ that defines a target class (a class deriving
+    from a *Target class with `name = "..."`, read from the source without importing it), then each module named in
+    DOEKS_TARGETS (a place to run of your own: one importable file; its Target subclasses with a `name`). So a new
+    target is one new file: nothing else lists it."""
+    import importlib
+
+    found: dict[str, tuple[str, str]] = {}
+    for path in sorted((Path(__file__).parent / "targets").glob("*.py")):
+        for cls, _bases, name in _TARGET_CLASS.findall(path.read_text()):
+            found.setdefault(name, (f"doeks.targets.{path.stem}", cls))
+    for module_name in filter(None, (m.strip() for m in os.environ.get(TARGETS_ENV, "").split(","))):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise SettingsError(f"{TARGETS_ENV}={module_name!r}: cannot import it ({error})") from None
+        for cls in vars(module).values():  # doeks.targets.base.Target's subclasses (settings is below targets)
+            if (isinstance(cls, type) and cls.__module__ == module.__name__ and isinstance(getattr(cls, "name", None), str)
+                    and any(f"{b.__module__}.{b.__name__}" == "doeks.targets.base.Target" for b in cls.__mro__[1:])):
+                found[cls.name] = (module.__name__, cls.__name__)
+    return found
+
+
+def target_names() -> tuple[str, ...]:
+    """The TARGET values accepted: the built-in ones in their usual order, then any other found."""
+    found = target_classes()
+    return tuple(n for n in TARGETS if n in found) + tuple(sorted(n for n in found if n not in TARGETS))
 RDZV_BACKENDS = ("etcd", "etcd-v2", "c10d")
 ARCHES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "efficientnet_b7", "mobilenet_v3_small")
 EKS_VERSIONS = tuple(_catalog.EKS_SUPPORT)  # the calendar doeks knows; newer 1.NN are accepted, `invoke up` asks EKS
@@ -54,14 +85,18 @@ class _Bad(ValueError):
     """Raised by a parser; the message says what is accepted."""
 
 
-def _choice(options: tuple[str, ...]):
+def _choice(options):
+    """One of `options` (a tuple, or a function giving it when a value is read, as the targets found then)."""
+    def listed() -> tuple[str, ...]:
+        return options() if callable(options) else options
+
     def parse(raw: str) -> str:  # read case-insensitively (TARGET=EKS is eks), given back as the option is spelled
-        canonical = {option.lower(): option for option in options}.get(raw.lower())
+        canonical = {option.lower(): option for option in listed()}.get(raw.lower())
         if canonical is None:
-            raise _Bad(f"one of {', '.join(options)}")
+            raise _Bad(f"one of {', '.join(listed())}")
         return canonical
 
-    return parse, f"one of {', '.join(options)}"
+    return parse, f"one of {', '.join(TARGETS if callable(options) else options)}"
 
 
 def _eks_version(raw: str) -> str:
@@ -242,7 +277,7 @@ def _key(name, unit, default, help, parser) -> Key:
 
 KEYS: tuple[Key, ...] = (
     # core
-    _key("TARGET", "core", "local", "Where jobs run: local (processes on this machine), docker (containers of the training image on this machine), kubernetes (the cluster in KUBECONFIG, or doeks' own on this machine), eks (the EKS cluster) or sagemaker", _choice(TARGETS)),
+    _key("TARGET", "core", "local", "Where jobs run: local (processes on this machine), docker (containers of the training image on this machine), kubernetes (the cluster in KUBECONFIG, or doeks' own on this machine), eks (the EKS cluster) or sagemaker (or a target of your own: DOEKS_TARGETS)", _choice(target_names)),
     _key("AWS_REGION", "core", "us-west-2", "AWS region for every AWS call", _pattern(_REGION, "an AWS region name such as us-west-2")),
     _key("AWS_PROFILE", "core", "", "Named profile from ~/.aws to use (empty = default credentials chain)", _text),
     _key("AWS_ENDPOINT_URL", "core", "", "AWS-API endpoint for every boto3 client (empty = real AWS; on TARGET=local the toolkit's moto server)", _url),

@@ -581,3 +581,44 @@ def fsx_dissociate(settings, runner, fsx=None) -> int:
         except fsx.exceptions.DataRepositoryAssociationNotFound:
             ui.say(f"data repository association {association['AssociationId']} is gone already")
     return deleted
+
+
+# -- data staged on the cluster (csi.data.stage on a cluster, `up`'s elasticjob step) ----------------------------------
+def stage_manifests(settings, source: str, relayout_val: bool) -> list[dict[str, Any]]:
+    """The staging Job's service account (its Pod Identity association gives it S3 read) and the Job."""
+    from . import identity
+
+    workload = identity.get("data-stage")
+    account = {"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": workload.service_account, "namespace": settings.namespace,
+                            "labels": {"app.kubernetes.io/part-of": "doeks"}}}
+    return [account, stage_job(settings, source, relayout_val)]
+
+
+def stage_job(settings, source: str, relayout_val: bool) -> dict[str, Any]:
+    """The Kubernetes Job that stages data on the cluster, in the training image (TRAIN_IMAGE: it has doeks'
+    datastage), as the doeks-stage service account, with the shared PVC mounted."""
+    from . import identity, trainimage
+
+    s = settings
+    image = trainimage.reference(s, on_this_machine=False)
+    args = ["python", "-m", "doeks.datastage", source, f"{s.shared_mount}/data", "--threads", str(s.stage_threads)]
+    if relayout_val:
+        args.append("--relayout-val")
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": f"{s.job_name}-stage", "namespace": s.namespace, "labels": {"app.kubernetes.io/part-of": "doeks"}},
+            "spec": {"backoffLimit": 3, "ttlSecondsAfterFinished": 86400, "template": {"spec": {
+                "restartPolicy": "OnFailure", "serviceAccountName": identity.get("data-stage").service_account,
+                "containers": [{"name": "stage", "image": image, "command": args,
+                                "env": [{"name": "AWS_REGION", "value": s.aws_region}],
+                                "resources": {"requests": {"cpu": "2", "memory": "2Gi"}},
+                                "volumeMounts": [{"name": "shared", "mountPath": s.shared_mount}]}],
+                "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": s.shared_pvc}}]}}}}
+
+
+def stage_on_cluster(settings, runner, source: str, relayout_val: bool) -> None:
+    """The staging Job applied on the cluster, with S3 read on the data prefix for its service account."""
+    from . import identity, kube
+
+    identity.ensure(settings, runner, identity.get("data-stage"))
+    kube.apply(runner, stage_manifests(settings, source, relayout_val))

@@ -113,10 +113,9 @@ def settings(**overrides):
     from .errors import SettingsError
 
     base = current()
-    if base.target == "kubernetes":  # kubectl and the Python client of this process talk to the target's cluster
-        from .kube import use
+    from . import targets
 
-        use(base)
+    targets.get(base).connect()  # kubectl and the Python client of this process talk to the target's cluster
     if not any(v is not None for v in overrides.values()):
         return base
     try:
@@ -149,6 +148,13 @@ class Unit:
     order: int
     up: Callable
     down: Callable
+
+
+def target(s=None, **overrides):
+    """The target of TARGET for the task (settings with the task's flags applied), connected."""
+    from . import targets
+
+    return targets.get(s or settings(**overrides))
 
 
 def _flag(name: str) -> str:

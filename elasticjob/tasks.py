@@ -3,8 +3,6 @@
 Every task goes through the job's target (`doeks.targets`, chosen by TARGET): local processes, docker containers of
 the training image, the EKS cluster, or SageMaker. A verb a target cannot do says so in one line.
 """
-from pathlib import Path
-
 from invoke import Collection
 
 from doeks.taskkit import Int, Unit, runner, settings, task
@@ -412,15 +410,14 @@ def _up(c, dry_run=False):
 
     s = settings()
     target = _target(s)
-    if target.builds_image:
-        build(c, dry_run=dry_run)
-    if target.on_this_machine:
+
+    def have_data():
         try:
             elastic.check_data(s)
         except DoeksError:
             data(c, dry_run=dry_run)
-    else:
-        _cluster_needs(c, s, dry_run)
+
+    target.job_needs(lambda: build(c, dry_run=dry_run), have_data, lambda: _cluster_needs(target, s, dry_run))
     if not dry_run and _still_running(target):
         return
     deploy(c, dry_run=dry_run)
@@ -440,9 +437,9 @@ def _still_running(target) -> bool:
     return True
 
 
-def _cluster_needs(c, s, dry_run):
-    import importlib.util
-
+def _cluster_needs(target, s, dry_run):
+    """On a cluster: the training image built and pushed (unless TRAIN_IMAGE names one), then the data staged from
+    S3 into the claim by the target's staging Job, waited for (the job must not start on an empty volume)."""
     from doeks import elastic, kube
     from doeks.errors import DoeksError
 
@@ -455,11 +452,11 @@ def _cluster_needs(c, s, dry_run):
         except DoeksError as error:
             raise DoeksError(f"the training image: {error} (`invoke elasticjob.build elasticjob.push`, or set TRAIN_IMAGE "
                              "to an image the nodes can pull)") from None
+    from doeks import datastage
+
     source = elastic.cluster_data_source(s, runner(dry_run))
-    spec = importlib.util.spec_from_file_location("doeks_unit_csi_for_up", Path(__file__).resolve().parents[1] / "csi" / "tasks.py")
-    csi = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(csi)
-    csi.data_stage(c, source=source, dry_run=dry_run)
+    datastage.split_s3(source)
+    target.stage_data(runner(dry_run), source, False)
     wait = ["wait", "-n", s.namespace, "--for=condition=complete", f"job/{s.job_name}-stage", "--timeout=6h"]
     if dry_run:  # the plan shows the wait; a real run waits (the job must not start on an empty volume)
         runner(dry_run).run(["kubectl"] + wait)

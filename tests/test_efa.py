@@ -114,8 +114,11 @@ def test_the_mpijob_on_doeks_cluster_asks_for_no_gpu_efa_hugepages_or_node_type(
     one rank per worker, no EFA exports); the plan says the image is a stand-in and the device plugin is skipped."""
     import yaml
 
+    from doeks import targets
+
     s = S.load(environ={"TARGET": "kubernetes", "KUBECONFIG": "", "GPU_NODES": "2"}, path=ROOT / ".env")
-    job = efa.nccl_mpijob(s, end=efa.default_end(s))
+    placement = targets.get(s).placement()  # the target's: what its nodes have
+    job = efa.nccl_mpijob(s, end=efa.default_end(placement), placement=placement)
     jsonschema.validate(job, crd_schema("kubeflow.org_mpijobs-v2beta1.crd.yaml", "v2beta1"))
     worker = job["spec"]["mpiReplicaSpecs"]["Worker"]
     assert worker["replicas"] == 2 and job["spec"]["slotsPerWorker"] == 1

@@ -218,7 +218,10 @@ def test_a_trainjob_whose_pods_the_api_server_refuses_is_named_with_the_refusal(
     from doeks.settings import load
 
     values = {**env, "JOB_NAME": "badpatch", "EPOCHS": "1"}
-    job = trainjob.trainjob(load({**os.environ, **values}))
+    from doeks import targets
+
+    settings = load({**os.environ, **values})
+    job = trainjob.trainjob(settings, placement=targets.get(settings).placement())  # as the target submits it
     pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     volumes = pod["template"]["spec"]["template"]["spec"]["volumes"]
     volumes[:] = [v for v in volumes if v["name"] != "dshm"]

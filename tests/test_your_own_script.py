@@ -74,9 +74,11 @@ def test_bad_settings_are_one_line_and_a_users_arguments_are_not_checked_against
     # --steps is no flag of doeks/workload/train.py: for a user's script that is the script's business
     ok = invoke("elasticjob.deploy", "--dry-run", "--train-args", "--steps 3", env={"TRAIN_SCRIPT": str(user_script)})
     assert ok.returncode == 0, ok.stderr
-    worker = jobspec.worker_pod(list(yaml.safe_load_all(ok.stdout))[-1])["containers"][0]
+    assert f"{user_script} --steps 3 (in {user_script.parent})" in ok.stderr  # run from the script's folder
+    cluster = invoke("elasticjob.deploy", "--dry-run", "--train-args", "--steps 3",
+                     env={"TRAIN_SCRIPT": str(user_script), "TARGET": "kubernetes"})
+    worker = jobspec.worker_pod(list(yaml.safe_load_all(cluster.stdout))[-1])["containers"][0]
     assert worker["args"] == ["--steps", "3"]
-    assert f"{user_script.parent}" in ok.stderr  # the local processes run from the script's folder
     refused = invoke("elasticjob.deploy", "--dry-run", "--train-args", "--steps 3")  # the built-in one is checked
     assert refused.returncode != 0 and "unrecognized arguments: --steps 3" in refused.stderr
 
@@ -273,7 +275,8 @@ def test_an_exception_is_the_scripts_reason_only_when_its_own_code_raised_it():
     from doeks.targets import reasons
 
     mine = ["Traceback (most recent call last):", '  File "/workspace/fit.py", line 9, in <module>', "ValueError: boom"]
-    assert reasons.from_lines(mine).text == "the script raised ValueError: boom" and reasons.from_lines(mine).permanent
+    assert reasons.from_lines(mine).text == "the script raised ValueError: boom (fit.py, line 9, in <module>)"
+    assert reasons.from_lines(mine).permanent
     # the etcd client's own IndexError when the rendezvous server is gone is no bug of the script
     library = ["Traceback (most recent call last):",
                '  File "/usr/lib/python3.11/site-packages/etcd/client.py", line 3, in api_execute',

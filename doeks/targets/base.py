@@ -143,15 +143,153 @@ COLUMNS = ["replica", "state", "restarts", "step", "samples/s", "world", "where"
 
 
 class Target:
-    """Base class: every verb; a subclass overrides what it can do. Constructed once from settings."""
+    """Base class: every verb; a subclass overrides what it can do. Constructed once from settings.
+
+    Two kinds of verbs. The job's (plan, submit, describe, logs, scale, cancel, artifacts, wait) and the units': what
+    each unit folder's tasks do on this target (`eks/`: the cluster; `csi/`: the shared volume and data; `efa-device-
+    plugin/`: EFA and the MPI operator; `gpu-metrics/`: the metrics agent; `kubeflow/`: the operators on the cluster;
+    `elasticjob/`: what the job needs before it is deployed). A unit task parses its flags, asks the target and shows
+    or runs what it answers; nothing outside doeks.targets asks which target it is on. The base answers the units'
+    verbs with one line saying there is nothing to do here, so a new target overrides only what it has."""
 
     name = "?"
     on_this_machine = False       # the job's containers/processes run here (local image name, CPU base)
     builds_image = False          # it runs containers of the training image built here (`up` builds it first)
     interprets = False            # it runs the job's manifests itself, as processes or containers here
+    asks_before_down = False      # `down` deletes something that costs money: it asks once (or --yes)
+    pod_identity = False          # pods get AWS roles through EKS Pod Identity
 
     def __init__(self, settings):
         self.settings = settings
+
+    def say(self, line: str, **kwargs) -> None:
+        from .. import ui
+
+        ui.say(line, **kwargs)
+
+    def nothing(self, what: str) -> None:
+        """One line: this target has nothing of a unit's (the default answer of every unit verb)."""
+        self.say(f"TARGET={self.name}: {what}")
+
+    # -- root tasks -------------------------------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Point this process's kubectl and Kubernetes client at the target's cluster (every task calls it first)."""
+
+    def after_up(self, dry_run: bool) -> None:
+        """What `up` prints last (TARGET=kubernetes: the `export KUBECONFIG=...` line)."""
+
+    def teardown_what(self) -> str:
+        """What `down` deletes, in the one question it asks when `asks_before_down`."""
+        s = self.settings
+        return f"cluster {s.cluster_name} in {s.aws_region} and everything doeks made for it"
+
+    def status_rows(self) -> list[list[Any]]:
+        """Rows (what, state, detail, id/pid) the root `status` adds for what runs here for this target."""
+        return []
+
+    # -- unit eks: the cluster, or what stands in for it -------------------------------------------------------------
+    def cluster_create(self, runner) -> None:
+        self.nothing("no cluster to create")
+
+    def cluster_delete(self, runner, yes: bool = False) -> None:
+        self.nothing("no cluster to delete")
+
+    def cluster_status(self) -> None:
+        self.nothing("no cluster")
+
+    def cluster_running(self) -> bool:
+        """False when the target's cluster is one doeks runs here and it is stopped (its units have nothing on it)."""
+        return True
+
+    # -- unit csi: the shared volume, its data -----------------------------------------------------------------------
+    def volume_deploy(self, runner) -> None:
+        self.nothing("no shared volume to make")
+
+    def volume_delete(self, runner, force: bool = False) -> None:
+        self.nothing("no shared volume to delete")
+
+    def aws_storage(self, what: str) -> None:
+        """Raise unless EFS/FSx can attach to this target's cluster (csi.efs.*, csi.fsx.*)."""
+        raise DoeksError(f"{what} attach to an EKS cluster: set TARGET=eks (TARGET={self.name} makes its shared volume "
+                         "with `invoke csi.deploy`)")
+
+    def stage_data(self, runner, source: str, relayout_val: bool) -> None:
+        raise NotSupported(self.name, "csi.data.stage")
+
+    # -- unit efa: EFA, the MPI operator, the all-reduce test --------------------------------------------------------
+    def efa_deploy(self, runner) -> None:
+        self.nothing("no EFA device plugin to deploy")
+
+    def efa_delete(self, runner) -> None:
+        self.nothing("no EFA device plugin was deployed; nothing to delete")
+
+    def efa_status(self) -> None:
+        self.nothing("no EFA devices")
+
+    def efa_test(self, runner, nodes: int | None, end: str | None) -> None:
+        raise NotSupported(self.name, "efa.test")
+
+    # -- unit gpu-metrics ---------------------------------------------------------------------------------------------
+    def metrics_deploy(self, runner, interval: int, agent: bool) -> None:
+        self.nothing("no GPU-metrics agent to deploy")
+
+    def metrics_delete(self, runner) -> None:
+        self.nothing("no GPU-metrics agent was deployed; nothing to delete")
+
+    def metrics_status(self) -> None:
+        self.nothing("no GPU-metrics agent")
+
+    # -- unit kubeflow: what runs on the target's cluster ------------------------------------------------------------
+    def on_cluster(self, step: Callable, here: str, runner) -> None:
+        """Run `step(settings, runner)` on the target's cluster; a target without one says `here` instead."""
+        self.nothing(here)
+
+    def require_cluster(self, what: str, hint: str) -> None:
+        """Raise when `what` (TrainJobs, PyTorchJobs) cannot run on this target: it has no Kubernetes cluster."""
+        raise DoeksError(f"TARGET={self.name}: {what} run on a cluster (TARGET=kubernetes or eks); here {hint}")
+
+    def placement(self):
+        """What each training pod asks for and its node selector on this target's nodes (a doeks.jobspec.Placement:
+        GPUs, EFA, CPU). The base: EKS's GPU node type, as the manifests a target on this machine interprets say."""
+        from ..jobspec import node_type_placement
+
+        return node_type_placement(self.settings)
+
+    def pipeline_job(self) -> dict[str, Any]:
+        """The job the KFP pipeline's kubernetes branch submits. Compiled where there is no cluster of the target's
+        own (this machine, SageMaker), it is EKS's."""
+        from . import get
+
+        return get(self.settings.with_overrides(target="eks")).pipeline_job()
+
+    def ensure_images(self, runner, refs: list[str]) -> None:
+        """Make the images `refs` available to the target's nodes (doeks' own cluster imports them; elsewhere a
+        registry serves them)."""
+
+    def fresh_step(self, job_name: str) -> Step:
+        """--fresh on a cluster's job: the step removing its checkpoints and metrics, or a refusal saying why not."""
+        raise DoeksError(f"--fresh removes checkpoints/{job_name} from the shared claim, which is not on this machine "
+                         f"on TARGET={self.name}: use another JOB_NAME to start over")
+
+    def identity_ensure(self, runner, workload: str, missing: str = "") -> None:
+        """The AWS role of `workload` (doeks.identity) for its pods; a target without Pod Identity says `missing`."""
+        if missing:
+            self.nothing(missing)
+
+    def identity_remove(self, runner, workload: str) -> None:
+        """Remove what identity_ensure made (nothing where there is no Pod Identity)."""
+
+    # -- unit elasticjob: what the job needs before it is deployed ---------------------------------------------------
+    def job_needs(self, build: Callable[[], Any], data: Callable[[], Any], cluster: Callable[[], Any]) -> None:
+        """`up`'s elasticjob step before the deploy: `build()` the training image where this target runs it, then
+        the data where the job reads it: `data()` (made if missing) on this machine's volume, else `cluster()` (the
+        image pushed and the data staged from S3 into the cluster's claim)."""
+        if self.builds_image:
+            build()
+        if self.on_this_machine:
+            data()
+        else:
+            cluster()
 
     # -- preflight --------------------------------------------------------------------------------------------------
     def checks(self) -> list[tuple[str, bool, str, bool]]:
@@ -169,7 +307,8 @@ class Target:
         from .. import jobspec, trainimage
 
         return jobspec.manifests(job.settings, job.train_args, job.run,
-                                 image=trainimage.reference(job.settings, self.on_this_machine))
+                                 image=trainimage.reference(job.settings, self.on_this_machine),
+                                 placement=self.placement())
 
     def manifest_plan(self, job: Job) -> Plan:
         """A plan's start for the targets that run the manifests (eks) or interpret them (local, docker): the training

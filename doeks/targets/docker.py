@@ -22,6 +22,7 @@ from ..local import runtime
 from ..local.jobs import GROUP_FAILED, parse_progress, restarting
 from ..local.services import etcd, free_port
 from ..runner import to_yaml_stream
+from .local import OnThisMachine
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
                    Step, Target)
 from .follow import ContainerCursor, wait_with_progress
@@ -116,7 +117,7 @@ def docker_run_line(spec: dict[str, Any]) -> str:
     return " ".join(parts + [spec["image"]] + rest)
 
 
-class DockerTarget(Target):
+class DockerTarget(OnThisMachine, Target):
     name = "docker"
     on_this_machine = True
     builds_image = True
@@ -125,7 +126,7 @@ class DockerTarget(Target):
     def checks(self):
         from ..preflight import local_checks
 
-        return local_checks(self.settings)
+        return local_checks(self.settings, docker=True)
 
     @property
     def home(self):

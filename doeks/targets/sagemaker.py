@@ -23,6 +23,7 @@ from typing import Any, Iterator
 from .. import code, elastic, sagemaker, trainimage
 from ..errors import DoeksError
 from ..local.services import free_port
+from .eks import OnAws
 from .base import (FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, NotSupported, Plan, ReplicaStatus,
                    Step, Target)
 from .follow import ContainerCursor, follow_until_done, wait_with_progress
@@ -46,7 +47,7 @@ def script_args(hyperparameters: dict[str, str]) -> list[str]:
     return argv
 
 
-class SageMakerTarget(Target):
+class SageMakerTarget(OnAws, Target):
     name = "sagemaker"
 
     def checks(self):
