@@ -63,12 +63,12 @@ def make_data(settings, runner) -> dict | None:
     return result
 
 
-def check_job_data(settings) -> None:
+def check_job_data(settings, code=None) -> None:
     """Before a job starts: the built-in workload's ImageNet layout is checked (check_data); a user's script gets its
-    data folder as it is, even empty (made if missing), and its output folders."""
+    data folder as it is, even empty (made if missing), and its output folders. `code`: the job's, resolved once."""
     from .code import resolve
 
-    if resolve(settings).builtin:
+    if (code or resolve(settings)).builtin:
         check_data(settings)
         return
     root = runtime.shared_volume(settings)

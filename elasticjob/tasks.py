@@ -99,7 +99,8 @@ def deploy(c, job_name=None, replicas=None, min_replicas=None, max_replicas=None
         args = shlex.split(train_args or "")
     except ValueError as error:
         raise DoeksError(f"--train-args {train_args!r}: {error}") from None
-    plan = target.plan(targets.Job(s, args, fresh, dry_run=dry_run))  # refuses arguments the training script would refuse
+    job = target.job(args, fresh, dry_run)  # the job as one value: its code, image and world resolved once, here
+    plan = target.plan(job)  # refuses arguments the training script would refuse
     if dry_run:
         plan.show(r)
         return
@@ -110,7 +111,7 @@ def deploy(c, job_name=None, replicas=None, min_replicas=None, max_replicas=None
         runs.settle_quietly(target)  # how the previous run ended, before this one replaces it
     target.submit(plan, r)  # records the run (elasticjob.history)
     named = any(s.source(key) in ("environment", "flag") for key in ("JOB_NAME", "TRAIN_SCRIPT"))
-    ui.say(f"job {s.job_name} submitted to TARGET={s.target} (run {target.run_name(plan)})"
+    ui.say(f"job {s.job_name} submitted to TARGET={s.target} (run {target.run_name(plan)}, {plan.world.line()})"
            + (f": `invoke elasticjob.status --job-name {s.job_name}` (a shell without this TRAIN_SCRIPT or JOB_NAME "
               "names another job)" if named and not follow else ""))
     if follow:
@@ -119,7 +120,7 @@ def deploy(c, job_name=None, replicas=None, min_replicas=None, max_replicas=None
         started = time.monotonic()
         with _still_running_on_interrupt(s, target):
             status = target.wait()
-        _finish(s, status, started)
+        _finish(s, status, started, job)
 
 
 class _still_running_on_interrupt:
@@ -148,7 +149,7 @@ class _still_running_on_interrupt:
                    "`invoke elasticjob.logs --follow`, stop it with `invoke elasticjob.delete`", code=130) from None
 
 
-def _finish(s, status, started=None):
+def _finish(s, status, started=None, job=None):
     """The end of a followed job in one line: the error (the reason and its fix), or the result, the steps, the time
     it took and where the model is."""
     import time
@@ -166,7 +167,7 @@ def _finish(s, status, started=None):
             raise DoeksError(f"job {s.job_name} ended {status.state} after {status.restarts} restarts: {status.reason}{fix}")
         raise DoeksError(f"job {s.job_name} ended {status.state}: see `invoke elasticjob.logs --tail 50`")
     model = _model(s)
-    if not resolve(s).builtin:  # a user's script: what it reported, nothing made up
+    if not (job.code if job is not None else resolve(s)).builtin:  # a user's script: what it reported, nothing made up
         steps = [r.step for r in status.replicas if r.step is not None]
         ui.say(f"job {s.job_name} succeeded: " + (f"{max(steps)} steps" if steps else "no step count (the script "
                "reports none: docs/your-own-script.md)") + f"{took}; {model}", style="green")
@@ -366,12 +367,13 @@ def scaling(c, replicas="1,2", out=None, dry_run=False, job_name=None):
         s = base.with_overrides(replicas=size, min_replicas=size, max_replicas=size, epochs=1,
                                 job_name=f"{base.job_name}-scale{size}")
         target = targets.get(s)
-        plan = target.plan(targets.Job(s, fresh=True, dry_run=dry_run))
+        job = target.job(fresh=True, dry_run=dry_run)
+        plan = target.plan(job)
         if dry_run:
             plan.show(runner(True))
             continue
         target.submit(plan, runner())
-        _finish(s, target.wait(quiet=True))
+        _finish(s, target.wait(quiet=True), job=job)
         seconds = elastic.epoch_seconds(_local_metrics(s) / "metrics.csv")
         points.append((size * s.nproc_per_node, seconds))
         ui.say(f"{size} nodes x {s.nproc_per_node} processes: epoch {seconds:.1f}s")

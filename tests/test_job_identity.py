@@ -123,3 +123,30 @@ def test_a_checkpoint_of_another_model_is_refused_naming_its_folder_and_fresh(tm
     assert last.endswith(f"(fix: {folder} holds a checkpoint of another model: `invoke elasticjob.deploy --fresh` "
                          "starts over (or move that folder away, or give this job its own --job-name))"), last
     assert invoke("elasticjob.deploy", "--follow", "--fresh", timeout=300).returncode == 0
+
+
+TOOLS = ("build", "run", "exec", "stop", "logs", "push", "pull", "login", "test")
+
+
+def test_the_tools_containers_tasks_say_so_and_point_to_the_jobs():
+    """The root `build run exec status logs ...` are the tools container's (the design keeps them at the root): a
+    user typing `invoke logs` for the job got "container doeks is not there"."""
+    listing = invoke("--list", env={"COLUMNS": "300"}).stdout
+    lines: dict[str, str] = {}
+    for line in listing.splitlines():
+        if line.startswith("  ") and line[2] != " ":
+            name = line.split()[0]
+            lines[name] = line
+        elif line.startswith("   ") and lines:
+            lines[name] += " " + line.strip()  # invoke wraps a long help
+    for name in TOOLS:
+        assert "Tools container" in lines[name], lines[name]
+    assert "`invoke elasticjob.logs`" in lines["logs"] and "`invoke elasticjob.status`" in lines["status"]
+
+
+@pytest.mark.docker
+def test_invoke_logs_without_the_tools_container_points_to_the_jobs_logs(docker_client, state_dir):
+    result = invoke("logs", env={"DOEKS_CONTAINER_NAME": "doeks-no-such-container"})
+    assert result.returncode == 1 and result.stderr.strip() == (
+        "error: the tools container doeks-no-such-container is not running (`invoke run` starts it); the training "
+        "job's logs: `invoke elasticjob.logs`")

@@ -228,7 +228,10 @@ def test_eks_dry_run_names_the_users_image_and_command_and_a_process_per_gpu(use
     assert worker["image"] == image and image.startswith(f"{REGISTRY}/doeks-train:")
     assert worker["command"] == ["torchrun", "/workspace/fit.py"] and worker["args"] == ["--steps", "100", "--note", "a b"]
     assert job["spec"]["nprocPerNode"] == "8" and worker["resources"]["limits"]["nvidia.com/gpu"] == 8  # all 8 GPUs
-    assert "warning" not in out.stderr
+    assert "warning: NPROC_PER_NODE" not in out.stderr  # all 8 GPUs used: no idle-GPU warning
+    # the image of this code is built nowhere here: the plan says so, with the command that builds and pushes it
+    assert (f"is not built on this machine; unless it is in the registry already, the pods cannot pull it: `TARGET=eks "
+            f"TRAIN_SCRIPT={user_script} REGISTRY={REGISTRY} invoke elasticjob.build elasticjob.push`") in out.stderr
     # the image is the user's code: another script is another tag
     other = user_script.parent / "other.py"
     other.write_text("print('other')\n")

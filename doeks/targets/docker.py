@@ -144,8 +144,12 @@ class DockerTarget(OnThisMachine, Target):
         pytorchjob = plan.manifests[-1]
         ctx: dict[str, Any] = {"endpoint": None, "started_etcd": False}
         plan.context = ctx
+        build = self.image_step(job)
+        if build is not None:
+            ctx["builds"] = True
+            plan.steps.append(build)
         plan.steps.append(Step(f"check: docker daemon, image {plan.image}, job {s.job_name} not running, data in "
-                               f"{elastic.data_root(s)}", lambda: self._check(s, plan.image)))
+                               f"{elastic.data_root(s)}", lambda: self._check(s, plan.image, job.code)))
         if s.rdzv_backend.startswith("etcd"):
             server = etcd(s.state_dir)
             what = (f"use etcd at {s.etcd_endpoint}" if s.etcd_endpoint else
@@ -173,17 +177,18 @@ class DockerTarget(OnThisMachine, Target):
                              "`invoke elasticjob.status`, or `invoke elasticjob.delete` first")
 
     def refuse(self, plan: Plan) -> None:
-        trainimage.require_image(plan.image)
+        if not plan.context.get("builds"):
+            trainimage.require_image(plan.image, plan.job.settings)
         self.refuse_if_running()
-        elastic.check_job_data(plan.job.settings)  # a user's script gets its data folder as it is
+        elastic.check_job_data(plan.job.settings, plan.job.code)  # a user's script gets its data folder as it is
 
-    def _check(self, s, image: str) -> None:
-        trainimage.require_image(image)
+    def _check(self, s, image: str, code=None) -> None:
+        trainimage.require_image(image, s)
         self.refuse_if_running()
         for stale in self.containers():
             self._archive(stale)
             stale.remove(force=True)
-        elastic.check_job_data(s)
+        elastic.check_job_data(s, code)
 
     def _archive(self, container) -> None:
         """Keep a finished run's logs (STATE_DIR/docker/<job>/runs/<run>/node-N.log) before its container goes."""

@@ -238,6 +238,10 @@ class KubernetesTarget(Target):
 
     def plan(self, job: Job) -> Plan:
         plan = self.manifest_plan(job)
+        build = self.image_step(job)  # doeks' own cluster: built here, then imported
+        if build is not None:
+            plan.context["builds"] = build
+            plan.steps.append(build)
         if job.fresh and self.on_this_machine:  # doeks' own cluster: the claim's folder is here
             plan.steps.append(self.fresh_step(job.name))
         elif job.fresh:  # the claim is storage of that cluster: nothing here can clear it
@@ -256,10 +260,13 @@ class KubernetesTarget(Target):
     def submit(self, plan: Plan, runner) -> None:
         from ..runner import to_yaml_stream
 
+        build = plan.context.get("builds")
+        if build is not None:  # before the image is imported into the cluster
+            runner.step(build.what, build.run)
         self.check_image(plan.image, runner)
         self._replace_previous(plan, runner)
         for step in plan.steps:
-            if step.run is not None:
+            if step.run is not None and step is not build:
                 runner.step(step.what, step.run)
         kube.run(runner, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
                  input=to_yaml_stream(plan.manifests))
@@ -269,14 +276,15 @@ class KubernetesTarget(Target):
     def refuse(self, plan: Plan) -> None:
         """Before anything is printed: the image (doeks' own cluster: built here; eks: resolved to a registry) and a
         job of the same name still running without --fresh."""
-        self.refuse_image(plan.image)
+        if not plan.context.get("builds"):
+            self.refuse_image(plan.image)
         if kube.own_cluster_stopped(self.settings):
             raise DoeksError("doeks' cluster is not running: `TARGET=kubernetes invoke up` starts it")
         self._previous(plan)
 
     def refuse_image(self, image: str) -> None:
         if self.on_this_machine:
-            trainimage.require_image(image)
+            trainimage.require_image(image, self.settings)
 
     def _previous(self, plan: Plan) -> str | None:
         """The state of a PyTorchJob of the same name already on the cluster (None: there is none); a running one is

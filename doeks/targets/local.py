@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .. import code, elastic, ui
+from .. import elastic, ui
 from ..errors import DoeksError
 from ..local import jobs as local_jobs
 from ..local import runtime
@@ -160,9 +160,9 @@ class LocalTarget(OnThisMachine, Target):
         pytorchjob = plan.manifests[-1]
         ctx: dict = {"endpoint": None, "started_etcd": False}
         plan.context = ctx
-        source = code.resolve(s).source
+        source = job.code.source
         plan.steps.append(Step(f"check that job {s.job_name} is not running and its data is in {elastic.data_root(s)}",
-                               lambda: self._check(s)))
+                               lambda: self._check(s, job.code)))
         etcd_server = etcd(s.state_dir)
         if s.rdzv_backend.startswith("etcd"):
             if s.etcd_endpoint:
@@ -195,13 +195,13 @@ class LocalTarget(OnThisMachine, Target):
             raise DoeksError(f"job {self.settings.job_name} is already running: `invoke elasticjob.status`, or "
                              "`invoke elasticjob.delete` first")
 
-    def _check(self, s) -> None:
+    def _check(self, s, code=None) -> None:
         self.refuse_if_running()
-        elastic.check_job_data(s)
+        elastic.check_job_data(s, code)
 
     def refuse(self, plan: Plan) -> None:
         self.refuse_if_running()
-        elastic.check_job_data(plan.job.settings)
+        elastic.check_job_data(plan.job.settings, plan.job.code)
 
     def _launch(self, s, pytorchjob, ctx, run, source) -> None:
         local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run, source)

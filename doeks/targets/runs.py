@@ -33,7 +33,7 @@ def _write(settings, records: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def start(settings, target: str, run: str, train_args: list[str] | None = None) -> None:
+def start(settings, target: str, run: str, train_args: list[str] | None = None, code=None) -> None:
     """Record a submitted run; any earlier run still open was replaced by it."""
     records = read(settings)
     now = time.time()
@@ -41,12 +41,12 @@ def start(settings, target: str, run: str, train_args: list[str] | None = None) 
         if record.get("end") is None:
             record.update(end=now, result="Replaced", reason=f"run {run} was deployed before its end was seen")
     records.append({"run": run, "target": target, "job": settings.job_name, "start": now, "end": None,
-                    "result": "Running", "reason": "", "script": script_of(settings, train_args),
+                    "result": "Running", "reason": "", "script": script_of(settings, train_args, code),
                     "train_args": list(train_args or [])})
     _write(settings, records)
 
 
-def script_of(settings, train_args=None) -> str:
+def script_of(settings, train_args=None, code=None) -> str:
     """The run's code as `history` shows it: the script (relative to the project when inside it, `-m module`, or
     `built-in`) and its arguments (TRAIN_ARGS, then --train-args)."""
     import shlex
@@ -56,7 +56,7 @@ def script_of(settings, train_args=None) -> str:
     from ..settings import PROJECT_ROOT
 
     try:
-        code = resolve(settings)
+        code = code or resolve(settings)
     except DoeksError:
         return settings.train_script
     if code.builtin:
