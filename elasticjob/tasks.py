@@ -100,6 +100,7 @@ def deploy(c, job_name=None, replicas=None, min_replicas=None, max_replicas=None
     except ValueError as error:
         raise DoeksError(f"--train-args {train_args!r}: {error}") from None
     job = target.job(args, fresh, dry_run)  # the job as one value: its code, image and world resolved once, here
+    runs.refuse_other_code(s, job.code, fresh)  # another script under this name would read its state
     plan = target.plan(job)  # refuses arguments the training script would refuse
     if dry_run:
         plan.show(r)

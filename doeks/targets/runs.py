@@ -42,6 +42,7 @@ def start(settings, target: str, run: str, train_args: list[str] | None = None, 
             record.update(end=now, result="Replaced", reason=f"run {run} was deployed before its end was seen")
     records.append({"run": run, "target": target, "job": settings.job_name, "start": now, "end": None,
                     "result": "Running", "reason": "", "script": script_of(settings, train_args, code),
+                    "code": _code_of(settings, code),
                     "train_args": list(train_args or [])})
     _write(settings, records)
 
@@ -68,6 +69,30 @@ def script_of(settings, train_args=None, code=None) -> str:
         shown = str(path.relative_to(PROJECT_ROOT)) if PROJECT_ROOT in path.parents else str(path)
     args = list(code.args) + list(train_args or [])
     return shown + (f" {shlex.join(args)}" if args and not code.builtin else "")
+
+
+def _code_of(settings, code=None) -> str:
+    from ..code import resolve
+    from ..errors import DoeksError
+
+    try:
+        return (code or resolve(settings)).shown()
+    except DoeksError:
+        return settings.train_script
+
+
+def refuse_other_code(settings, code, fresh: bool) -> None:
+    """A job's name stands for one script: its checkpoints, metrics and model are that script's. Two scripts named
+    alike (fit.py in two projects) would read each other's state: the second is refused, in one line, unless it
+    starts the name over (--fresh) or takes a name of its own."""
+    from ..errors import DoeksError
+
+    before = next((r.get("code") for r in reversed(read(settings)) if r.get("code")), None)
+    if fresh or before is None or before == code.shown():
+        return
+    raise DoeksError(f"job {settings.job_name} ran {before}, not {code.shown()}: its checkpoints and model are that "
+                     f"script's; deploy this one with --job-name <another name> (or --fresh to start {settings.job_name} "
+                     "over with it)")
 
 
 def settle(settings, status) -> None:
