@@ -150,3 +150,21 @@ def test_invoke_logs_without_the_tools_container_points_to_the_jobs_logs(docker_
     assert result.returncode == 1 and result.stderr.strip() == (
         "error: the tools container doeks-no-such-container is not running (`invoke run` starts it); the training "
         "job's logs: `invoke elasticjob.logs`")
+
+
+def test_a_second_script_under_a_name_another_ran_is_refused(tmp_path, state_dir):
+    """fit.py of two projects take the same name: the second would resume from the first's checkpoint."""
+    first, second = tmp_path / "one" / "fit.py", tmp_path / "two" / "fit.py"
+    for script in (first, second):
+        script.parent.mkdir()
+        script.write_text("print('fit')\n")
+    s = S.load(environ={"TRAIN_SCRIPT": str(first), "STATE_DIR": str(state_dir)}, path=ROOT / ".env")
+    from doeks.targets import runs
+
+    runs.start(s, "local", "20261125-000000-0001", code=code.resolve(s))
+    refused = invoke("elasticjob.deploy", "--dry-run", env={"TRAIN_SCRIPT": str(second)})
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        f"error: job fit ran {first}, not {second}: its checkpoints and model are that script's; deploy this one with "
+        "--job-name <another name> (or --fresh to start fit over with it)")
+    assert invoke("elasticjob.deploy", "--dry-run", env={"TRAIN_SCRIPT": str(first)}).returncode == 0
+    assert invoke("elasticjob.deploy", "--dry-run", "--job-name", "fit-two", env={"TRAIN_SCRIPT": str(second)}).returncode == 0
