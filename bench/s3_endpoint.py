@@ -1,7 +1,10 @@
 """An S3 endpoint that behaves like S3 at scale, for benchmarks: 127.0.0.1 only, objects from memory.
 
 GetObject (with Range), HeadObject and ListObjectsV2 (paged, at most 1000 keys, prefix, delimiter, start-after,
-continuation token) over plain HTTP/1.1 keep-alive, path-style addressing. Each request waits `--latency-ms` (default
+continuation token) over plain HTTP/1.1 keep-alive, path-style addressing. Writes too, kept in memory (bench/checkpoint.py
+saves checkpoints here): PutObject, multipart uploads (create, upload part, complete with S3's
+CompleteMultipartUploadResult, abort), CopyObject, DeleteObject and DeleteObjects; aws-chunked bodies (the CRT client's
+trailing checksums) are decoded. Each request waits `--latency-ms` (default
 20 ms, S3's typical time to first byte for small objects) on a timer before its answer, so throughput grows with
 requests in flight, as on S3; an asyncio server serves thousands of requests at once on one core, so a client's own
 concurrency and CPU cost per request, not the server, set its rate. Signatures are not checked.
@@ -44,10 +47,33 @@ class Store:
             self.objects[key] = (offset, length, b'"' + hashlib.md5(key.encode()).hexdigest().encode() + b'"')
         self.keys = sorted(self.objects)
         self.total_bytes = sum(v[1] for v in self.objects.values())
+        self.written: dict[str, bytes] = {}  # objects put by clients
+        self.uploads: dict[str, dict[int, bytes]] = {}  # multipart upload id -> part number -> bytes
+        self.upload_keys: dict[str, str] = {}
 
     def body(self, key: str) -> memoryview:
+        if key in self.written:
+            return memoryview(self.written[key])
         offset, length, _ = self.objects[key]
         return self.buffer[offset:offset + length]
+
+    def put(self, key: str, data: bytes) -> bytes:
+        import bisect
+
+        etag = b'"' + hashlib.md5(data).hexdigest().encode() + b'"'
+        if key not in self.objects:
+            bisect.insort(self.keys, key)
+        self.written[key] = data
+        self.objects[key] = (0, len(data), etag)
+        return etag
+
+    def delete(self, key: str) -> None:
+        import bisect
+
+        if key in self.objects:
+            del self.objects[key]
+            self.written.pop(key, None)
+            self.keys.pop(bisect.bisect_left(self.keys, key))
 
     def list_v2(self, query: dict[str, str]) -> bytes:
         import bisect
@@ -107,8 +133,10 @@ class Limits:
 class S3Protocol(asyncio.Protocol):
     def __init__(self, store: Store, latency: float, limits: Limits):
         self.store, self.latency, self.limits = store, latency, limits
-        self.buffer = b""
+        self.buffer = bytearray()  # appended in place: a request body of many MB arrives in 64 kB pieces
         self.busy = False
+        self.continued = False
+        self.waiting = 0  # bytes the request being received needs in all (its head parsed once)
         self.transport = None
 
     def connection_made(self, transport):
@@ -116,7 +144,7 @@ class S3Protocol(asyncio.Protocol):
 
     def data_received(self, data):
         self.buffer += data
-        if not self.busy:
+        if not self.busy and len(self.buffer) >= self.waiting:
             self._next()
 
     def _next(self):
@@ -130,8 +158,18 @@ class S3Protocol(asyncio.Protocol):
             headers[name.strip().lower()] = value.strip()
         length = int(headers.get("content-length", "0") or 0)
         if len(self.buffer) < end + 4 + length:
-            return  # wait for the request body (ignored)
-        self.buffer = self.buffer[end + 4 + length:]
+            if headers.get("expect", "").lower() == "100-continue" and not self.continued:
+                self.continued = True  # botocore's PutObject waits for it before it sends the body
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting = end + 4 + length
+            return  # wait for the request body
+        self.continued = False
+        self.waiting = 0
+        body = bytes(self.buffer[end + 4:end + 4 + length])
+        if "aws-chunked" in headers.get("content-encoding", "") or headers.get("x-amz-content-sha256", "").startswith("STREAMING"):
+            body = _dechunk(body)
+        headers[":body"] = body
+        del self.buffer[:end + 4 + length]
         self.busy = True
         limits = self.limits
         limits.served += 1
@@ -161,6 +199,8 @@ class S3Protocol(asyncio.Protocol):
             extra = b"Content-Type: application/xml\r\n"
         elif not key and method == "HEAD":
             status, body = b"200 OK", b""
+        elif method in ("PUT", "POST", "DELETE"):
+            status, body, extra = self._write(method, key, query, headers)
         elif key in store.objects and method in ("GET", "HEAD"):
             _, length, etag = store.objects[key]
             body = store.body(key)
@@ -183,6 +223,56 @@ class S3Protocol(asyncio.Protocol):
             status, body = b"501 Not Implemented", _error("NotImplemented", method)
         self._send(status, extra, body, len(body))
 
+    def _write(self, method: str, key: str, query: dict[str, str], headers: dict) -> tuple[bytes, bytes, bytes]:
+        store, data = self.store, headers[":body"]
+        ns = 'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
+        if method == "POST" and not key and "delete" in query:  # DeleteObjects
+            import re
+
+            from xml.sax.saxutils import unescape
+
+            keys = [unescape(k.decode()) for k in re.findall(rb"<Key>(.*?)</Key>", data)]
+            for each in keys:
+                store.delete(each)
+            deleted = "".join(f"<Deleted><Key>{escape(k)}</Key></Deleted>" for k in keys)
+            return b"200 OK", f'<?xml version="1.0" encoding="UTF-8"?>\n<DeleteResult {ns}>{deleted}</DeleteResult>'.encode(), b""
+        if method == "POST" and "uploads" in query:  # CreateMultipartUpload
+            upload = hashlib.md5(f"{key}{time.monotonic()}".encode()).hexdigest()
+            store.uploads[upload], store.upload_keys[upload] = {}, key
+            return b"200 OK", (f'<?xml version="1.0" encoding="UTF-8"?>\n<InitiateMultipartUploadResult {ns}><Bucket>{store.bucket}'
+                               f"</Bucket><Key>{escape(key)}</Key><UploadId>{upload}</UploadId></InitiateMultipartUploadResult>").encode(), b""
+        if method == "PUT" and "uploadId" in query:  # UploadPart
+            parts = store.uploads.get(query["uploadId"])
+            if parts is None:
+                return b"404 Not Found", _error("NoSuchUpload", query["uploadId"]), b""
+            parts[int(query["partNumber"])] = data
+            return b"200 OK", b"", b'ETag: "' + hashlib.md5(data).hexdigest().encode() + b'"\r\n'
+        if method == "POST" and "uploadId" in query:  # CompleteMultipartUpload
+            parts = store.uploads.pop(query["uploadId"], None)
+            store.upload_keys.pop(query["uploadId"], None)
+            if parts is None:
+                return b"404 Not Found", _error("NoSuchUpload", query["uploadId"]), b""
+            etag = store.put(key, b"".join(parts[n] for n in sorted(parts)))
+            return b"200 OK", (f'<?xml version="1.0" encoding="UTF-8"?>\n<CompleteMultipartUploadResult {ns}><Location>/{store.bucket}/'
+                               f"{escape(key)}</Location><Bucket>{store.bucket}</Bucket><Key>{escape(key)}</Key>"
+                               f"<ETag>{escape(etag.decode())}</ETag></CompleteMultipartUploadResult>").encode(), b""
+        if method == "DELETE" and "uploadId" in query:  # AbortMultipartUpload
+            store.uploads.pop(query["uploadId"], None)
+            return b"204 No Content", b"", b""
+        if method == "DELETE":
+            store.delete(key)
+            return b"204 No Content", b"", b""
+        if method == "PUT" and headers.get("x-amz-copy-source"):  # CopyObject
+            source = unquote(headers["x-amz-copy-source"]).lstrip("/").partition("/")[2].split("?")[0]
+            if source not in store.objects:
+                return b"404 Not Found", _error("NoSuchKey", source), b""
+            etag = store.put(key, bytes(store.body(source)))
+            return b"200 OK", (f'<?xml version="1.0" encoding="UTF-8"?>\n<CopyObjectResult {ns}><ETag>{escape(etag.decode())}</ETag>'
+                               f"<LastModified>{LAST_MODIFIED_ISO}</LastModified></CopyObjectResult>").encode(), b""
+        if method == "PUT" and key:  # PutObject
+            return b"200 OK", b"", b"ETag: " + store.put(key, data) + b"\r\n"
+        return b"501 Not Implemented", _error("NotImplemented", method), b""
+
     def _send(self, status: bytes, extra: bytes, body, length: int, later: bool = False):
         if later:  # answer after the latency, like every other answer
             asyncio.get_running_loop().call_later(self.latency, self._send, status, extra, body, len(body))
@@ -199,6 +289,19 @@ class S3Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc):
         self.transport = None
+
+
+def _dechunk(body: bytes) -> bytes:
+    """An aws-chunked body (`size;chunk-signature=...\\r\\ndata\\r\\n` ... `0\\r\\n` trailers) as its data."""
+    out, at = [], 0
+    while at < len(body):
+        line_end = body.index(b"\r\n", at)
+        size = int(body[at:line_end].split(b";", 1)[0], 16)
+        if size == 0:
+            break
+        out.append(body[line_end + 2:line_end + 2 + size])
+        at = line_end + 2 + size + 2
+    return b"".join(out)
 
 
 def _error(code: str, what: str) -> bytes:

@@ -7,8 +7,8 @@ ImageNet-shaped JPEGs (doeks.workload.data textures at ImageNet's typical size: 
   simplejpeg at the smallest libjpeg-turbo DCT scale that keeps the box at least 224 a side (torchvision.io for what it
   refuses), transforms v2 on uint8, normalisation of the uint8 batch (on the GPU in training; here on the CPU, so it is
   counted). Target >= 2x (docs/loader.md).
-- Checkpoint stall for ResNet-50 (model + SGD momentum): synchronous write vs train.py's Checkpointer (copy, then a
-  background write).
+- Checkpoint stall for ResNet-50 (model + SGD momentum): a blocking DCP save to a folder vs train.py's asynchronous one
+  (doeks/workload/checkpoints.py: copy, then a background write); bench/checkpoint.py measures it in S3 and over steps.
 - GPU (only where CUDA is available): ResNet-50 training images/s on one GPU, doeks (bf16 autocast, channels_last,
   uint8 loader with workers) vs baseline (fp32, PIL loader, same batch and workers). Targets >= 2.5x and >= 3,500/s on
   one H100. Without CUDA it prints a skip line.
@@ -75,18 +75,22 @@ def loader_rates(datasets: dict, rounds: int) -> dict:
 def checkpoint_stall(folder: Path) -> tuple[float, float]:
     import torch
     import torchvision
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from doeks.workload.checkpoints import Store
 
     model = torchvision.models.resnet50()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(2, 3, 64, 64)).sum().backward()
     optimizer.step()  # momentum buffers exist, as in training
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 0, "consumed": 0, "step": 1}
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    store = Store(str(folder / "ck"))
     start = time.perf_counter()
-    train.atomic_save(state, folder / "sync.pt")
+    store.save(state, 1, {"epoch": 0}, background=False)
     synchronous = time.perf_counter() - start
-    saver = train.Checkpointer(folder)
-    stall = saver.save(state)
-    saver.wait()
+    stall = store.save(state, 2, {"epoch": 0})
+    store.wait()
     return synchronous, stall
 
 

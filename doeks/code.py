@@ -123,35 +123,21 @@ def _requirements(settings, source: Path) -> Path | None:
     return default if default.is_file() else None
 
 
-# -- where a job keeps what it makes: one place -----------------------------------------------------------------------
-JOB_FOLDERS = ("checkpoints", "metrics", "models", "output")
-
-
-def job_folder(settings, kind: str, mount: str | None = None) -> str:
-    """Where the job keeps its `kind` (checkpoints, metrics, models, output) on the shared volume: `<mount>/<kind>/
-    <JOB_NAME>`, each job under its own name, so a job never reads another's state. `mount` is where the volume is
-    seen: SHARED_MOUNT in the pods (the default), its folder on this machine, a `pvc://` URI. Every target, the
-    environment contract and the built-in workload's flags take the job's folders from here."""
-    if kind not in JOB_FOLDERS:
-        raise ValueError(f"job_folder: {kind!r} is not one of {', '.join(JOB_FOLDERS)}")
-    return f"{str(mount or settings.shared_mount).rstrip('/')}/{kind}/{settings.job_name}"
-
-
-def checkpoint_location(settings, mount: str | None = None) -> str:
-    """The job's checkpoints (DOEKS_CHECKPOINT_DIR, the built-in workload's --checkpoint-dir): `job_folder`."""
-    return job_folder(settings, "checkpoints", mount)
-
-
 # -- the environment contract: the same names on every target ------------------------------------------------------
 def contract(settings, mount: str, run_id: str, hosts: list[str]) -> dict[str, str]:
     """What every job's processes find in their environment on the Kubernetes-shaped targets (local, docker,
     kubernetes/eks): doeks' names and SageMaker's for the same folders, so a script written for either runs on both.
     SageMaker sets its own SM_* (and doeks.targets.sagemaker the DOEKS_* ones) to its /opt/ml folders."""
+    from .jobpaths import checkpoint_uri, job_folder, model_uri
+
     models, output = job_folder(settings, "models", mount), job_folder(settings, "output", mount)
     return {
         "DOEKS_DATA_DIR": f"{mount}/data",
-        "DOEKS_CHECKPOINT_DIR": checkpoint_location(settings, mount),
+        "DOEKS_CHECKPOINT_DIR": job_folder(settings, "checkpoints", mount),
+        "DOEKS_CHECKPOINT_URI": checkpoint_uri(settings, mount),
+        "DOEKS_KEEP_CHECKPOINTS": str(settings.keep_checkpoints),
         "DOEKS_MODEL_DIR": models,
+        "DOEKS_MODEL_URI": model_uri(settings, mount),
         "DOEKS_OUTPUT_DIR": output,
         "DOEKS_RUN_ID": run_id,
         "SM_CHANNEL_TRAINING": f"{mount}/data",

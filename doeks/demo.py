@@ -39,7 +39,7 @@ def run(base, keep: bool = False, dry_run: bool = False) -> dict:
         ui.say(f"final validation accuracy: {result.get('val_accuracy', 0):.3f} (chance {chance:.3f}) "
                f"after {result.get('step')} steps", style="bold green")
         ui.say(f"plot: {png}")
-        ui.say(f"checkpoint: {elastic.checkpoint_dir(s) / 'checkpoint.pt'}")
+        ui.say(f"checkpoints: {elastic.checkpoint_uri(s)} (`latest` names the newest)")
         return result
     finally:
         if not keep:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from . import ui
-from .code import checkpoint_location, job_folder
 from .errors import DoeksError
 from .local import jobs as local_jobs
 from .local import runtime
@@ -25,12 +24,31 @@ def metrics_dir(settings) -> Path:
     return job_dir(settings, "metrics")
 
 
+def checkpoint_uri(settings) -> str:
+    """The job's checkpoints as seen from this machine: CHECKPOINT_URI/<job> (s3:// or a folder), or the shared
+    volume folder's checkpoints/<job>."""
+    from .jobpaths import checkpoint_uri as uri
+
+    return uri(settings, str(runtime.shared_volume(settings)))
+
+
+def model_uri(settings) -> str:
+    from .jobpaths import model_uri as uri
+
+    return uri(settings, str(runtime.shared_volume(settings)))
+
+
 def checkpoint_dir(settings) -> Path:
-    return Path(checkpoint_location(settings, str(runtime.shared_volume(settings))))
+    """The folder of the job's checkpoints on this machine (the shared volume's, or CHECKPOINT_URI's folder); for
+    checkpoints in S3 the shared volume's folder (empty)."""
+    uri = checkpoint_uri(settings)
+    return runtime.shared_volume(settings) / "checkpoints" / settings.job_name if uri.startswith("s3://") else Path(uri)
 
 
 def job_dir(settings, kind: str) -> Path:
     """The job's folder of `kind` (checkpoints, metrics, models, output) in the volume's folder on this machine."""
+    from .jobpaths import job_folder
+
     return Path(job_folder(settings, kind, str(runtime.shared_volume(settings))))
 
 
@@ -40,6 +58,49 @@ def clear_outputs(settings) -> None:
 
     for folder in (checkpoint_dir(settings), metrics_dir(settings)):
         shutil.rmtree(folder, ignore_errors=True)
+    uri = checkpoint_uri(settings)
+    if uri.startswith("s3://"):
+        delete_s3_prefix(settings, uri)
+
+
+def delete_s3_prefix(settings, uri: str) -> int:
+    """Delete every object under s3://bucket/prefix/ (the endpoint of doeks.aws); returns how many."""
+    from .aws import client
+
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    s3 = client(settings, "s3")
+    deleted = 0
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/"):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                s3.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+                deleted += len(keys)
+    except s3.exceptions.NoSuchBucket:
+        return 0
+    return deleted
+
+
+def prepare_s3(settings) -> dict[str, str]:
+    """Before a job on this machine whose checkpoints or model are in S3: the endpoint (doeks' moto server, started
+    if need be, or AWS_ENDPOINT_URL), the bucket made in doeks' moto (it stands in for the account's bucket), and the
+    environment the training processes need to reach it (doeks.jobpaths.s3_env). Empty when nothing is in S3."""
+    from .aws import client, endpoint_url
+    from .jobpaths import in_s3, s3_buckets, s3_env
+
+    if not in_s3(settings):
+        return {}
+    endpoint = endpoint_url(settings)
+    if endpoint and not settings.aws_endpoint_url:
+        s3 = client(settings, "s3")
+        for bucket in s3_buckets(settings):
+            try:
+                s3.head_bucket(Bucket=bucket)
+            except Exception:  # noqa: BLE001 - botocore's 404
+                options = {} if settings.aws_region == "us-east-1" else {
+                    "CreateBucketConfiguration": {"LocationConstraint": settings.aws_region}}
+                s3.create_bucket(Bucket=bucket, **options)
+    return s3_env(settings, endpoint)
 
 
 def make_data(settings, runner) -> dict | None:

@@ -86,7 +86,7 @@ def train_args(settings, mount: str | None = None, code=None) -> list[str]:
 
 def imagenet_args(settings, mount: str | None = None) -> list[str]:
     """The built-in workload's own flags (doeks/workload/train.py): data, model, schedule and output folders."""
-    from .code import checkpoint_location, job_folder
+    from .jobpaths import checkpoint_uri, job_folder
 
     mount = mount or settings.shared_mount
     crop = settings.crop  # CROP_SIZE, or by where the job trains (see Settings.crop)
@@ -94,7 +94,8 @@ def imagenet_args(settings, mount: str | None = None) -> list[str]:
             "--batch-size", str(settings.batch_size), "--lr", str(settings.learning_rate),
             "--crop-size", str(crop),
             "--workers", str(settings.data_workers), "--checkpoint-every", str(settings.checkpoint_every),
-            "--checkpoint-dir", checkpoint_location(settings, mount), "--metrics-dir", job_folder(settings, "metrics", mount)]
+            "--checkpoint-dir", checkpoint_uri(settings, mount),
+            "--metrics-dir", job_folder(settings, "metrics", mount)]
 
 
 @dataclass

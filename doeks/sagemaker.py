@@ -95,6 +95,7 @@ def delete_role(settings, runner) -> None:
 
 # the environment contract (docs/your-own-script.md): doeks' names on SageMaker, for SageMaker's own folders
 ENVIRONMENT = {"DOEKS_DATA_DIR": "/opt/ml/input/data/training", "DOEKS_CHECKPOINT_DIR": "/opt/ml/checkpoints",
+               "DOEKS_CHECKPOINT_URI": "/opt/ml/checkpoints",
                "DOEKS_MODEL_DIR": "/opt/ml/model", "DOEKS_OUTPUT_DIR": "/opt/ml/output/data"}
 
 

@@ -230,6 +230,22 @@ def _path(optional: bool = True):
     return parse, "a file system path" + (" (or empty)" if optional else "")
 
 
+def _store_uri(raw: str) -> str:
+    """s3://bucket/prefix or an absolute folder (or empty): where checkpoints and models go."""
+    if raw == "":
+        return ""
+    if raw.startswith("s3://"):
+        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*'()/-]*)?", raw):
+            raise _Bad("empty, s3://bucket/prefix (a bucket name of 3-63 lower-case letters, digits, '.', '-') or an absolute folder")
+        return raw.rstrip("/")
+    if not raw.startswith("/") or "\x00" in raw or "\n" in raw or "://" in raw:
+        raise _Bad("empty, s3://bucket/prefix or an absolute folder")
+    return raw.rstrip("/") or "/"
+
+
+_STORE_URI = (_store_uri, "empty, s3://bucket/prefix or an absolute folder")
+
+
 def _memory(raw: str) -> str:
     """A Kubernetes memory quantity with a binary or decimal suffix (512Mi, 16Gi, 2G), or empty."""
     if raw and not re.fullmatch(r"[1-9]\d*(Ki|Mi|Gi|Ti|K|M|G|T)", raw):
@@ -340,6 +356,9 @@ KEYS: tuple[Key, ...] = (
     _key("LEARNING_RATE", "elasticjob", "0.1", "Peak learning rate for a global batch of 256, scaled linearly with the global batch (also after an elastic resize); linear warmup then cosine decay (SGD, nesterov)", _float(1e-6, 10.0)),
     _key("CROP_SIZE", "elasticjob", "0", "Training crop / val center-crop side in pixels (0 = 224 where GPUs train: eks, SageMaker; 32 where this machine trains: local, docker, SageMaker local mode, so the demo takes about a minute)", _int(0, 1024)),
     _key("CHECKPOINT_EVERY", "elasticjob", "10", "Write a checkpoint every N optimizer steps", _int(1, 1000000)),
+    _key("CHECKPOINT_URI", "elasticjob", "", "Where the job's checkpoints go, under <it>/<JOB_NAME>/step-N/ (PyTorch Distributed Checkpoint, `latest` written last): s3://bucket/prefix, or a folder the training processes see (empty = the shared volume's checkpoints/<JOB_NAME>; SageMaker: its checkpoint channel, synced to s3://S3_BUCKET/doeks/<JOB_NAME>/checkpoints). On local and docker s3:// is doeks' moto server (or AWS_ENDPOINT_URL)", _STORE_URI),
+    _key("KEEP_CHECKPOINTS", "elasticjob", "3", "Complete checkpoints kept per job (older ones are removed once a newer one is complete)", _int(1, 1000)),
+    _key("MODEL_URI", "elasticjob", "", "Where the final model goes when the job ends, as <it>/<JOB_NAME>/model.pt: s3://bucket/prefix, or a folder the training processes see (empty = the shared volume's models/<JOB_NAME>; SageMaker: model.tar.gz in its output path)", _STORE_URI),
     _key("DATA_WORKERS", "elasticjob", "auto", "DataLoader worker processes per training process (auto = the node's CPUs / processes per node - 1, at most 16)", _pattern(re.compile(r"auto|[0-9]|[1-5][0-9]|6[0-4]"), "auto or an integer from 0 to 64")),
     _key("DATA_CLASSES", "elasticjob", "4", "Classes (WordNet-id folders) in the generated ImageNet-shaped data set", _int(2, 1000)),
     _key("DATA_TRAIN_PER_CLASS", "elasticjob", "400", "Generated training images per class", _int(1, 100000)),

@@ -37,7 +37,9 @@ BASE_DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile.torch-cpu"
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
 # At /opt/doeks-stage: the stager, for the cluster's staging Job (`python -m doeks.datastage`, standard library only),
 # and the image's torchrun (`python3 -m doeks.torchrun`: torch's, with its etcd run directory fixed).
-STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py")]
+# and doeks.checkpoints() for a user's script (doeks/workload/checkpoints.py: torch, s3fs, s3torchconnector)
+STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py",
+                                                          "workload/__init__.py", "workload/checkpoints.py")]
 
 
 def _cpu_base() -> str:
@@ -72,7 +74,7 @@ def content_tag(base: str, code=None) -> str:
     else:
         digest.update(b"user-code\0" + code.digest().encode())
     for path in STAGE_FILES:
-        digest.update(b"stage/" + path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(b"stage/" + path.relative_to(PROJECT_ROOT / "doeks").as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]
 
 
@@ -222,9 +224,10 @@ def build(settings, runner, on_this_machine: bool, code=None) -> str:
             shutil.copyfile(path, target)
         (context / "requirements").mkdir()
         (context / "requirements" / "requirements.txt").write_bytes(code.requirements.read_bytes() if code.requirements else b"")
-        (context / "stage" / "doeks").mkdir(parents=True)
         for path in STAGE_FILES:
-            shutil.copyfile(path, context / "stage" / "doeks" / path.name)
+            target = context / "stage" / "doeks" / path.relative_to(PROJECT_ROOT / "doeks")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
         shutil.copyfile(DOCKERFILE, context / "Dockerfile")
         try:
             stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir, "ENTRY": entry})

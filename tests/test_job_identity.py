@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from doeks import code, elastic
+from doeks import code, elastic, jobpaths
 from doeks import settings as S
 
 from .conftest import ROOT, invoke, job_settings
@@ -28,9 +28,9 @@ def test_the_job_name_comes_from_the_code_and_the_folders_from_one_function():
     assert s.with_overrides(job_name="mine").job_name == "mine"  # JOB_NAME (or --job-name) wins
     assert S.load(environ={"JOB_NAME": "x", "TRAIN_SCRIPT": "a/fit.py"}, path=ROOT / ".env").job_name == "x"
     env = code.contract(s, "/fsx-shared", "run", [])
-    assert env["DOEKS_CHECKPOINT_DIR"] == code.checkpoint_location(s) == "/fsx-shared/checkpoints/ddp-plain"
-    assert env["DOEKS_MODEL_DIR"] == env["SM_MODEL_DIR"] == code.job_folder(s, "models") == "/fsx-shared/models/ddp-plain"
-    assert str(elastic.checkpoint_dir(s)) == code.checkpoint_location(s, str(elastic.data_root(s).parent))
+    assert env["DOEKS_CHECKPOINT_DIR"] == jobpaths.checkpoint_uri(s) == "/fsx-shared/checkpoints/ddp-plain"
+    assert env["DOEKS_MODEL_DIR"] == env["SM_MODEL_DIR"] == jobpaths.job_folder(s, "models") == "/fsx-shared/models/ddp-plain"
+    assert str(elastic.checkpoint_dir(s)) == jobpaths.checkpoint_uri(s, str(elastic.data_root(s).parent))
     shown = invoke("config", "--key", "JOB_NAME", env={"TRAIN_SCRIPT": "examples/ddp-plain/train.py", "COLUMNS": "200"})
     assert "ddp-plain" in shown.stdout and "from TRAIN_SCRIPT" in shown.stdout, shown.stdout
 

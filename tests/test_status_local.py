@@ -218,9 +218,9 @@ def test_a_script_that_cannot_start_ends_at_once_with_the_reason_its_real_log_sh
 @pytest.mark.slow
 def test_a_corrupt_checkpoint_ends_at_once_as_unusable(small):
     """The bad-checkpoint rule, from the training script's own error on a checkpoint that is not one."""
-    folder = elastic.checkpoint_dir(small)
+    folder = elastic.checkpoint_dir(small) / "step-5"  # complete (it has a .metadata), but not a checkpoint
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "checkpoint.pt").write_bytes(b"not a checkpoint\n" * 64)
+    (folder / ".metadata").write_bytes(b"not a checkpoint\n" * 64)
     result = invoke("elasticjob.deploy", "--follow", timeout=180)
     last = _ends_with(result, "imagenet", "unusable checkpoint: checkpoint ")
     assert "partial or corrupt" in last and "(fix: move the checkpoint folder away or deploy with --fresh)" in last

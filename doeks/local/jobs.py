@@ -103,7 +103,7 @@ def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str,
 
 
 def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str, preload: bool = True,
-           run: str = "", source: Path = WORKLOAD) -> int:
+           run: str = "", source: Path = WORKLOAD, extra_env: dict[str, str] | None = None) -> int:
     """Write the job and start its supervisor; returns the supervisor's pid. The agents run in `source` (the
     container's working directory, the code's folder), as the pods do."""
     import subprocess
@@ -111,6 +111,7 @@ def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: st
     if is_active(home):
         raise DoeksError(f"job {job['metadata']['name']} is already running: see `invoke elasticjob.status`, or `invoke elasticjob.delete` first")
     argv, env = replica_command(job, volumes_dir, rdzv_endpoint, preload, source)
+    env.update(extra_env or {})  # what the target adds on this machine (the S3 endpoint of CHECKPOINT_URI)
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
     elastic = job["spec"]["elasticPolicy"]
     home.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from .. import elastic, jobspec, trainimage
+from .. import elastic, jobpaths, jobspec, trainimage
 from ..errors import DoeksError
 from ..local import runtime
 from ..local.jobs import GROUP_FAILED, parse_progress, restarting
@@ -159,10 +159,13 @@ class DockerTarget(OnThisMachine, Target):
             shown = "127.0.0.1:ETCD_PORT"
         else:
             ctx["endpoint"] = shown = f"127.0.0.1:{free_port()}"
+        if jobpaths.in_s3(s):  # checkpoints or model in S3: doeks' moto server (or AWS_ENDPOINT_URL), host network
+            plan.steps.append(Step(f"S3 for {', '.join(jobpaths.in_s3(s))}: {s.aws_endpoint_url or 'doeks moto server (started if need be; the bucket made there)'}",
+                                   lambda: ctx.update(s3_env=elastic.prepare_s3(s))))
         if job.fresh:
             plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: elastic.clear_outputs(s)))
         plan.steps.append(Step(f"record the manifests in {self.home / 'manifests.yaml'}",
-                               lambda: self._record(plan.manifests, job.run)))
+                               lambda: self._record(plan.manifests, job.run, ctx.get("s3_env"))))
         volumes = runtime.volumes_dir(s)
         for replica in range(s.replicas):
             spec = container_spec(pytorchjob, replica, shown, volumes, job.run, state_label(s))
@@ -200,11 +203,11 @@ class DockerTarget(OnThisMachine, Target):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"node-{container.labels.get(REPLICA)}.log").write_bytes(data)
 
-    def _record(self, manifests, run) -> None:
+    def _record(self, manifests, run, s3_env=None) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "manifests.yaml").write_text(to_yaml_stream(manifests))
         (self.home / "pytorchjob.json").write_text(json.dumps(manifests[-1], indent=2))
-        (self.home / "run.json").write_text(json.dumps({"run": run, "endpoint": None}))
+        (self.home / "run.json").write_text(json.dumps({"run": run, "endpoint": None, "s3_env": s3_env or {}}))
 
     def _start(self, pytorchjob, replica: int, endpoint: str, run: str):
         record = json.loads((self.home / "run.json").read_text())
@@ -213,6 +216,7 @@ class DockerTarget(OnThisMachine, Target):
             (self.home / "run.json").write_text(json.dumps(record))
         spec = container_spec(pytorchjob, replica, endpoint, runtime.volumes_dir(self.settings), run,
                               state_label(self.settings))
+        spec["environment"].update(record.get("s3_env") or {})  # the S3 of CHECKPOINT_URI / MODEL_URI on this machine
         for folder in spec["volumes"]:
             Path(folder).mkdir(parents=True, exist_ok=True)
         return client().containers.run(**spec)
@@ -326,9 +330,9 @@ class DockerTarget(OnThisMachine, Target):
 
     def artifacts(self) -> dict[str, str]:
         s = self.settings
-        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
-                "model": str(elastic.job_dir(s, "models")), "final": str(elastic.metrics_dir(s) / "final.json"),
-                "manifests": str(self.home / "manifests.yaml")}
+        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": elastic.checkpoint_uri(s),
+                "model": elastic.model_uri(s) + "/model.pt",
+                "final": str(elastic.metrics_dir(s) / "final.json"), "manifests": str(self.home / "manifests.yaml")}
 
 
 def stop_containers(containers, runner) -> None:

@@ -469,13 +469,13 @@ class KubernetesTarget(Target):
             from .. import elastic
 
             return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
-                    "model": str(elastic.job_dir(s, "models")), "final": str(elastic.metrics_dir(s) / "final.json"),
+                    "model": elastic.model_uri(s) + "/model.pt", "final": str(elastic.metrics_dir(s) / "final.json"),
                     "volume": f"pvc://{s.namespace}/{s.shared_pvc} (folder {s.state_dir / 'volumes' / s.shared_pvc})"}
-        from ..code import checkpoint_location, job_folder
+        from ..jobpaths import checkpoint_uri, job_folder, model_uri
 
         base = f"pvc://{s.namespace}/{s.shared_pvc}"
-        return {"metrics": job_folder(s, "metrics", base), "checkpoints": checkpoint_location(s, base),
-                "model": job_folder(s, "models", base),
+        return {"metrics": job_folder(s, "metrics", base), "checkpoints": checkpoint_uri(s, base),
+                "model": model_uri(s, base) + "/model.pt",
                 "final": f"{job_folder(s, 'metrics', base)}/final.json",
                 "copy": "kubectl cp from a pod that mounts the claim"}
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .. import elastic, ui
+from .. import elastic, jobpaths, ui
 from ..errors import DoeksError
 from ..local import jobs as local_jobs
 from ..local import runtime
@@ -178,6 +178,9 @@ class LocalTarget(OnThisMachine, Target):
         else:
             ctx["endpoint"] = f"127.0.0.1:{free_port()}"
             shown = "127.0.0.1:PORT" if job.dry_run else ctx["endpoint"]  # a shown plan is the same every time
+        if jobpaths.in_s3(s):  # checkpoints or model in S3: doeks' moto server (or AWS_ENDPOINT_URL) for the processes
+            plan.steps.append(Step(f"S3 for {', '.join(jobpaths.in_s3(s))}: {s.aws_endpoint_url or 'doeks moto server (started if need be; the bucket made there)'}",
+                                   lambda: ctx.update(s3_env=elastic.prepare_s3(s))))
         argv, env = local_jobs.replica_command(pytorchjob, runtime.volumes_dir(s), shown, s.local_preload, source)
         for replica in range(s.replicas):
             line = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + f" DOEKS_REPLICA={replica}"
@@ -185,7 +188,7 @@ class LocalTarget(OnThisMachine, Target):
         if job.fresh:
             plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: elastic.clear_outputs(s)))
         plan.steps.append(Step(f"launch job supervisor for {s.job_name} ({s.replicas} nodes x {s.nproc_per_node} processes; "
-                               f"checkpoints in {elastic.checkpoint_dir(s)}, model in {elastic.job_dir(s, 'models')}, "
+                               f"checkpoints in {elastic.checkpoint_dir(s)}, model in {elastic.model_uri(s)}, "
                                f"logs in {local_jobs.run_dir(self.home, job.run)})",
                                lambda: self._launch(s, pytorchjob, ctx, job.run, source)))
         return plan
@@ -204,7 +207,8 @@ class LocalTarget(OnThisMachine, Target):
         elastic.check_job_data(plan.job.settings, plan.job.code)
 
     def _launch(self, s, pytorchjob, ctx, run, source) -> None:
-        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run, source)
+        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run, source,
+                          extra_env=ctx.get("s3_env"))
 
     def submit(self, plan: Plan, runner) -> None:
         try:
@@ -296,9 +300,9 @@ class LocalTarget(OnThisMachine, Target):
 
     def artifacts(self) -> dict[str, str]:
         s = self.settings
-        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
-                "model": str(elastic.job_dir(s, "models")), "final": str(elastic.metrics_dir(s) / "final.json"),
-                "logs": str(local_jobs.run_dir(self.home) / "replicas")}
+        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": elastic.checkpoint_uri(s),
+                "model": elastic.model_uri(s) + "/model.pt",
+                "final": str(elastic.metrics_dir(s) / "final.json"), "logs": str(local_jobs.run_dir(self.home) / "replicas")}
 
 
 def start_rendezvous(settings, ctx: dict) -> None:
