@@ -172,7 +172,7 @@ def test_a_script_that_reports_nothing_shows_no_step_count_and_no_made_up_result
     _settings(monkeypatch, TRAIN_SCRIPT=str(tmp_path / "quiet.py"), JOB_NAME="byo-quiet")
     result = invoke("elasticjob.deploy", "--follow", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "job byo-quiet succeeded (the script reports no step count" in result.stderr
+    assert "job byo-quiet succeeded: no step count (the script reports none" in result.stderr
     assert "nan" not in result.stderr and "/200" not in result.stderr and "accuracy" not in result.stderr
     shown = invoke("elasticjob.status")
     assert "no step count" in shown.stdout + shown.stderr and "Succeeded" in shown.stdout + shown.stderr

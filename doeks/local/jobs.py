@@ -482,7 +482,10 @@ class Supervisor:
             self.state = "Failed"
             last = reasons.last_error([f"[node-{index}] {line}" for line in self.scanner.since_step.get(str(index), [])],
                                       self.scanner.roots) or self.scanner.tracebacks.last(self.scanner.roots)
-            self.final_reason = self.reason = reasons.restart_limit(f"node-{index}", used, self.max_restarts, last)
+            cause = self.scanner.reason([code], failed=True, total=self.total_restarts())
+            # a known cause (the rendezvous server gone, out of memory) is the reason, with its own fix; else the limit
+            self.final_reason = self.reason = cause if cause is not None and cause.code not in reasons.GENERIC else \
+                reasons.restart_limit(f"node-{index}", used, self.max_restarts, last)
             self._log(f"replica {index} failed (exit {code}): {self.reason.text}")
             return
         self.restarts_total += 1

@@ -426,10 +426,10 @@ def container_job_status(target: str, job_name: str, run: str, containers: list,
         events = ["OOMKilled" for c, _ in read if c.attrs["State"].get("OOMKilled")]
         found = reasons.tracebacks(everything).permanent()
         over = [r for r in replicas if max_restarts is not None and r.restarts > max_restarts]
-        if found is None and over:
-            found = reasons.restart_limit(over[0].name, over[0].restarts, max_restarts, reasons.last_error(everything))
         found = found or reasons.classify(lines, [c.attrs["State"].get("ExitCode") for c, r in read if r.state == FAILED],
-                                          events, loop, failed=job_state == FAILED, total=total)
+                                          events, loop, failed=job_state == FAILED or bool(over), total=total)
+        if over and (found is None or found.code in reasons.GENERIC):  # no cause of its own: the limit is the reason
+            found = reasons.restart_limit(over[0].name, over[0].restarts, max_restarts, reasons.last_error(everything))
         if found is not None:
             reason, fix, permanent = found.text, found.fix, found.permanent
     return JobStatus(target, job_name, job_state, run=run, replicas=replicas, desired=len(replicas),

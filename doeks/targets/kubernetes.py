@@ -370,7 +370,7 @@ class KubernetesTarget(Target):
         said = reasons.tracebacks(everything).permanent() or reasons.from_lines(recent)
         limit = job["spec"].get("elasticPolicy", {}).get("maxRestarts")
         over = [r for r in replicas if limit is not None and r.restarts > int(limit)]
-        if said is None and over:  # MAX_RESTARTS: the pod's restarts and torchrun's in it, together
+        if over and (said is None or said.code in reasons.GENERIC):  # MAX_RESTARTS: the pod's and torchrun's in it
             said = reasons.restart_limit(over[0].name, over[0].restarts, int(limit), reasons.last_error(everything))
         if state == RUNNING and any(r.state == RESTARTING for r in replicas):
             state = RESTARTING

@@ -283,6 +283,9 @@ def from_lines(lines: Iterable[str], roots: Iterable[str] = ()) -> Reason | None
     return transient
 
 
+GENERIC = ("crash-loop", "failed")  # reasons that name no cause of their own
+
+
 def restart_limit(replica: str, restarts: int, limit: int, last: str = "") -> Reason:
     """A node restarted more often than MAX_RESTARTS allows: the job ends."""
     return Reason("restart-limit", f"restart limit: {replica} restarted {restarts} times (MAX_RESTARTS={limit})"
