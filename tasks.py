@@ -9,12 +9,12 @@ from pathlib import Path
 from invoke import Collection
 
 from doeks import container
-from doeks.taskkit import runner, settings, task
+from doeks.taskkit import runner, settings, target, task
 
 ROOT = Path(__file__).resolve().parent
 UNIT_FILES = {"eks": "eks/tasks.py", "csi": "csi/tasks.py", "efa": "efa-device-plugin/tasks.py",
               "gpu-metrics": "gpu-metrics/tasks.py", "kubeflow": "kubeflow/tasks.py", "sagemaker": "kubeflow/sagemaker.py",
-              "elasticjob": "elasticjob/tasks.py", "cluster": "cluster/tasks.py"}
+              "elasticjob": "elasticjob/tasks.py", "cluster": "cluster/tasks.py", "dev": "dev/tasks.py"}
 
 
 def _load_unit(name, path):
@@ -49,11 +49,7 @@ def up(c, dry_run=False):
             ui.warn(f"{unit.name}: {error.message}")  # a dry run goes on: the whole plan, every unit
             failed.append(unit.name)
     _plan_summary(dry_run, failed, "up")
-    s = settings()
-    if s.target == "kubernetes" and not dry_run:
-        from doeks import kube
-
-        print(f"export KUBECONFIG={kube.kubeconfig_path(s)}")
+    target().after_up(dry_run)
 
 
 def _plan_summary(dry_run, failed, verb):
@@ -86,14 +82,15 @@ def _teardown_summary(units) -> list[str]:
     return lines
 
 
-def _confirm_teardown(s, units) -> None:
+def _confirm_teardown(where, units) -> None:
     """One confirmation for the whole teardown, before anything is deleted."""
     import sys
 
     from doeks import ui
     from doeks.errors import DoeksError
 
-    what = f"cluster {s.cluster_name} in {s.aws_region} and everything doeks made for it"
+    s = where.settings
+    what = where.teardown_what()
     if not sys.stdin.isatty():
         raise DoeksError(f"`invoke down` deletes {what} ({', '.join(u.name for u in units)}): pass --yes to confirm "
                          "(stdin is not a terminal); --dry-run shows the plan")
@@ -119,11 +116,12 @@ def down(c, dry_run=False, yes=False, force=False):
 
     from doeks import ui
 
-    s = settings()
-    cluster = s.target == "eks"   # a cluster that costs money and is asked for; kubernetes: doeks' own or the user's
+    where = target()
+    s = where.settings
+    cluster = where.asks_before_down   # a cluster that costs money and is asked for; kubernetes: doeks' own or the user's
     units = list(reversed(_ordered_units()))
     if cluster and not dry_run and not yes:
-        _confirm_teardown(s, units)
+        _confirm_teardown(where, units)
     failed = []
     for unit in units:
         if cluster and not dry_run and failed and unit.name == "eks" and not force:
@@ -221,11 +219,9 @@ def doctor(c):
     from doeks.settings import current
 
     s = current(lenient=True)  # a bad value is a failed check here (its default stands in), not the end
-    if s.target == "kubernetes":
-        from doeks.kube import use
-
-        use(s)
-    rows = targets.get(s).checks()  # each target owns its checks
+    where = targets.get(s)
+    where.connect()
+    rows = where.checks()  # each target owns its checks
     rows = [(f"setting {key}", False, problem, True) for key, problem in s.problems.items()] + rows
     ui.table(f"doeks doctor (TARGET={s.target})", ["check", "ok", "detail / fix", "needed"],
              [[w, "yes" if ok else ("NO" if required else "no"), d, "yes" if required else ""] for w, ok, d, required in rows])
@@ -246,20 +242,20 @@ def demo(c, keep=False, dry_run=False):
 # -- the management container -------------------------------------------------------------------------------------
 @task(help={"no_cache": "build without the layer cache", "dry_run": "print the build; change nothing"})
 def build(c, no_cache=False, dry_run=False):
-    """Build the management container image (streams progress)."""
+    """Tools container: build its image (aws, kubectl, helm, eksctl, doeks); the job's: `invoke elasticjob.build`."""
     container.build(settings(), runner(dry_run), no_cache=no_cache)
 
 
 @task(name="run", help={"dry_run": "print the container that would start"})
 def run_(c, dry_run=False):
-    """Start the management container (mounts ~/.aws read-only, ~/.kube, the project, the docker socket)."""
+    """Tools container: start it (mounts ~/.aws read-only, ~/.kube, the project, the docker socket)."""
     container.run(settings(), runner(dry_run))
 
 
 @task(name="exec", help={"command": "command to run inside (or give it after --); default: a shell",
                          "dry_run": "print the docker exec; run nothing"})
 def exec_(c, command="", dry_run=False):
-    """Open a shell in the running container, or run a command: `invoke exec -- CMD`."""
+    """Tools container: a shell in it, or a command: `invoke exec -- CMD`."""
     command = command or getattr(c, "remainder", "")
     if dry_run:
         s = settings()
@@ -271,52 +267,53 @@ def exec_(c, command="", dry_run=False):
 
 @task(name="status")
 def status_(c):
-    """Show the management container, the local runtime and the job on TARGET (state, restarts, reason, fix)."""
+    """The tools container, the local runtime, and the job on TARGET (`invoke elasticjob.status` for the job alone)."""
     from doeks import targets, ui
     from doeks.errors import DoeksError
     from doeks.targets import show
 
     s = settings()
-    container.status(s)
+    where = targets.get(s)
+    container.status(s, where.status_rows())
     try:
-        show.status(targets.get(s))
+        show.status(where)
     except DoeksError as error:  # the job's target cannot be read now: say so, the rest is still shown
         ui.say(f"job {s.job_name} on {s.target}: cannot read its status: {error}", style="yellow")
 
 
 @task(help={"dry_run": "print; change nothing"})
 def stop(c, dry_run=False):
-    """Stop and remove the management container (safe to run twice)."""
+    """Tools container: stop and remove it (safe to run twice)."""
     container.stop(settings(), runner(dry_run))
 
 
 @task(help={"follow": "keep streaming"})
 def logs(c, follow=False):
-    """Show the management container's logs."""
+    """Tools container: its logs (the training job's: `invoke elasticjob.logs`)."""
     container.logs(settings(), follow=follow)
 
 
 @task(help={"dry_run": "print; change nothing"})
 def push(c, dry_run=False):
-    """Push the image to REGISTRY (ECR when 'default')."""
+    """Tools container: push its image to REGISTRY (ECR when 'default'); the job's: `invoke elasticjob.push`."""
     container.push(settings(), runner(dry_run))
 
 
 @task(help={"dry_run": "print; change nothing"})
 def pull(c, dry_run=False):
-    """Pull the image from REGISTRY."""
+    """Tools container: pull its image from REGISTRY."""
     container.pull(settings(), runner(dry_run))
 
 
 @task(help={"dry_run": "print; change nothing"})
 def login(c, dry_run=False):
-    """Log docker in to the account's ECR with a token from boto3."""
+    """Tools container: log docker in to the account's ECR with a token from boto3."""
     container.login(settings(), runner(dry_run))
 
 
 @task(name="test")
 def test_(c):
-    """Run the image's self-test in a throw-away container; exit 1 when a check fails or a needed tool is missing."""
+    """Tools container: its image's self-test (exit 1 when a check fails or a needed tool is missing)."""
     container.self_test(settings())
 
 

@@ -1,20 +1,17 @@
 """csi: shared ReadWriteMany storage for training pods (EFS, FSx for Lustre) and data staging from S3.
 
-On TARGET=local/docker the shared volume is a folder (STATE_DIR/volumes/SHARED_PVC) and every AWS call goes to the local
-AWS-API endpoint; the EFS/FSx tasks need a cluster (TARGET=eks) and say so.
+deploy/delete and data.stage ask the target (doeks.targets: `volume_deploy`, `volume_delete`, `stage_data`): on
+TARGET=local/docker the shared volume is a folder (STATE_DIR/volumes/SHARED_PVC) and every AWS call goes to the local
+AWS-API endpoint; the EFS/FSx tasks need an EKS cluster and say so elsewhere (`aws_storage`).
 """
 from invoke import Collection
 
-from doeks.taskkit import Unit, runner, settings, task
+from doeks.taskkit import Unit, runner, settings, target, task
 
 
 def _cluster_settings():
-    from doeks.errors import DoeksError
-
     s = settings()
-    if s.on_this_machine:
-        raise DoeksError("EFS and FSx attach to a cluster: set TARGET=eks (on local the shared volume is the folder "
-                         "STATE_DIR/volumes/SHARED_PVC, made by `invoke csi.deploy`)")
+    target(s).aws_storage("EFS and FSx")
     return s
 
 
@@ -77,74 +74,20 @@ def fsx_delete(c, force=False, dry_run=False):
 @task(name="stage", help={"source": "s3://bucket/prefix (default: s3://S3_BUCKET/DATA_S3_PREFIX)",
                           "relayout_val": "also turn a flat ImageNet val/ into class folders", "dry_run": "print; change nothing"})
 def data_stage(c, source=None, relayout_val=False, dry_run=False):
-    """Copy an S3 prefix into the shared volume: parallel, resumable, verified, with progress."""
-    from doeks import aws, datastage, ui
-    from doeks.local import runtime
+    """Copy an S3 prefix into the shared volume: parallel, resumable, verified, with progress (on a cluster: a Job)."""
+    from doeks import datastage
 
     s = settings()
     source = source or f"s3://{s.s3_bucket}/{s.data_s3_prefix}"
     datastage.split_s3(source)
-    if not s.on_this_machine:
-        from doeks import identity, kube
-
-        r = runner(dry_run)
-        identity.ensure(s, r, identity.get("data-stage"))  # S3 read on the data prefix, for the Job's service account
-        kube.apply(r, stage_manifests(s, source, relayout_val))
-        return
-    destination = runtime.shared_volume(s) / "data"
-    r = runner(dry_run)
-    if dry_run:
-        r.step(f"stage {source} -> {destination} with {s.stage_threads} requests in flight", lambda: None)
-        return
-    with ui.progress() as bar:
-        task_id = bar.add_task(f"staging {source}", total=None)
-        result = datastage.stage(source, destination, region=s.aws_region, credentials=_credentials(s),
-                                 endpoint_url=aws.endpoint_url(s), concurrency=s.stage_threads,
-                                 progress=lambda done, total: bar.update(task_id, completed=done, total=total))
-    ui.say(f"staged {result.files} files ({result.bytes / 1e6:.1f} MB) into {destination} in {result.seconds:.1f} s: "
-           f"{result.downloaded} downloaded, {result.skipped} already there; verified")
-    if relayout_val:
-        ui.say(f"val re-layout: {datastage.relayout_val(destination)} files moved into class folders")
-
-
-def _credentials(s):
-    from doeks import aws
-
-    creds = aws.session(s).get_credentials()
-    if creds is None:
-        return aws.LOCAL_CREDENTIALS
-    frozen = creds.get_frozen_credentials()
-    return {"aws_access_key_id": frozen.access_key, "aws_secret_access_key": frozen.secret_key, "aws_session_token": frozen.token}
+    target(s).stage_data(runner(dry_run), source, relayout_val)
 
 
 def stage_manifests(s, source: str, relayout_val: bool) -> list[dict]:
-    """The staging Job's service account (its Pod Identity association gives it S3 read) and the Job."""
-    from doeks import identity
+    """The staging Job's service account and the Job (doeks.storage.stage_manifests)."""
+    from doeks import storage
 
-    workload = identity.get("data-stage")
-    account = {"apiVersion": "v1", "kind": "ServiceAccount",
-               "metadata": {"name": workload.service_account, "namespace": s.namespace, "labels": {"app.kubernetes.io/part-of": "doeks"}}}
-    return [account, stage_job(s, source, relayout_val)]
-
-
-def stage_job(s, source: str, relayout_val: bool) -> dict:
-    """The Kubernetes Job that stages data on the cluster, in the training image (TRAIN_IMAGE: it has doeks'
-    datastage), as the doeks-stage service account, with the shared PVC mounted."""
-    from doeks import identity, trainimage
-
-    image = trainimage.reference(s, on_this_machine=False)
-    args = ["python", "-m", "doeks.datastage", source, f"{s.shared_mount}/data", "--threads", str(s.stage_threads)]
-    if relayout_val:
-        args.append("--relayout-val")
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": f"{s.job_name}-stage", "namespace": s.namespace, "labels": {"app.kubernetes.io/part-of": "doeks"}},
-            "spec": {"backoffLimit": 3, "ttlSecondsAfterFinished": 86400, "template": {"spec": {
-                "restartPolicy": "OnFailure", "serviceAccountName": identity.get("data-stage").service_account,
-                "containers": [{"name": "stage", "image": image, "command": args,
-                                "env": [{"name": "AWS_REGION", "value": s.aws_region}],
-                                "resources": {"requests": {"cpu": "2", "memory": "2Gi"}},
-                                "volumeMounts": [{"name": "shared", "mountPath": s.shared_mount}]}],
-                "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": s.shared_pvc}}]}}}}
+    return storage.stage_manifests(s, source, relayout_val)
 
 
 @task(name="save-model", help={"destination": "s3://bucket/prefix (default: s3://S3_BUCKET/models/JOB_NAME)",
@@ -160,44 +103,26 @@ def data_save_model(c, destination=None, dry_run=False):
     folder = _checkpoints_here(s)
     if not folder.is_dir() or not any(folder.iterdir()):
         raise DoeksError(f"no checkpoints in {folder}: train first (invoke elasticjob.deploy)")
-    target = f"{(destination or f's3://{s.s3_bucket}/models/{s.job_name}').rstrip('/')}/{time.strftime('%Y-%m-%d-%H%M%S')}"
-    datastage.split_s3(target)
+    uri = f"{(destination or f's3://{s.s3_bucket}/models/{s.job_name}').rstrip('/')}/{time.strftime('%Y-%m-%d-%H%M%S')}"
+    datastage.split_s3(uri)
     if dry_run:
-        runner(True).step(f"upload {folder} -> {target}", lambda: None)
+        runner(True).step(f"upload {folder} -> {uri}", lambda: None)
         return
-    client = datastage.s3_client(aws.endpoint_url(s), s.aws_region, 16, _credentials(s))
-    count = datastage.upload_tree(client, folder, target)
-    ui.say(f"uploaded {count} files to {target}")
+    client = datastage.s3_client(aws.endpoint_url(s), s.aws_region, 16, aws.credentials_of(s))
+    count = datastage.upload_tree(client, folder, uri)
+    ui.say(f"uploaded {count} files to {uri}")
 
 
 def _checkpoints_here(s):
     """The job's checkpoint folder when its target keeps it on this machine; one line saying where it is otherwise."""
-    from doeks import targets
-
-    return targets.get(s).local_artifact("checkpoints", "csi.data.save-model", "the checkpoints are in {where}, not on "
+    return target(s).local_artifact("checkpoints", "csi.data.save-model", "the checkpoints are in {where}, not on "
                                          "this machine (SageMaker keeps the model in S3 already)")
 
 
 @task(help={"dry_run": "print; change nothing"})
 def deploy(c, dry_run=False):
     """Make the shared volume ready (TARGET=local/docker: its folder; eks: FSx, the default for training data)."""
-    from doeks.local import runtime
-
-    s = settings()
-    if s.on_this_machine or s.own_cluster:
-        folder = runtime.shared_volume(s)
-        runner(dry_run).step(f"create shared volume folder {folder}", folder.mkdir, parents=True, exist_ok=True)
-    if s.on_this_machine:
-        return
-    if s.target == "kubernetes":
-        from doeks import kube
-
-        kube.use(s)
-        r, claim = runner(dry_run), kube.shared_claim(s)  # the folder's volume on doeks' cluster; else STORAGE_CLASS
-        kube.move_volume(r, s, claim)
-        kube.apply(r, claim)
-        return
-    fsx_deploy(c, dry_run=dry_run)
+    target().volume_deploy(runner(dry_run))
 
 
 @task(help={"force": "delete even while the PVC is bound or a pod uses it", "dry_run": "print; change nothing"})
@@ -206,32 +131,7 @@ def delete(c, force=False, dry_run=False):
 
     TARGET=kubernetes: a claim a pod still uses is left in place with one line naming the pods (doeks' own cluster:
     asked to go without waiting, since `down` stops the cluster with them; --force: the same elsewhere)."""
-    from doeks import ui
-    from doeks.local import runtime
-
-    s = settings()
-    if s.on_this_machine:
-        ui.say(f"TARGET=local/docker: keeping {runtime.shared_volume(s)} (data and checkpoints); remove it by hand if unwanted")
-        return
-    if s.target == "kubernetes":
-        from doeks import kube
-
-        kube.use(s)
-        if not dry_run and kube.own_cluster_stopped(s):
-            ui.say(f"doeks' cluster is not running: no claim on it; keeping {runtime.shared_volume(s)}")
-            return
-        # the claim first (claim protection: it goes once no pod uses it), then its volume; the folder stays
-        kube.delete_claim(runner(dry_run), s, s.namespace, s.shared_pvc, list(reversed(kube.shared_claim(s))), force)
-        if s.own_cluster:
-            ui.say(f"keeping {runtime.shared_volume(s)} (data and checkpoints); remove it by hand if unwanted")
-        return
-    from doeks import storage
-
-    r = runner(dry_run)
-    fsx_delete(c, force=force, dry_run=dry_run)
-    if dry_run or storage.find_efs(s):  # EFS made by csi.efs.create: its driver, then mount targets, file system, group
-        storage.efs_delete(s, r)
-        storage.efs_destroy(s, r)
+    target().volume_delete(runner(dry_run), force=force)
 
 
 efs = Collection("efs", efs_create, efs_deploy, efs_delete, efs_destroy)

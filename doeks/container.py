@@ -227,9 +227,8 @@ def exec_(settings, command: str) -> int:
     return result.exit_code
 
 
-def status(settings) -> None:
-    from .local import runtime
-
+def status(settings, extra_rows: list[list] = ()) -> None:
+    """The management container's state, then `extra_rows` (what the target runs here: the local runtime's servers)."""
     rows = []
     try:
         client = _client()
@@ -238,8 +237,7 @@ def status(settings) -> None:
                      container.image.tags[0] if container and container.image.tags else "", container.short_id if container else ""])
     except DoeksError as error:
         rows.append(["docker", "unreachable", str(error), ""])
-    for name, state, endpoint, pid in runtime.rows(settings):
-        rows.append([f"local {name}", state, endpoint, pid])
+    rows += [list(row) for row in extra_rows]
     ui.table("doeks status", ["what", "state", "detail", "id/pid"], rows)
 
 
@@ -260,7 +258,8 @@ def logs(settings, follow: bool = False) -> None:
     client = _client()
     container = _find(client, settings.doeks_container_name)
     if container is None:
-        raise DoeksError(f"container {settings.doeks_container_name} is not there")
+        raise DoeksError(f"the tools container {settings.doeks_container_name} is not running (`invoke run` starts "
+                         "it); the training job's logs: `invoke elasticjob.logs`")
     for chunk in container.logs(stream=True, follow=follow):
         sys.stdout.write(chunk.decode(errors="replace"))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .jobspec import EFA_ADAPTERS, GPUS
+from .catalog import EFA_ADAPTERS
 
 DEVICE_PLUGIN_VERSION = "v0.5.10"
 DEVICE_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"  # in the region's EKS add-on registry (doeks.catalog)
@@ -31,10 +31,15 @@ def device_plugin_image(region: str) -> str:
     return f"{eks_addon_registry(region)}/{DEVICE_PLUGIN_REPOSITORY}:{DEVICE_PLUGIN_VERSION}"
 
 
+def efa_types(settings) -> list[str]:
+    """The instance types the device plugin runs on: the known EFA types and the GPU node group's when it has EFA."""
+    return sorted(set(EFA_ADAPTERS) | ({settings.gpu_instance_type} if settings.efa_per_node else set()))
+
+
 def device_plugin(settings) -> list[dict[str, Any]]:
     """The device-plugin DaemonSet, scheduled only on EFA instance types."""
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
-        "matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": sorted(EFA_ADAPTERS)}],
+        "matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": efa_types(settings)}],
     }]}}}
     return [{
         "apiVersion": "apps/v1", "kind": "DaemonSet",
@@ -69,36 +74,22 @@ def device_plugin(settings) -> list[dict[str, Any]]:
 
 
 
-def mpi_operator_manifest(settings) -> str:
-    """What `kubectl apply -f` takes for the MPI operator: upstream's file on GitHub, or on doeks' own cluster (no
-    network) the same file inside the operator's Go module at the pinned version (doeks.cluster.operators)."""
-    if settings.own_cluster:
-        from .cluster import operators
-
-        op = operators.MPI_OPERATOR
-        return str(operators.module_dir(op) / op.overlay)
-    return MPI_OPERATOR_MANIFEST
-
-
-def mpi_operator_deploy(settings, runner) -> None:
-    """The MPI operator from its manifest (its image built here first on doeks' cluster), then its rollout: an MPIJob
-    applied before the operator runs would wait, not fail, but `efa.test` should not start it against nothing."""
+def mpi_operator_deploy(runner, manifest: str = MPI_OPERATOR_MANIFEST) -> None:
+    """The MPI operator from its manifest (upstream's file on GitHub; doeks' own cluster, with no network, the same
+    file inside the operator's Go module, its image built first), then its rollout: an MPIJob applied before the
+    operator runs would wait, not fail, but `efa.test` should not start it against nothing."""
     from . import kube
 
-    if settings.own_cluster:
-        from .cluster import operators
-
-        operators.ensure_images(operators.MPI_OPERATOR, runner)
-    kube.run(runner, ["apply", "--server-side", "-f", mpi_operator_manifest(settings)])
+    kube.run(runner, ["apply", "--server-side", "-f", manifest])
     kube.run(runner, ["rollout", "status", "-n", MPI_OPERATOR_NAMESPACE, f"deployment/{MPI_OPERATOR_DEPLOYMENT}",
                       "--timeout=300s"])
 
 
-def mpi_operator_delete(settings, runner) -> None:
+def mpi_operator_delete(runner, manifest: str = MPI_OPERATOR_MANIFEST) -> None:
     """Everything the manifest made (its namespace, the MPIJob CRD and so every MPIJob, the RBAC); safe twice."""
     from . import kube
 
-    kube.run(runner, ["delete", "--ignore-not-found", "-f", mpi_operator_manifest(settings)])
+    kube.run(runner, ["delete", "--ignore-not-found", "-f", manifest])
 
 
 def replace_eksctl_plugin_argv() -> list[str]:
@@ -107,50 +98,36 @@ def replace_eksctl_plugin_argv() -> list[str]:
             "-l", f"app.kubernetes.io/part-of!={LABELS['app.kubernetes.io/part-of']}", "--ignore-not-found"]
 
 
-def test_sizes(settings, nodes: int | None = None) -> tuple[int, int, int]:
-    """(nodes, GPUs per node, EFA adapters per node) for the nccl test: eks from .env (the GPU node type);
-    TARGET=kubernetes: KUBE_GPUS GPUs and no EFA (no AWS adapter; doeks' own cluster: no GPU either, one CPU rank per
-    worker)."""
-    if settings.target == "kubernetes":
-        return nodes or max(2, settings.gpu_nodes), settings.kube_gpus, 0
-    instance = settings.gpu_instance_type
-    return (nodes or max(2, settings.gpu_nodes), GPUS.get(instance, settings.nproc_per_node), EFA_ADAPTERS.get(instance, 0))
-
-
-def on_cpu(settings) -> bool:
-    """The test runs on CPU: doeks' cluster stand-in image, an MPI all-reduce over TCP (no NCCL, GPU or EFA)."""
-    return settings.target == "kubernetes" and not settings.kube_gpus
-
-
-def default_end(settings) -> str:
+def default_end(placement) -> str:
     """The largest message by default: 1G on GPUs, 1M on CPU (a test of the launcher/worker contract, not bandwidth)."""
-    return "1M" if on_cpu(settings) else "1G"
+    return "1M" if placement.cpu else "1G"
 
 
 def nccl_mpijob(settings, nodes: int | None = None, name: str = "test-efa-nccl", begin: str = "8",
-                end: str = "1G") -> dict[str, Any]:
+                end: str = "1G", placement=None) -> dict[str, Any]:
     """nccl-tests all_reduce_perf as an MPIJob: -np = nodes x GPUs, slotsPerWorker = GPUs.
 
-    What the workers ask for follows the target: eks: the node type's GPUs and EFA adapters, hugepages, its
-    instance type; TARGET=kubernetes: doeks.jobspec's node_resources and node_selector (KUBE_GPUS GPUs or a CPU
-    share, NODE_LABELS only), no EFA, no hugepages; on CPU one rank per worker and fewer iterations."""
+    What the workers ask for is the target's `placement` (EKS's node type when not given): on a cloud node type every
+    GPU and EFA adapter of the node, hugepages, its instance type; on a plain cluster what its training pods ask for
+    (KUBE_GPUS GPUs or a CPU share, NODE_LABELS only), no EFA, no hugepages; on CPU one rank per worker and fewer
+    iterations."""
     from . import jobspec
 
-    count, gpus, adapters = test_sizes(settings, nodes)
+    placement = placement or jobspec.node_type_placement(settings)
+    count, gpus, adapters = nodes or max(2, settings.gpu_nodes), placement.node_gpus, placement.node_efa
     slots = gpus or 1  # on CPU: one MPI rank per worker pod
-    if settings.target == "kubernetes":
-        resources = jobspec.node_resources(settings)
-        selector = jobspec.node_selector(settings)
-    else:
+    if placement.cloud:
         asks = {"nvidia.com/gpu": gpus, "hugepages-2Mi": "5120Mi", "memory": "32000Mi"}
         if adapters:
             asks["vpc.amazonaws.com/efa"] = adapters
         resources = {"limits": asks, "requests": dict(asks)}
         selector = {"node.kubernetes.io/instance-type": settings.gpu_instance_type}
+    else:
+        resources, selector = placement.resources, placement.selector
     exports = ["-x", "PATH", "-x", "LD_LIBRARY_PATH"]
     if gpus:
         exports += ["-x", "NCCL_DEBUG=INFO"]
-    if settings.target != "kubernetes":  # eks: NCCL's OFI plugin on EFA (a node type without EFA falls back)
+    if placement.cloud:  # NCCL's OFI plugin on EFA (a node type without EFA falls back)
         exports += ["-x", "FI_PROVIDER=efa", "-x", "FI_EFA_USE_DEVICE_RDMA=1"]
     if gpus:
         exports += ["-x", "NCCL_PROTO=simple"]
@@ -230,3 +207,39 @@ def wait_for_mpijob(name: str, namespace: str, timeout_s: float = 1800, poll_s: 
         if time.monotonic() >= deadline:
             return f"not finished after {timeout_s:.0f}s", said
         time.sleep(poll_s)
+
+
+def run_test(settings, runner, job: dict[str, Any], cpu: bool) -> None:
+    """Run the nccl-tests MPIJob `job` on the cluster and report it: the previous run deleted first (a finished MPIJob
+    is not run again by an apply; foreground, so the new launcher Job of the same name never meets the old one),
+    waited for (at most 10 min on CPU, 30 on GPUs), its launcher's log saved and shown as a table and a chart;
+    on GPUs it fails unless NCCL used EFA."""
+    from . import kube, nccl, plots, ui
+
+    name, namespace = job["metadata"]["name"], settings.namespace
+    kube.run(runner, ["delete", "mpijob", name, "-n", namespace, "--ignore-not-found", "--cascade=foreground",
+                      "--wait=true", "--timeout=300s"])
+    kube.apply(runner, [job])
+    if runner.dry_run:
+        return
+    wait_s = 600 if cpu else 1800
+    ui.say(f"waiting for MPIJob {name} to succeed or fail (at most {wait_s // 60} min)")
+    state, said = wait_for_mpijob(name, namespace, timeout_s=wait_s)
+    logs = runner.run([kube.kubectl(), "logs", "-n", namespace, "-l", launcher_selector(name), "--tail=-1"],
+                      mutating=False, capture=True, check=False)
+    out_dir = settings.state_dir / "efa"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.txt").write_text(logs.stdout)
+    ui.say(f"log: {out_dir / f'{name}.txt'}")
+    if state != "Succeeded":
+        from .errors import DoeksError
+
+        tail = "\n".join((logs.stdout.strip() or said).splitlines()[-15:]) or "(none: no launcher ran)"
+        raise DoeksError(f"MPIJob {name} {state}: the launcher's last lines:\n{tail}\n(`kubectl describe mpijob {name}`)")
+    if cpu:
+        nccl.report(logs.stdout, plots.plot_path(settings, f"{name}-busbw.png"),
+                    f"{name}: MPI all-reduce on CPU over TCP (no EFA)", require_efa=False)
+        ui.say("this ran on CPU over TCP with no EFA (and no GPU, no NCCL): it shows the MPIJob launcher/worker "
+               "contract, not EFA bandwidth; `efa.report --require-efa` on this log fails", style="yellow")
+        return
+    nccl.report(logs.stdout, plots.plot_path(settings, f"{name}-busbw.png"), f"{name}: all_reduce_perf", require_efa=True)

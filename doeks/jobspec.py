@@ -5,6 +5,7 @@ by `doeks.local.jobs` (one torchrun agent per replica, PET_* environment as the 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 ETCD_PORT = 2379
@@ -18,18 +19,17 @@ RDZV_CONF = {"last_call_timeout": "1", "timeout": "600"}
 # CNI gives pods VPC addresses on EKS).
 POD_ADDRESS = {"name": "PET_LOCAL_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
 
-# EFA adapters per instance (vpc.amazonaws.com/efa a node advertises)
-EFA_ADAPTERS = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
-                "p6-b200.48xlarge": 8, "trn1.32xlarge": 8, "trn1n.32xlarge": 16, "g5.48xlarge": 1, "g6.48xlarge": 1,
-                "g4dn.metal": 1, "c5n.18xlarge": 1, "hpc7g.16xlarge": 1}
-from .catalog import GPUS  # noqa: E402 - GPUs per instance type, with the other AWS tables
+from .catalog import EFA_ADAPTERS, GPUS  # noqa: E402,F401 - offline stand-ins (doeks.instancetypes asks EC2)
 
 
 def idle_gpus_warning(settings) -> str:
     """One line when NPROC_PER_NODE does not match the GPUs of the nodes doeks sizes (GPU_INSTANCE_TYPE): GPUs left
     idle, or more processes than GPUs (the pods cannot be scheduled); "" when they match or the type is not known."""
-    gpus = GPUS.get(settings.gpu_instance_type)
+    gpus = settings.node_gpus
     n = settings.nproc_per_node
+    if gpus is None and settings.raw("NPROC_PER_NODE") == "auto":
+        return (f"warning: the GPUs of a {settings.gpu_instance_type} node are not known yet ({settings.instance_facts}: "
+                f"no AWS credentials to ask EC2): the plan asks for {n} per pod; set NPROC_PER_NODE to be sure")
     if gpus is None or n == gpus:
         return ""
     if n < gpus:
@@ -114,52 +114,70 @@ def watchdog_rbac(settings) -> list[dict[str, Any]]:
     ]
 
 
-def train_args(settings, mount: str | None = None) -> list[str]:
-    """The script's arguments: the built-in workload's ImageNet flags (only when it is the script), then TRAIN_ARGS."""
+def train_args(settings, mount: str | None = None, code=None) -> list[str]:
+    """The script's arguments: the built-in workload's ImageNet flags (only when it is the script), then TRAIN_ARGS.
+    `code`: the job's, resolved once (doeks.code.resolve) by whoever holds the job."""
     from .code import resolve
 
-    code = resolve(settings)
+    code = code or resolve(settings)
     return (imagenet_args(settings, mount) if code.builtin else []) + list(code.args)
 
 
 def imagenet_args(settings, mount: str | None = None) -> list[str]:
     """The built-in workload's own flags (doeks/workload/train.py): data, model, schedule and output folders."""
+    from .jobpaths import checkpoint_uri, job_folder
+
     mount = mount or settings.shared_mount
     crop = settings.crop  # CROP_SIZE, or by where the job trains (see Settings.crop)
     return ["--data", f"{mount}/data", "--arch", settings.arch, "--epochs", str(settings.epochs),
             "--batch-size", str(settings.batch_size), "--lr", str(settings.learning_rate),
             "--crop-size", str(crop),
             "--workers", str(settings.data_workers), "--checkpoint-every", str(settings.checkpoint_every),
-            "--checkpoint-dir", f"{mount}/checkpoints/{settings.job_name}",
-            "--metrics-dir", f"{mount}/metrics/{settings.job_name}"]
+            "--checkpoint-dir", checkpoint_uri(settings, mount),
+            "--metrics-dir", job_folder(settings, "metrics", mount)]
 
 
-def node_resources(settings) -> dict[str, Any]:
-    """What each worker pod asks for. eks: the node type's GPUs (NPROC_PER_NODE) and EFA adapters. kubernetes: KUBE_GPUS
-    GPUs, or a CPU share when it trains on CPU (doeks' own cluster: this machine's cores), and KUBE_MEMORY."""
-    if settings.target == "kubernetes":
-        if settings.kube_gpus:
-            resources = {"limits": {"nvidia.com/gpu": settings.kube_gpus}, "requests": {"nvidia.com/gpu": settings.kube_gpus}}
-        else:
-            resources = {"requests": {"cpu": "100m", "memory": "256Mi"}}
-        if settings.kube_memory:  # KUBE_MEMORY: the limit, and the request (a request above a limit is refused)
-            resources.setdefault("limits", {})["memory"] = settings.kube_memory
-            resources["requests"]["memory"] = settings.kube_memory
-        return resources
+@dataclass
+class Placement:
+    """What each training pod asks for and where it may go, as a target's nodes have it (doeks.targets: each target
+    answers `placement()`): `resources` (requests and limits), `selector` (nodeSelector), the GPUs and EFA adapters
+    of one whole node (`node_gpus`, `node_efa`: what a test using every GPU asks for), `cpu` (its ranks run on CPU),
+    `cloud` (a node type of EKS: NCCL on EFA, hugepages)."""
+
+    resources: dict[str, Any]
+    selector: dict[str, str]
+    node_gpus: int = 0
+    node_efa: int = 0
+    cpu: bool = False
+    cloud: bool = False
+
+
+def node_type_placement(settings) -> Placement:
+    """EKS's GPU node group: NPROC_PER_NODE GPUs and EFA_PER_NODE EFA interfaces per pod (auto: all of the type's,
+    as EC2's DescribeInstanceTypes says; none with GPU_EFA=false), on GPU_INSTANCE_TYPE (+ NODE_LABELS). The manifests' default: what the job asks of EKS, also where this
+    machine only interprets them."""
     instance = settings.gpu_instance_type
     gpus = settings.nproc_per_node
     resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
-    if settings.gpu_efa and instance in EFA_ADAPTERS:
+    if settings.efa_per_node:  # the type's EFA interfaces (EFA_PER_NODE), none with GPU_EFA=false
         for part in ("limits", "requests"):
-            resources[part]["vpc.amazonaws.com/efa"] = EFA_ADAPTERS[instance]
-    return resources
+            resources[part]["vpc.amazonaws.com/efa"] = settings.efa_per_node
+    return Placement(resources, {"node.kubernetes.io/instance-type": instance, **settings.node_labels},
+                     node_gpus=settings.node_gpus or settings.nproc_per_node, node_efa=settings.efa_per_node,
+                     cloud=True)
 
 
-def node_selector(settings) -> dict[str, str]:
-    """eks: the GPU node group's instance type (+ NODE_LABELS); kubernetes: NODE_LABELS alone (no cloud labels)."""
-    if settings.target == "kubernetes":
-        return dict(settings.node_labels)
-    return {"node.kubernetes.io/instance-type": settings.gpu_instance_type, **settings.node_labels}
+def cluster_placement(settings) -> Placement:
+    """A plain Kubernetes cluster's nodes: KUBE_GPUS GPUs, or a CPU share when it trains on CPU (doeks' own cluster:
+    this machine's cores), KUBE_MEMORY as the limit and request, NODE_LABELS alone (no cloud labels), no EFA."""
+    if settings.kube_gpus:
+        resources = {"limits": {"nvidia.com/gpu": settings.kube_gpus}, "requests": {"nvidia.com/gpu": settings.kube_gpus}}
+    else:
+        resources = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    if settings.kube_memory:  # KUBE_MEMORY: the limit, and the request (a request above a limit is refused)
+        resources.setdefault("limits", {})["memory"] = settings.kube_memory
+        resources["requests"]["memory"] = settings.kube_memory
+    return Placement(resources, dict(settings.node_labels), node_gpus=settings.kube_gpus, cpu=not settings.kube_gpus)
 
 
 def run_id() -> str:
@@ -171,11 +189,15 @@ def run_id() -> str:
 
 
 def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = None,
-               image: str | None = None) -> dict[str, Any]:
+               image: str | None = None, placement: Placement | None = None, code=None) -> dict[str, Any]:
     """The elastic PyTorchJob (training-operator v1) for the job in `settings`; `image` is the training image the
-    target resolved (doeks.trainimage.reference), TRAIN_IMAGE when not given."""
+    target resolved (doeks.trainimage.reference), TRAIN_IMAGE when not given; `placement` the target's (EKS's node
+    type when not given)."""
     run = run or run_id()
-    resources = node_resources(settings)
+    import copy
+
+    placement = placement or node_type_placement(settings)
+    resources = copy.deepcopy(placement.resources)
     elastic: dict[str, Any] = {
         "rdzvBackend": settings.rdzv_backend,
         "rdzvId": f"{settings.job_name}-{run}",
@@ -188,14 +210,14 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         elastic.update(rdzvHost=ETCD_SERVICE, rdzvPort=ETCD_PORT)
     from .code import CODE_DIR, contract, env_list, host_names, resolve
 
-    code = resolve(settings)
+    code = code or resolve(settings)
     hosts = host_names(settings.job_name, settings.replicas)
     container = {
         "name": "pytorch",
-        "image": image or _cluster_image(settings),
+        "image": image or _cluster_image(settings, code),
         "imagePullPolicy": "IfNotPresent",
         "command": code.launcher(),
-        "args": train_args(settings) + list(extra_args or []),
+        "args": train_args(settings, code=code) + list(extra_args or []),
         "workingDir": CODE_DIR,
         "env": [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
@@ -216,9 +238,8 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": settings.shared_pvc}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
-    selector = node_selector(settings)
-    if selector:
-        pod_spec["nodeSelector"] = selector
+    if placement.selector:
+        pod_spec["nodeSelector"] = dict(placement.selector)
     # the replicas on different nodes where there are enough (preferred, not required): a lost node takes one replica,
     # and the elastic job goes on with the others
     pod_spec["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
@@ -243,13 +264,14 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     }
 
 
-def _cluster_image(settings) -> str:
+def _cluster_image(settings, code=None) -> str:
     from .trainimage import reference
 
-    return reference(settings, on_this_machine=settings.own_cluster)
+    return reference(settings, on_this_machine=settings.own_cluster, code=code)
 
 
-def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | None = None) -> dict[str, Any]:
+def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | None = None,
+                     placement: Placement | None = None) -> dict[str, Any]:
     """The non-elastic PyTorchJob: no elasticPolicy, one Master + REPLICAS-1 Workers (REPLICAS nodes in all).
 
     Without elasticPolicy the training operator sets MASTER_ADDR / PET_MASTER_ADDR, RANK and PET_NODE_RANK only when
@@ -259,7 +281,7 @@ def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | N
     """
     import copy
 
-    job = pytorchjob(settings, extra_args, run)
+    job = pytorchjob(settings, extra_args, run, placement=placement)
     spec = job["spec"]
     del spec["elasticPolicy"]
     worker = spec["pytorchReplicaSpecs"]["Worker"]
@@ -275,12 +297,13 @@ def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | N
 
 
 def manifests(settings, extra_args: list[str] | None = None, run: str | None = None,
-              image: str | None = None, account: bool = False) -> list[dict[str, Any]]:
+              image: str | None = None, placement: Placement | None = None, code=None,
+              account: bool = False) -> list[dict[str, Any]]:
     """Everything `elasticjob.deploy` applies, in apply order: etcd, the PyTorchJob; `account` (a cluster's API server
     is there for the watchdog to act through): with HANG_TIMEOUT set, the watchdog's service account before the job,
     whose pods run under it."""
     head = etcd_manifests(settings) if settings.rdzv_backend.startswith("etcd") else []
-    job = pytorchjob(settings, extra_args, run, image)
+    job = pytorchjob(settings, extra_args, run, image, placement, code)
     if account and settings.hang_timeout:
         head += watchdog_rbac(settings)
         worker_pod(job)["serviceAccountName"] = f"{settings.job_name}-watchdog"

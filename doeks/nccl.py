@@ -151,3 +151,26 @@ def chart(report: Report, out, title: str):
     from .plots import save
 
     return save(chart_figure(report, title), out)
+
+
+def report(text: str, png, title: str, require_efa: bool) -> Report:
+    """Show a saved or fresh nccl-tests (or doeks' stand-in) log as a table and a bus-bandwidth chart; with
+    `require_efa`, raise unless NCCL used EFA (what `efa.test` and `efa.report --require-efa` demand)."""
+    from . import ui
+    from .errors import DoeksError
+
+    found = parse(text)
+    if not found.rows:
+        raise DoeksError("no nccl-tests result rows found in the output: is it all_reduce_perf output?")
+    ui.table(title, ["size", "type", "time us", "algbw GB/s", "busbw GB/s", "in-place algbw", "in-place busbw"],
+             table_rows(found))
+    png = chart(found, png, title)
+    ui.say(f"transport: {found.transport}; avg bus bandwidth {found.avg_busbw or 0:.3f} GB/s; max {found.max_busbw:.2f} GB/s")
+    ui.say(f"chart: {png}")
+    if require_efa and found.transport == "mpi-tcp":
+        raise DoeksError("no EFA: this log is doeks' CPU stand-in of all_reduce_perf (an MPI all-reduce over TCP on "
+                         "doeks' own cluster; no NCCL, GPU or EFA)")
+    if require_efa and not found.efa:
+        raise DoeksError(f"NCCL did not use EFA (transport: {found.transport}; no 'Selected Provider is efa' line): "
+                         "check the EFA device plugin, the pod's vpc.amazonaws.com/efa request and the aws-ofi-nccl plugin")
+    return found

@@ -221,15 +221,14 @@ def for_settings(settings, here: bool = False):
 
 
 def cluster_job(settings) -> dict[str, Any]:
-    """The kubernetes branch's job (PIPELINE_JOB_KIND), fixed size, in KFP_NAMESPACE. The elastic PyTorchJob is not
-    used here: it needs the etcd Deployment beside it, which a pipeline task does not manage."""
-    from . import jobspec, trainjob
+    """The kubernetes branch's job (PIPELINE_JOB_KIND), fixed size, in KFP_NAMESPACE, as the target answers it
+    (doeks.targets: `pipeline_job`): compiled on this machine (TARGET=local/docker) it is EKS's job; on
+    TARGET=kubernetes the plain cluster's (no instance-type selector, KUBE_GPUS, the image as that cluster has it).
+    The elastic PyTorchJob is not used here: it needs the etcd Deployment beside it, which a pipeline task does not
+    manage."""
+    from . import targets
 
-    # compiled on this machine (TARGET=local/docker) it is EKS's job; on TARGET=kubernetes the plain cluster's (no
-    # instance-type selector, KUBE_GPUS, the image as that cluster has it)
-    on = settings.target if settings.target in ("kubernetes", "eks") else "eks"
-    target = settings.with_overrides(namespace=settings.kfp_namespace, target=on)
-    return trainjob.trainjob(target) if settings.pipeline_job_kind == "trainjob" else jobspec.pytorchjob_fixed(target)
+    return targets.get(settings).pipeline_job()
 
 
 def role_arn(settings, required: bool) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import trainimage
 from .errors import DoeksError
-from .jobspec import EFA_ADAPTERS, labels, node_resources, node_selector, train_args
+from .jobspec import Placement, labels, node_type_placement, train_args
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 TRAINER_VERSION = "v2.3.0"
@@ -31,20 +31,15 @@ RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER
 POD_SELECTOR = "jobset.sigs.k8s.io/jobset-name={name}"
 
 
-def resources(settings) -> dict[str, Any]:
-    """GPUs per node (= NPROC_PER_NODE) and, on an EFA instance type with GPU_EFA, all of its EFA adapters; on
-    TARGET=kubernetes what its training pods ask for (KUBE_GPUS, or a CPU share)."""
-    if settings.target == "kubernetes":
-        return node_resources(settings)
-    gpus = settings.nproc_per_node
-    per_node: dict[str, Any] = {"nvidia.com/gpu": gpus}
-    if settings.gpu_efa and settings.gpu_instance_type in EFA_ADAPTERS:
-        per_node["vpc.amazonaws.com/efa"] = EFA_ADAPTERS[settings.gpu_instance_type]
-    return {"limits": dict(per_node), "requests": dict(per_node)}
+def trainjob(settings, name: str | None = None, extra_args: list[str] | None = None, nodes: int | None = None,
+             placement: Placement | None = None) -> dict[str, Any]:
+    """The TrainJob for the job in `settings`: REPLICAS nodes x NPROC_PER_NODE processes, TRAIN_IMAGE, SHARED_PVC;
+    each node's resources and selector are the target's `placement` (EKS's node type when not given): its GPUs (=
+    NPROC_PER_NODE) and, on an EFA instance type with GPU_EFA, all of its EFA adapters; on TARGET=kubernetes what its
+    training pods ask for (KUBE_GPUS, or a CPU share)."""
+    import copy
 
-
-def trainjob(settings, name: str | None = None, extra_args: list[str] | None = None, nodes: int | None = None) -> dict[str, Any]:
-    """The TrainJob for the job in `settings`: REPLICAS nodes x NPROC_PER_NODE processes, TRAIN_IMAGE, SHARED_PVC."""
+    placement = placement or node_type_placement(settings)
     name = name or settings.job_name
     nodes = nodes or settings.replicas
     if nodes < 1:
@@ -57,7 +52,7 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "NCCL_DEBUG", "value": "INFO"}] + env_list(
         contract(settings, settings.shared_mount, name, hosts))
     pod_spec: dict[str, Any] = {
-        "nodeSelector": node_selector(settings),
+        "nodeSelector": dict(placement.selector),
         "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": settings.shared_pvc}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         "containers": [{"name": CONTAINER, "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
@@ -82,7 +77,7 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
                 "env": env,
                 "numNodes": nodes,
                 "numProcPerNode": settings.nproc_per_node,
-                "resourcesPerNode": resources(settings),
+                "resourcesPerNode": copy.deepcopy(placement.resources),
             },
             "runtimePatches": [{
                 "manager": MANAGER,

@@ -3,23 +3,12 @@ hybrid KFP v2 pipeline that picks kubernetes, sagemaker or local at run time.
 """
 from invoke import Collection
 
-from doeks.taskkit import Int, Unit, runner, settings, task
+from doeks.taskkit import Int, Unit, runner, settings, target, task
 
 
 def _on_the_cluster(step, here: str, dry_run: bool) -> None:
-    """Run a cluster step (step(settings, runner)); on a target on this machine say why there is nothing to do."""
-    from doeks import ui
-
-    from doeks import kube
-
-    s = settings()
-    if s.on_this_machine:
-        ui.say(f"TARGET=local/docker: {here}")
-        return
-    if not dry_run and kube.own_cluster_stopped(s):
-        ui.say("doeks' cluster is not running: nothing on it to change (`TARGET=kubernetes invoke up` starts it)")
-        return
-    step(s, runner(dry_run))
+    """Run a cluster step (step(settings, runner)) on the target's cluster; a target without one says why not."""
+    target().on_cluster(step, here, runner(dry_run))
 
 
 @task(name="deploy", help={"dry_run": "print the kustomization and the command; change nothing"})
@@ -50,38 +39,34 @@ def submit(c, elastic=True, replicas=None, fresh=False, dry_run=False):
     from doeks import jobspec, kube
 
     s = settings(replicas=replicas)
-    job = jobspec.pytorchjob(s) if elastic else jobspec.pytorchjob_fixed(s)
-    _start_over(s, fresh, dry_run)
-    _image_on_the_node(s, job, dry_run)
+    where = target(s)
+    if not dry_run:
+        where.require_cluster("PyTorchJobs", "use `invoke elasticjob.deploy`")
+    placement = where.placement()
+    job = jobspec.pytorchjob(s, placement=placement) if elastic else jobspec.pytorchjob_fixed(s, placement=placement)
+    _start_over(where, fresh, dry_run)
+    _image_on_the_node(where, job, dry_run)
     kube.apply(runner(dry_run), [job])
 
 
-def _start_over(s, fresh, dry_run):
+def _start_over(where, fresh, dry_run):
     """--fresh: the job's checkpoints and metrics removed first, as `elasticjob.deploy --fresh` does (a job submitted
-    again under its name resumes from its checkpoint: a finished one only says so). They are in the claim's folder,
-    which is on this machine only on doeks' own cluster."""
+    again under its name resumes from its checkpoint: a finished one only says so). The target says whether the
+    claim's folder is on this machine (doeks' own cluster), or refuses."""
     if not fresh:
         return
-    from doeks import elastic
-    from doeks.errors import DoeksError
-
-    if not s.own_cluster:
-        raise DoeksError(f"--fresh removes checkpoints/{s.job_name} from the shared claim, which is on this machine "
-                         "only on doeks' own cluster: use another JOB_NAME to start over")
-    runner(dry_run).step(f"remove checkpoints and metrics of {s.job_name} (in the claim's folder)",
-                         elastic.clear_outputs, s)
+    step = where.fresh_step(where.settings.job_name)
+    runner(dry_run).step(step.what, step.run)
 
 
-def _image_on_the_node(s, job, dry_run):
-    """doeks' own cluster pulls nothing: the training image (built here) is imported into the node first."""
-    if s.own_cluster:
-        from doeks.cluster import images
-
-        found = []
-        for container in _containers(job):
-            if container["image"] not in found:
-                found.append(container["image"])
-        images.ensure(runner(dry_run), found)
+def _image_on_the_node(where, job, dry_run):
+    """The images the job's containers name, made available to the target's nodes (doeks' own cluster pulls nothing:
+    the training image, built here, is imported into the node first)."""
+    found = []
+    for container in _containers(job):
+        if container["image"] not in found:
+            found.append(container["image"])
+    where.ensure_images(runner(dry_run), found)
 
 
 def _containers(manifest):
@@ -119,7 +104,7 @@ def job_delete(c, dry_run=False):
     """Delete the PyTorchJob; safe to run twice."""
     from doeks import jobspec, kube
 
-    kube.delete(runner(dry_run), [jobspec.pytorchjob(settings())])
+    kube.delete(runner(dry_run), [jobspec.pytorchjob(settings(), image="-")])
 
 
 @task(name="deploy", help={"dry_run": "print the commands; change nothing"})
@@ -143,20 +128,18 @@ def trainer_delete(c, dry_run=False):
 def trainjob_submit(c, replicas=None, fresh=False, dry_run=False):
     """Submit the fixed-size job as a Trainer v2 TrainJob (torch-distributed runtime), server-side apply."""
     from doeks import kube, trainjob
-    from doeks.errors import DoeksError
 
     s = settings(replicas=replicas)
-    if s.on_this_machine and not dry_run:
-        raise DoeksError(f"TARGET={s.target}: TrainJobs run on a cluster (TARGET=kubernetes or eks); here use "
-                         "`invoke elasticjob.deploy`")
+    where = target(s)
+    if not dry_run:
+        where.require_cluster("TrainJobs", "use `invoke elasticjob.deploy`")
     from doeks import jobspec, ui
 
     if jobspec.idle_gpus_warning(s):  # GPUs per node follow the node
         ui.say(jobspec.idle_gpus_warning(s), style="yellow")
-    kube.use(s)
-    job = trainjob.trainjob(s)
-    _start_over(s, fresh, dry_run)
-    _image_on_the_node(s, {"containers": [{"image": job["spec"]["trainer"]["image"]}]}, dry_run)
+    job = trainjob.trainjob(s, placement=where.placement())
+    _start_over(where, fresh, dry_run)
+    _image_on_the_node(where, {"containers": [{"image": job["spec"]["trainer"]["image"]}]}, dry_run)
     kube.apply(runner(dry_run), [job])
 
 
@@ -192,7 +175,7 @@ def trainjob_delete(c, dry_run=False):
     """Delete the TrainJob (its JobSet and pods go with it); safe to run twice."""
     from doeks import kube, trainjob
 
-    kube.delete(runner(dry_run), [trainjob.trainjob(settings())])
+    kube.delete(runner(dry_run), [trainjob.trainjob(settings())])  # kind, name and namespace are what delete reads
 
 
 @task(name="compile", help={"out": "IR YAML path (default STATE_DIR/pipelines/hybrid-<runtime>.yaml)",
@@ -251,18 +234,15 @@ def pipeline_deploy(c, dry_run=False):
     """What the pipeline's pods need in the profile namespace: RBAC, SHARED_PVC, Pod Identity for SageMaker.
 
     RBAC on TrainJobs/PyTorchJobs; SHARED_PVC as a claim on the same file system."""
-    from doeks import identity, kube, pipeline
+    from doeks import kube, pipeline
+
+    where = target()
 
     def step(s, r):
         kube.apply(r, pipeline.rbac(s))
         pipeline.ensure_shared_claim(s, r)  # SHARED_PVC in KFP_NAMESPACE for the local and kubernetes branches
-        if s.target == "eks":
-            identity.ensure(s, r, identity.get("pipeline-runner"))
-        else:
-            from doeks import ui
-
-            ui.say(f"TARGET={s.target}: no Pod Identity role for the sagemaker branch (an EKS feature); give "
-                   f"{s.kfp_service_account} AWS credentials another way to run that branch")
+        where.identity_ensure(r, "pipeline-runner", f"no Pod Identity role for the sagemaker branch (an EKS feature); "
+                              f"give {s.kfp_service_account} AWS credentials another way to run that branch")
 
     _on_the_cluster(step, "nothing to deploy; `invoke kubeflow.pipeline.run --local` runs the pipeline here", dry_run)
 
@@ -274,11 +254,12 @@ def pipeline_delete(c, dry_run=False, force=False):
     """Remove what kubeflow.pipeline.deploy made (Pod Identity, the profile's claim, RBAC); safe to run twice.
 
     A claim the pipeline's jobs' pods still mount is named and left (see csi.delete)."""
-    from doeks import identity, kube, pipeline
+    from doeks import kube, pipeline
+
+    where = target()
 
     def step(s, r):
-        if s.target == "eks":
-            identity.remove(s, r, identity.get("pipeline-runner"))
+        where.identity_remove(r, "pipeline-runner")
         claim = pipeline.shared_claim_refs(s)  # deploy's steps in reverse: the claim, then the RBAC
         if claim:
             kube.delete_claim(r, s, s.kfp_namespace, s.shared_pvc, claim, force)

@@ -104,7 +104,10 @@ def test_the_service_account_may_create_and_follow_jobs_in_its_profile_and_nothi
     from doeks.runner import to_yaml_stream
     from doeks.settings import load
 
-    job = jobspec.pytorchjob_fixed(load({**os.environ, **env, "NAMESPACE": "default"}))
+    from doeks import targets
+
+    settings = load({**os.environ, **env, "NAMESPACE": "default"})
+    job = jobspec.pytorchjob_fixed(settings, placement=targets.get(settings).placement())
     refused = _as(sa, "create", "-f", "-", input=to_yaml_stream([job]))
     assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
 

@@ -1,6 +1,8 @@
 """Layers import downward only: no import cycle between doeks' modules (imports inside functions count too, since
 they are how a cycle hides). On the commit before this test there were two: eks <-> identity <-> storage, and
-jobspec <-> trainimage <-> preflight."""
+jobspec <-> trainimage <-> preflight. Until issue 37 the graph missed `from .package import module` (it recorded only
+the package), and two cycles stood: cluster.images -> efa -> cluster.operators -> cluster.images, and container ->
+local.runtime -> local.jobs -> jobspec -> trainimage -> container."""
 from __future__ import annotations
 
 import ast
@@ -16,12 +18,15 @@ def import_graph() -> dict[str, set[str]]:
         package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
         found: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-                found |= {f"{target}.{a.name}" for a in node.names} if node.module is None else {target}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("doeks"):
-                found.add(node.module)
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("doeks")):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module
+                # `from X import name`: name may be a module of package X (then that module is the dependency), or
+                # a name defined in X (then X is): both are recorded and known() keeps what exists
+                found |= {target} | {f"{target}.{a.name}" for a in node.names}
             elif isinstance(node, ast.Import):
                 found |= {a.name for a in node.names if a.name.startswith("doeks")}
         raw[module] = found

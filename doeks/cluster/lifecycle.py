@@ -113,7 +113,8 @@ def up(runner, nodes: int = 1) -> Path:
     started = time.monotonic()
     if not runner.dry_run:
         images._docker()  # the images are built and imported with docker: refused before anything starts
-    kubeconfig = node.up(runner, nodes)
+    kubeconfig = node.up(runner, nodes, forget=lambda name: kubectl("delete", "node", name, "--ignore-not-found",
+                                                                    "--wait=false", check=False))
     if runner.dry_run:
         runner.step(f"import {versions.PAUSE_IMAGE} and {versions.COREDNS_IMAGE} into the node's containerd", lambda: None)
         runner.emit(coredns_manifests())
@@ -137,6 +138,13 @@ def up(runner, nodes: int = 1) -> Path:
 
 
 def down(runner) -> bool:
+    """Stop the cluster, and the rehearsal's registry with it (its storage is kept, as the node's images are)."""
+    from . import registry
+
+    if runner.dry_run:
+        runner.step("stop the registry, if it runs (its storage stays cached)", lambda: None)
+    else:
+        registry.stop()
     return node.down(runner)
 
 

@@ -172,6 +172,11 @@ def containerd_config(node: Node = NODE0) -> str:
         f"[{cri}.cni]",
         f'  bin_dir = "{CNI_BIN}"',
         f'  conf_dir = "{node.dir / "cni"}"',
+        # registry host configuration (hosts.toml per registry name, read at each pull): empty unless the EKS
+        # rehearsal maps its ECR name to the loopback registry (doeks.cluster.registry); any other name still goes
+        # to the no-pull proxy below and fails at once
+        f"[{cri}.registry]",
+        f'  config_path = "{d() / "registry-hosts"}"',
         "",
     ])
 
@@ -647,9 +652,10 @@ def _node_plan(node: Node) -> list[str]:
                     for component in NODE_COMPONENTS]
 
 
-def up(runner, nodes: int = 1) -> Path:
+def up(runner, nodes: int = 1, forget=None) -> Path:
     """Start every component that is not running (in order, each checked healthy), the guard first; then the extra
-    nodes 1..nodes-1 (KUBE_NODES), each guarded before anything of it starts. Extra nodes beyond `nodes` are removed."""
+    nodes 1..nodes-1 (KUBE_NODES), each guarded before anything of it starts. Extra nodes beyond `nodes` are removed
+    (`forget(name)`: their Node object deleted from the API server, by the caller, which has kubectl)."""
     surplus = [n for n in extra_nodes() if n.index >= nodes]
     if runner.dry_run:
         for step in _plan(nodes):
@@ -682,7 +688,7 @@ def up(runner, nodes: int = 1) -> Path:
     for index in range(1, nodes):
         start_node(Node(index))
     for node in surplus:
-        remove_node(node, reason=f"KUBE_NODES={nodes}")
+        remove_node(node, reason=f"KUBE_NODES={nodes}", forget=forget)
     ui.say(f"cluster components up in {time.monotonic() - started_at:.0f}s" + (f" ({nodes} nodes)" if nodes > 1 else ""))
     return versions.kubeconfig()
 
@@ -730,14 +736,11 @@ def stop_node(node: Node) -> bool:
     return was
 
 
-def remove_node(node: Node, reason: str = "") -> None:
-    """An extra node stopped, its Node object deleted, its network, folder and cgroups removed."""
+def remove_node(node: Node, reason: str = "", forget=None) -> None:
+    """An extra node stopped, its Node object deleted (`forget`), its network, folder and cgroups removed."""
     stop_node(node)
-    if pid("kube-apiserver"):
-        from ..kube import kubectl as kubectl_path
-
-        subprocess.run([kubectl_path(), f"--kubeconfig={versions.kubeconfig()}", "delete", "node", node.name,
-                        "--ignore-not-found", "--wait=false"], capture_output=True, text=True)
+    if forget is not None and pid("kube-apiserver"):
+        forget(node.name)
     for point in mounts_under(node.dir):
         subprocess.run(["umount", "-l", point], capture_output=True)
     remove_node_network(node)

@@ -1,43 +1,45 @@
 """Where a job runs: one interface (`base.Target`), one class per TARGET, looked up by name.
 
     target = targets.get(settings)          # chosen once, from TARGET
-    plan = target.plan(targets.Job(settings, train_args, fresh))
+    plan = target.plan(target.job(train_args, fresh))  # the job as one value, resolved once
     plan.show(runner)                       # the dry run
     target.submit(plan, runner)             # the run
     target.describe() / logs() / scale(n) / cancel() / artifacts()
 
-This package and `doeks.settings` are the only places that branch on TARGET for the job.
+This package and `doeks.settings` are the only places that branch on TARGET. A place to run is one file here (or a
+module named in DOEKS_TARGETS): a class deriving from `Target` (or one of these) with a `name`, answering the job's
+verbs and the units' (see `base.Target`); nothing else lists it.
 """
 from __future__ import annotations
 
-from .base import (COLUMNS, FINAL, STATES, Job, JobStatus, NotSupported, Plan, ReplicaStatus, Step, Target)
+from .base import (COLUMNS, FINAL, STATES, Job, JobStatus, NotSupported, Plan, ReplicaStatus, Step, Target, World)
 
-_CLASSES = {
-    "local": ("doeks.targets.local", "LocalTarget"),
-    "docker": ("doeks.targets.docker", "DockerTarget"),
-    "kubernetes": ("doeks.targets.kubernetes", "KubernetesTarget"),
-    "eks": ("doeks.targets.eks", "EksTarget"),
-    "sagemaker": ("doeks.targets.sagemaker", "SageMakerTarget"),
-}
 # The KFP pipeline's training_runtime values (the seed's kubernetes and sagemaker, and doeks' own) -> targets.
 RUNTIMES = {"kubernetes": "eks", "eks": "eks", "sagemaker": "sagemaker", "local": "local", "docker": "docker"}
 VERBS = ("checks", "plan", "submit", "describe", "logs", "scale", "cancel", "artifacts")
 
 
 def names() -> tuple[str, ...]:
-    return tuple(_CLASSES)
+    """Every TARGET value: the files of this package that define a target class, and DOEKS_TARGETS' modules."""
+    from ..settings import target_names
+
+    return target_names()
 
 
 def get(settings, name: str | None = None) -> Target:
-    """The target for TARGET (or `name`)."""
+    """The target for TARGET (or `name`): its class found by doeks.settings.target_classes, constructed once."""
     import importlib
 
     from ..errors import DoeksError
+    from ..settings import target_classes
 
     name = name or settings.target
-    if name not in _CLASSES:
-        raise DoeksError(f"TARGET={name!r}: expected one of {', '.join(_CLASSES)}")
-    module, cls = _CLASSES[name]
+    found = target_classes()
+    if name not in found:
+        raise DoeksError(f"TARGET={name!r}: expected one of {', '.join(names())}")
+    module, cls = found[name]
+    if name == "eks" and getattr(settings, "eks_rehearsal", False):  # EKS_REHEARSAL: the eks target on this machine
+        module, cls = "doeks.targets.rehearsal", "RehearsalTarget"
     return getattr(importlib.import_module(module), cls)(settings)
 
 
@@ -50,5 +52,5 @@ def for_runtime(settings, runtime: str) -> Target:
     return get(settings.with_overrides(target=RUNTIMES[runtime]))
 
 
-__all__ = ["COLUMNS", "FINAL", "STATES", "Job", "JobStatus", "NotSupported", "Plan", "ReplicaStatus", "Step", "Target",
+__all__ = ["COLUMNS", "FINAL", "STATES", "World", "Job", "JobStatus", "NotSupported", "Plan", "ReplicaStatus", "Step", "Target",
            "RUNTIMES", "VERBS", "get", "for_runtime", "names"]

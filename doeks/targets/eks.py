@@ -3,13 +3,199 @@ account's ECR (resolved before anything is applied), the GPU and EFA requests of
 artifacts copied to S3."""
 from __future__ import annotations
 
-from .. import trainimage
+from typing import Callable
+
+from .. import kube, trainimage
+from ..errors import DoeksError
 from .kubernetes import KubernetesTarget
 
 
-class EksTarget(KubernetesTarget):
+class OnAws:
+    """The units on AWS: an EKS cluster made by eksctl, FSx (and EFS) through their CSI drivers, the EFA device plugin
+    and the MPI operator, the CloudWatch observability add-on (or agent), each with its Pod Identity role. Mixed into
+    EksTarget and SageMakerTarget (SageMaker trains outside the cluster, but `up` on TARGET=sagemaker stands up the
+    same EKS side: the pipelines and the shared volume run there)."""
+
+    settings: object
+    name: str
+    say: Callable
+    asks_before_down = True
+
+    def connect(self) -> None:
+        """kubectl uses the kubeconfig `eks.connect` wrote for CLUSTER_NAME in AWS_REGION alone (kube.eks_kubeconfig),
+        never the user's current context, which may be another cluster's (the user's own kubeconfig is untouched)."""
+        kube.use_only(kube.eks_kubeconfig(self.settings))
+
+    def after_up(self, dry_run: bool) -> None:
+        return None
+
+    def cluster_running(self) -> bool:
+        return True
+
+    def status_rows(self) -> list:
+        return []
+
+    # eks
+    def cluster_create(self, runner) -> None:
+        from .. import eks
+
+        eks.create(self.settings, runner)
+
+    def cluster_delete(self, runner, yes: bool = False) -> None:
+        from .. import eks
+
+        s = self.settings
+        if not runner.dry_run and not yes:
+            import sys
+
+            if not sys.stdin.isatty():
+                raise DoeksError(f"eks.delete removes cluster {s.cluster_name} and all it runs: pass --yes to confirm")
+            answer = input(f"Delete cluster {s.cluster_name} in {s.aws_region}? Type its name to confirm: ")
+            if answer.strip() != s.cluster_name:
+                raise DoeksError("not confirmed: nothing deleted")
+        eks.delete(s, runner)
+
+    def cluster_status(self) -> None:
+        from .. import eks, ui
+
+        s = self.settings
+        head, groups = eks.status_rows(s)
+        ui.table(f"EKS cluster ({s.aws_region})", ["cluster", "status", "version", "endpoint", "platform"], head)
+        if groups:
+            ui.table("node groups", ["node group", "status", "instance types", "min/desired/max", "capacity", "processor"], groups)
+        try:
+            ui.table("nodes", ["node", "instance type", "ready", "nvidia.com/gpu", "vpc.amazonaws.com/efa"], eks.node_rows())
+        except Exception as error:  # noqa: BLE001 - the cluster API may be unreachable from here
+            ui.say(f"nodes: Kubernetes API not reachable ({type(error).__name__}): run `invoke eks.connect`")
+
+    # csi
+    def volume_deploy(self, runner) -> None:
+        """FSx for Lustre, the default for training data: the CSI driver, its role, the Lustre security group, fsx-sc
+        and the claim."""
+        from .. import storage
+
+        storage.fsx_deploy(self.settings, runner)
+
+    def volume_delete(self, runner, force: bool = False) -> None:
+        """Reverse volume_deploy (refused while pods use the claim, unless --force), then an EFS that csi.efs.create
+        made: its driver, mount targets, file system and security group."""
+        from .. import storage
+
+        s = self.settings
+        storage.fsx_delete(s, runner, force=force)
+        if runner.dry_run or storage.find_efs(s):
+            storage.efs_delete(s, runner)
+            storage.efs_destroy(s, runner)
+
+    def aws_storage(self, what: str) -> None:
+        return None
+
+    def stage_data(self, runner, source: str, relayout_val: bool) -> None:
+        from .. import storage
+
+        storage.stage_on_cluster(self.settings, runner, source, relayout_val)
+
+    # efa
+    def efa_deploy(self, runner) -> None:
+        """The EFA device plugin DaemonSet (EFA instance types only) and the MPI operator (server-side apply). One
+        plugin, one owner: eksctl's efaEnabled installs its own DaemonSet of the same name (v0.3.3, fields such as
+        runAsNonRoot that an apply would keep); doeks replaces it rather than merging into it, and efa.delete
+        removes it."""
+        from .. import efa, kube
+
+        kube.run(runner, efa.replace_eksctl_plugin_argv())
+        kube.apply(runner, efa.device_plugin(self.settings))
+        efa.mpi_operator_deploy(runner)
+
+    def efa_delete(self, runner) -> None:
+        from .. import efa, kube
+
+        efa.mpi_operator_delete(runner)
+        kube.delete(runner, efa.device_plugin(self.settings))
+
+    def efa_status(self) -> None:
+        from .. import eks, kube, ui
+        from ..runner import Runner
+
+        kube.show(Runner(), ["daemonset", "-n", "kube-system", "aws-efa-k8s-device-plugin-daemonset"])
+        ui.table("nodes", ["node", "instance type", "ready", "nvidia.com/gpu", "vpc.amazonaws.com/efa"], eks.node_rows())
+
+    def efa_test(self, runner, nodes: int | None, end: str | None) -> None:
+        """nccl-tests all_reduce_perf across GPU nodes, every GPU and EFA adapter of each; fails if NCCL fell back
+        to TCP."""
+        from .. import efa, jobspec
+
+        s = self.settings
+        placement = jobspec.node_type_placement(s)
+        if jobspec.idle_gpus_warning(s):  # the test uses every GPU of a node; the job would not
+            self.say(jobspec.idle_gpus_warning(s) + "; efa.test measures all of them", style="yellow")
+        job = efa.nccl_mpijob(s, nodes, end=end or efa.default_end(placement), placement=placement)
+        efa.run_test(s, runner, job, placement.cpu)
+
+    # gpu-metrics
+    def metrics_deploy(self, runner, interval: int, agent: bool) -> None:
+        """The amazon-cloudwatch-observability add-on (Container Insights + DCGM exporter), or with `agent` the
+        CloudWatch agent DaemonSet on GPU nodes; each with a Pod Identity role; one copy per node (the add-on's agent
+        and the DaemonSet would both collect and put the same GPUs)."""
+        from .. import aws, gpumetrics, identity, kube, storage, ui
+
+        s = self.settings
+        if agent:
+            storage.delete_addon(s, runner, gpumetrics.ADDON)
+            identity.ensure(s, runner, identity.get("cloudwatch-agent-gpu"))
+            kube.apply(runner, gpumetrics.manifests(s, interval))
+            return
+        kube.delete(runner, [m for m in gpumetrics.manifests(s, interval) if m["kind"] in ("DaemonSet", "ConfigMap")])
+        associations = identity.addon_associations(s, runner, identity.get("cloudwatch-observability"))
+        if not runner.dry_run and storage.addon_exists(s, gpumetrics.ADDON):
+            ui.say(f"add-on {gpumetrics.ADDON} exists")
+            return
+        runner.call(aws.client(s, "eks"), "create_addon", clusterName=s.cluster_name, addonName=gpumetrics.ADDON,
+                    resolveConflicts="OVERWRITE", podIdentityAssociations=associations, tags={storage.TAG: s.cluster_name})
+
+    def metrics_delete(self, runner) -> None:
+        from .. import gpumetrics, identity, kube, storage
+
+        s = self.settings
+        storage.delete_addon(s, runner, gpumetrics.ADDON)
+        identity.remove(s, runner, identity.get("cloudwatch-observability"))
+        kube.delete(runner, gpumetrics.delete_manifests(s))
+        identity.remove(s, runner, identity.get("cloudwatch-agent-gpu"))
+
+    def metrics_status(self) -> None:
+        from .. import gpumetrics, kube
+        from ..runner import Runner
+
+        kube.show(Runner(), ["daemonset", "-n", gpumetrics.K8S_NAMESPACE, "-o", "wide"])  # add-on's and agent's
+
+    # kubeflow
+    def on_cluster(self, step: Callable, here: str, runner) -> None:
+        step(self.settings, runner)
+
+    def require_cluster(self, what: str, hint: str) -> None:
+        return None
+
+    def placement(self):
+        """The GPU node group's instance type: its GPUs (NPROC_PER_NODE) and EFA adapters per pod."""
+        from .. import jobspec
+
+        return jobspec.node_type_placement(self.settings)
+
+
+class EksTarget(OnAws, KubernetesTarget):
     name = "eks"
     builds_image = False
+    pod_identity = True
+
+    def identity_ensure(self, runner, workload: str, missing: str = "") -> None:
+        from .. import identity
+
+        identity.ensure(self.settings, runner, identity.get(workload))
+
+    def identity_remove(self, runner, workload: str) -> None:
+        from .. import identity
+
+        identity.remove(self.settings, runner, identity.get(workload))
 
     def checks(self):
         from ..preflight import eks_doctor_checks
@@ -24,10 +210,27 @@ class EksTarget(KubernetesTarget):
         trainimage.require_resolved(image)
 
     def refuse_image(self, image: str) -> None:
+        """The image must name a registry; doeks' own content-tagged image must be in this account's ECR (a code
+        edit is a new tag that no push has made yet: the pods would sit in ImagePullBackOff)."""
         trainimage.require_resolved(image)
+        s = self.settings
+        if s.train_image or ".dkr.ecr." not in image or image.split("/")[0] != trainimage.registry_host(s):
+            return  # a prebuilt image, or another registry: the user's to push
+        if trainimage.in_ecr(s, image.rsplit(":", 1)[1]):
+            return
+        raise DoeksError(f"training image {image} is not in ECR (the code changed since the last push): run "
+                         "`invoke elasticjob.build elasticjob.push` (or `invoke up`), then deploy")
 
     def refuse(self, plan) -> None:
         self.refuse_image(plan.image)  # the cluster is read when the job is applied (a dry run needs no cluster)
+
+    def plan(self, job):
+        plan = super().plan(job)
+        if not job.settings.train_image and trainimage.is_built(plan.image) is False:
+            plan.warnings.append(f"warning: training image {plan.image} (this code's) is not built on this machine; "
+                                 "unless it is in the registry already, the pods cannot pull it: "
+                                 f"`{trainimage.command(job.settings, 'elasticjob.build elasticjob.push')}`")
+        return plan
 
     def artifacts(self) -> dict[str, str]:
         found = super().artifacts()

@@ -11,7 +11,7 @@ import subprocess
 from typing import Any, Iterator
 
 from .. import jobspec, kube, trainimage
-from ..local.jobs import parse_progress
+from ..local.jobs import parse_progress, restarting
 from ..errors import DoeksError
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
                    Step, Target)
@@ -33,7 +33,204 @@ class KubernetesTarget(Target):
 
     def __init__(self, settings):
         super().__init__(settings)
-        kube.use(settings)
+        self.connect()
+
+    # -- the units on a plain Kubernetes cluster: doeks' own (KUBECONFIG empty) or the user's --------------------------
+    @property
+    def own(self) -> bool:
+        """doeks' own single-node cluster (KUBECONFIG empty, or its own kubeconfig), which runs on this machine."""
+        return self.settings.own_cluster
+
+    def connect(self) -> None:
+        kube.use(self.settings)
+
+    def after_up(self, dry_run: bool) -> None:
+        if not dry_run:
+            print(f"export KUBECONFIG={kube.kubeconfig_path(self.settings)}")
+
+    def cluster_running(self) -> bool:
+        return not kube.own_cluster_stopped(self.settings)
+
+    def cluster_create(self, runner) -> None:
+        """doeks' own cluster started (KUBECONFIG empty), or the user's cluster checked; the KUBECONFIG line to export."""
+        from ..cluster import lifecycle, versions
+
+        s = self.settings
+        if self.own:
+            self.say(f"TARGET=kubernetes, KUBECONFIG empty: {'the plan for' if runner.dry_run else 'starting'} doeks' "
+                     f"own {'single-node' if s.kube_nodes == 1 else f'{s.kube_nodes}-node'} cluster (Kubernetes "
+                     f"v{versions.KUBERNETES})")
+            path = lifecycle.up(runner, nodes=s.kube_nodes)
+        else:
+            path = kube.kubeconfig_path(s)
+            self.say(f"TARGET=kubernetes: using the cluster in {s.kubeconfig}"
+                     + (f" (context {s.kube_context})" if s.kube_context else "") + "; nothing to create")
+            if not runner.dry_run:
+                kube.use(s)
+                runner.run([kube.kubectl(), "get", "nodes"], mutating=False)
+        if runner.dry_run:
+            self.say(f"kubeconfig: {path}")   # stdout stays the plan's YAML stream
+        else:
+            print(f"export KUBECONFIG={path}")
+
+    def cluster_delete(self, runner, yes: bool = False) -> None:
+        from ..cluster import lifecycle
+
+        if not self.own:
+            self.say(f"TARGET=kubernetes: the cluster in {self.settings.kubeconfig} is the user's; it keeps running")
+            return
+        self.say("TARGET=kubernetes: stopping doeks' own cluster (every process, mount, network namespace, iptables "
+                 "rule, bridge and cgroup it made); built binaries and images stay cached")
+        if not lifecycle.down(runner) and not runner.dry_run:
+            self.say("doeks' cluster was not running")
+
+    def cluster_status(self) -> None:
+        from .. import ui
+        from ..cluster import guard, lifecycle, versions
+
+        if self.own:
+            ui.table(f"doeks' cluster (Kubernetes v{versions.KUBERNETES})", ["component", "state", "pid", "log"],
+                     lifecycle.status_rows())
+            ui.say(f"network guard: {'installed' if guard.installed() else 'not installed'}, "
+                   f"{guard.dropped()} packets dropped")
+
+    def volume_deploy(self, runner) -> None:
+        """The claim: on doeks' own cluster on a volume of this machine's folder; elsewhere of STORAGE_CLASS."""
+        s = self.settings
+        if self.own:
+            from ..local import runtime
+
+            folder = runtime.shared_volume(s)
+            runner.step(f"create shared volume folder {folder}", folder.mkdir, parents=True, exist_ok=True)
+        kube.use(s)
+        claim = kube.shared_claim(s)
+        kube.move_volume(runner, s, claim)
+        kube.apply(runner, claim)
+
+    def volume_delete(self, runner, force: bool = False) -> None:
+        """A claim a pod still uses is left in place with one line naming the pods (doeks' own cluster: asked to go
+        without waiting, since `down` stops the cluster with them; --force: the same elsewhere)."""
+        from ..local import runtime
+
+        s = self.settings
+        kube.use(s)
+        if not runner.dry_run and kube.own_cluster_stopped(s):
+            self.say(f"doeks' cluster is not running: no claim on it; keeping {runtime.shared_volume(s)}")
+            return
+        # the claim first (claim protection: it goes once no pod uses it), then its volume; the folder stays
+        kube.delete_claim(runner, s, s.namespace, s.shared_pvc, list(reversed(kube.shared_claim(s))), force)
+        if self.own:
+            self.say(f"keeping {runtime.shared_volume(s)} (data and checkpoints); remove it by hand if unwanted")
+
+    def stage_data(self, runner, source: str, relayout_val: bool) -> None:
+        from .. import storage
+
+        storage.stage_on_cluster(self.settings, runner, source, relayout_val)
+
+    def efa_deploy(self, runner) -> None:
+        """doeks' own cluster: the MPI operator alone (no EFA there), built from its Go module and deployed from its
+        manifest; a user's cluster: EFA is AWS's, nothing to deploy."""
+        from .. import efa
+        from ..cluster import operators
+
+        if not self.own:
+            self.nothing("EFA is an AWS network adapter; no device plugin to deploy on this cluster")
+            return
+        if not runner.dry_run and not self.cluster_running():
+            self.say("doeks' cluster is not running: nothing to deploy on it (`TARGET=kubernetes invoke up` starts it)")
+            return
+        self.say("doeks' cluster: EFA is an AWS network adapter and this machine has none: the EFA device plugin is "
+                 f"skipped; the MPI operator {efa.MPI_OPERATOR_VERSION} is deployed from its Go module's "
+                 "deploy/v2beta1/mpi-operator.yaml")
+        operators.ensure_images(operators.MPI_OPERATOR, runner)
+        efa.mpi_operator_deploy(runner, _mpi_operator_manifest())
+
+    def efa_delete(self, runner) -> None:
+        from .. import efa
+
+        if not self.own:
+            self.nothing("no EFA device plugin was deployed; nothing to delete")
+            return
+        if not runner.dry_run and not self.cluster_running():
+            self.say("doeks' cluster is not running: nothing on it to delete")
+            return
+        self.say("doeks' cluster: no EFA device plugin was deployed; deleting the MPI operator")
+        efa.mpi_operator_delete(runner, _mpi_operator_manifest())
+
+    def efa_status(self) -> None:
+        from .. import efa
+        from ..runner import Runner
+
+        if not self.own:
+            self.nothing("no EFA devices")
+            return
+        self.say("doeks' cluster: no EFA devices; the MPI operator:")
+        kube.show(Runner(), ["deployment", "-n", efa.MPI_OPERATOR_NAMESPACE, efa.MPI_OPERATOR_DEPLOYMENT])
+
+    def efa_test(self, runner, nodes: int | None, end: str | None) -> None:
+        """The nccl-tests MPIJob; on doeks' own cluster the same MPIJob on CPU with a stand-in image (an MPI
+        all-reduce over TCP), reported as such."""
+        from .. import efa
+
+        placement = self.placement()
+        job = efa.nccl_mpijob(self.settings, nodes, end=end or efa.default_end(placement), placement=placement)
+        if self.own:
+            if not runner.dry_run and not self.cluster_running():
+                raise DoeksError("doeks' cluster is not running: `TARGET=kubernetes invoke up` starts it")
+            self.say(f"doeks' cluster: {efa.NCCL_TESTS_IMAGE} is doeks' stand-in (no registry, GPU or EFA here): an "
+                     "MPI all-reduce on CPU over TCP, run by the MPI operator's launcher over ssh to its workers")
+            from ..cluster import images
+
+            images.nccl_tests_image(runner)
+            if not runner.dry_run and runner.run([kube.kubectl(), "get", "crd", efa.MPIJOB_CRD], mutating=False,
+                                                 check=False, capture=True).returncode != 0:
+                raise DoeksError(f"the MPI operator is not deployed (no {efa.MPIJOB_CRD}): `invoke efa.deploy` deploys it")
+        efa.run_test(self.settings, runner, job, placement.cpu)
+
+    def metrics_deploy(self, runner, interval: int, agent: bool) -> None:
+        self.nothing("GPU metrics go to CloudWatch, which is AWS's; nothing to deploy on this cluster")
+
+    def metrics_status(self) -> None:
+        self.nothing("no GPU-metrics agent (CloudWatch is AWS's)")
+
+    def on_cluster(self, step, here: str, runner) -> None:
+        if not runner.dry_run and not self.cluster_running():
+            self.say("doeks' cluster is not running: nothing on it to change (`TARGET=kubernetes invoke up` starts it)")
+            return
+        step(self.settings, runner)
+
+    def require_cluster(self, what: str, hint: str) -> None:
+        return None
+
+    def placement(self):
+        """KUBE_GPUS GPUs (or a CPU share where it trains on CPU, as on doeks' own cluster), KUBE_MEMORY, NODE_LABELS."""
+        return jobspec.cluster_placement(self.settings)
+
+    def ensure_images(self, runner, refs: list[str]) -> None:
+        """doeks' own cluster pulls nothing: the images (built here) are imported into the node first."""
+        if self.own:
+            from ..cluster import images
+
+            images.ensure(runner, refs)
+
+    def fresh_step(self, job_name: str) -> Step:
+        if not self.own:
+            return super().fresh_step(job_name)
+        from .. import elastic
+
+        s = self.settings
+        return Step(f"remove checkpoints and metrics of {job_name} (in the claim's folder)",
+                    lambda: elastic.clear_outputs(s))
+
+    def pipeline_job(self) -> dict[str, Any]:
+        """The pipeline's kubernetes branch's job (PIPELINE_JOB_KIND), fixed size, in KFP_NAMESPACE, as this cluster
+        runs it (no instance-type selector, KUBE_GPUS, the image as the cluster has it)."""
+        from .. import trainjob
+
+        s = self.settings.with_overrides(namespace=self.settings.kfp_namespace)
+        if s.pipeline_job_kind == "trainjob":
+            return trainjob.trainjob(s, placement=self.placement())
+        return jobspec.pytorchjob_fixed(s, placement=self.placement())
 
     @property
     def on_this_machine(self) -> bool:
@@ -43,15 +240,17 @@ class KubernetesTarget(Target):
     def manifests(self, job: Job) -> list[dict]:
         """The base's, with the hang watchdog's service account (it acts through this cluster's API server)."""
         return jobspec.manifests(job.settings, job.train_args, job.run,
-                                 image=trainimage.reference(job.settings, self.on_this_machine), account=True)
+                                 image=job.image or trainimage.reference(job.settings, self.on_this_machine, job.code),
+                                 placement=self.placement(), code=job.code, account=True)
 
     def plan(self, job: Job) -> Plan:
         plan = self.manifest_plan(job)
+        build = self.image_step(job)  # doeks' own cluster: built here, then imported
+        if build is not None:
+            plan.context["builds"] = build
+            plan.steps.append(build)
         if job.fresh and self.on_this_machine:  # doeks' own cluster: the claim's folder is here
-            from .. import elastic
-
-            plan.steps.append(Step(f"remove checkpoints and metrics of {job.name} (in the claim's folder)",
-                                   lambda: elastic.clear_outputs(job.settings)))
+            plan.steps.append(self.fresh_step(job.name))
         elif job.fresh:  # the claim is storage of that cluster: nothing here can clear it
             plan.warnings.append(f"--fresh replaces a running {job.name}, but its checkpoints on claim "
                                  f"{job.settings.shared_pvc} are not on this machine: the job resumes from them; "
@@ -68,10 +267,13 @@ class KubernetesTarget(Target):
     def submit(self, plan: Plan, runner) -> None:
         from ..runner import to_yaml_stream
 
+        build = plan.context.get("builds")
+        if build is not None:  # before the image is imported into the cluster
+            runner.step(build.what, build.run)
         self.check_image(plan.image, runner)
         self._replace_previous(plan, runner)
         for step in plan.steps:
-            if step.run is not None:
+            if step.run is not None and step is not build:
                 runner.step(step.what, step.run)
         kube.run(runner, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
                  input=to_yaml_stream(plan.manifests))
@@ -81,14 +283,15 @@ class KubernetesTarget(Target):
     def refuse(self, plan: Plan) -> None:
         """Before anything is printed: the image (doeks' own cluster: built here; eks: resolved to a registry) and a
         job of the same name still running without --fresh."""
-        self.refuse_image(plan.image)
+        if not plan.context.get("builds"):
+            self.refuse_image(plan.image)
         if kube.own_cluster_stopped(self.settings):
             raise DoeksError("doeks' cluster is not running: `TARGET=kubernetes invoke up` starts it")
         self._previous(plan)
 
     def refuse_image(self, image: str) -> None:
         if self.on_this_machine:
-            trainimage.require_image(image)
+            trainimage.require_image(image, self.settings)
 
     def _previous(self, plan: Plan) -> str | None:
         """The state of a PyTorchJob of the same name already on the cluster (None: there is none); a running one is
@@ -158,30 +361,45 @@ class KubernetesTarget(Target):
             if waiting in _POD_PROBLEMS:
                 replica_state = RESTARTING if waiting == "CrashLoopBackOff" else PENDING
                 reason = reason or f"{pod['metadata']['name']}: {waiting}"
-            progress = parse_progress("\n".join(by_pod.get(pod["metadata"]["name"], []))) or {}
+            logged = by_pod.get(pod["metadata"]["name"], [])
+            progress = parse_progress("\n".join(logged)) or {}
+            restarts += sum(1 for line in logged if reasons.WORKER_RESTART.search(line))  # torchrun's, in the pod
+            if replica_state == RUNNING and restarting(logged):
+                replica_state = RESTARTING
             replicas.append(ReplicaStatus(pod["metadata"]["name"], replica_state, restarts, step=progress.get("step"),
                                           samples_per_s=progress.get("samples_per_s"), world=progress.get("world"),
                                           detail=pod.get("spec", {}).get("nodeName", ""), total=progress.get("total"),
                                           productive=progress.get("productive")))
         desired = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas")
-        restarts = sum(r.restarts for r in replicas)
+        restarts_of_pods = sum(c.get("restartCount", 0) for p in pods for c in p.get("status", {}).get("containerStatuses", []))
         fix, permanent = "", False
         recent = _since_last_step(by_pod)
-        said = reasons.from_lines(recent)  # a permanent reason in a running pod: torchrun would only retry it
+        everything = [f"[{pod}] {line}" for pod in sorted(by_pod) for line in by_pod[pod]]
+        said = reasons.tracebacks(everything).permanent() or reasons.from_lines(recent)
+        limit = job["spec"].get("elasticPolicy", {}).get("maxRestarts")
+        over = [r for r in replicas if limit is not None and r.restarts > int(limit)]
+        if over and (said is None or said.code in reasons.GENERIC):  # MAX_RESTARTS: the pod's and torchrun's in it
+            said = reasons.restart_limit(over[0].name, over[0].restarts, int(limit), reasons.last_error(everything))
+        if state == RUNNING and any(r.state == RESTARTING for r in replicas):
+            state = RESTARTING
         wrong = state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals) or (said and said.permanent))
-        # the events are read only when something is wrong or happened: a healthy job costs two kubectl calls
+        # the events are read only when something is wrong or happened (a restart, a replaced pod, a watchdog line):
+        # a healthy job costs two kubectl calls
         events = self._events([p["metadata"]["name"] for p in pods]) if pods and (
-            wrong or restarts or _replaced(job, pods) or _watchdog_notes([], by_pod)) else []
+            wrong or restarts_of_pods or any(r.restarts for r in replicas) or _replaced(job, pods)
+            or _watchdog_notes([], by_pod)) else []
         notes = _watchdog_notes(events, by_pod) + self._lost_nodes(pods, replicas)
         if wrong:
             # what the kubelet and the operator said, then the pods' last log lines (only when something is wrong)
             signals += [e.get("reason", "") for e in events]
-            found = reasons.classify(messages + [e.get("message", "") for e in events] + recent,
-                                     exit_codes, signals, restarts, failed=state == FAILED)
+            found = said if said and said.permanent else reasons.classify(
+                messages + [e.get("message", "") for e in events] + recent, exit_codes, signals,
+                sum(1 for line in recent if reasons.WORKER_RESTART.search(line)) + restarts_of_pods,
+                failed=state == FAILED, total=sum(r.restarts for r in replicas))
             if found is not None:
                 reason, fix, permanent = found.text, found.fix, found.permanent
         return JobStatus(self.name, s.job_name, state, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
-                         replicas=replicas, desired=desired, restarts=restarts, reason=reason, fix=fix,
+                         replicas=replicas, desired=desired, restarts=sum(r.restarts for r in replicas), reason=reason, fix=fix,
                          permanent=permanent, notes=notes,
                          ended=_when(job.get("status", {}).get("completionTime")) if state in (SUCCEEDED, FAILED) else None)
 
@@ -293,11 +511,14 @@ class KubernetesTarget(Target):
             from .. import elastic
 
             return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
-                    "final": str(elastic.metrics_dir(s) / "final.json"),
+                    "model": elastic.model_uri(s) + "/model.pt", "final": str(elastic.metrics_dir(s) / "final.json"),
                     "volume": f"pvc://{s.namespace}/{s.shared_pvc} (folder {s.state_dir / 'volumes' / s.shared_pvc})"}
+        from ..jobpaths import checkpoint_uri, job_folder, model_uri
+
         base = f"pvc://{s.namespace}/{s.shared_pvc}"
-        return {"metrics": f"{base}/metrics/{s.job_name}", "checkpoints": f"{base}/checkpoints/{s.job_name}",
-                "final": f"{base}/metrics/{s.job_name}/final.json",
+        return {"metrics": job_folder(s, "metrics", base), "checkpoints": checkpoint_uri(s, base),
+                "model": model_uri(s, base) + "/model.pt",
+                "final": f"{job_folder(s, 'metrics', base)}/final.json",
                 "copy": "kubectl cp from a pod that mounts the claim"}
 
 
@@ -369,3 +590,12 @@ class PodCursor:
             lines += [f"[pod/{name}/{container}] {line}" for line in new[count:]]
             self.offsets[name] = (key, max(count, len(new)))
         return lines
+
+
+def _mpi_operator_manifest() -> str:
+    """The MPI operator's manifest on doeks' own cluster (no network): upstream's file inside the operator's Go module
+    at the pinned version (doeks.cluster.operators)."""
+    from ..cluster import operators
+
+    op = operators.MPI_OPERATOR
+    return str(operators.module_dir(op) / op.overlay)

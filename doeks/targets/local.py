@@ -4,21 +4,146 @@ from __future__ import annotations
 
 import shlex
 import time
-from typing import Iterator
+from pathlib import Path
+from typing import Callable, Iterator
 
-from .. import code, elastic
+from .. import elastic, jobpaths, ui
 from ..errors import DoeksError
 from ..local import jobs as local_jobs
 from ..local import runtime
 from ..local.services import etcd, free_port
-from .base import FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus, Step, Target
+from .base import FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus, Step, Target
 from .follow import FileCursor, follow_until_done
 from .reasons import Reason
 
 
-class LocalTarget(Target):
+class OnThisMachine:
+    """The units where the cloud is stood in for on this machine (TARGET=local and docker): the local runtime (etcd,
+    the moto AWS-API endpoint) for the cluster, a folder for the shared volume, a sampler for GPU metrics, a local
+    all-reduce sweep for EFA, no operators. Mixed into LocalTarget and DockerTarget."""
+
+    settings: object
+    name: str
+    say: Callable
+    HERE = "TARGET=local/docker"
+
+    def status_rows(self) -> list[list]:
+        return [[f"local {name}", state, endpoint, pid] for name, state, endpoint, pid in runtime.rows(self.settings)]
+
+    # eks
+    def cluster_create(self, runner) -> None:
+        self.say(f"{self.HERE}: no cluster; {'the plan for' if runner.dry_run else 'starting'} the local runtime "
+                 "(etcd, AWS-API endpoint, volume folder)")
+        runtime.up(self.settings, runner)
+
+    def cluster_delete(self, runner, yes: bool = False) -> None:
+        self.say(f"{self.HERE}: stopping the local runtime (jobs, etcd, AWS-API endpoint); volumes are kept")
+        runtime.down(self.settings, runner)
+
+    def cluster_status(self) -> None:
+        ui.table(f"local runtime ({self.HERE})", ["server", "state", "endpoint", "pid"], runtime.rows(self.settings))
+
+    # csi
+    def volume_deploy(self, runner) -> None:
+        folder = runtime.shared_volume(self.settings)
+        runner.step(f"create shared volume folder {folder}", folder.mkdir, parents=True, exist_ok=True)
+
+    def volume_delete(self, runner, force: bool = False) -> None:
+        self.say(f"{self.HERE}: keeping {runtime.shared_volume(self.settings)} (data and checkpoints); remove it by "
+                 "hand if unwanted")
+
+    def aws_storage(self, what: str) -> None:
+        raise DoeksError(f"{what} attach to a cluster: set TARGET=eks (on local the shared volume is the folder "
+                         "STATE_DIR/volumes/SHARED_PVC, made by `invoke csi.deploy`)")
+
+    def stage_data(self, runner, source: str, relayout_val: bool) -> None:
+        """S3 -> this machine's volume folder with doeks' stager (AWS calls to the moto endpoint or AWS itself)."""
+        from .. import aws, datastage
+
+        s = self.settings
+        destination = runtime.shared_volume(s) / "data"
+        if runner.dry_run:
+            runner.step(f"stage {source} -> {destination} with {s.stage_threads} requests in flight", lambda: None)
+            return
+        with ui.progress() as bar:
+            task_id = bar.add_task(f"staging {source}", total=None)
+            result = datastage.stage(source, destination, region=s.aws_region, credentials=aws.credentials_of(s),
+                                     endpoint_url=aws.endpoint_url(s), concurrency=s.stage_threads,
+                                     progress=lambda done, total: bar.update(task_id, completed=done, total=total))
+        ui.say(f"staged {result.files} files ({result.bytes / 1e6:.1f} MB) into {destination} in {result.seconds:.1f} s: "
+               f"{result.downloaded} downloaded, {result.skipped} already there; verified")
+        if relayout_val:
+            ui.say(f"val re-layout: {datastage.relayout_val(destination)} files moved into class folders")
+
+    # efa
+    def efa_deploy(self, runner) -> None:
+        self.say(f"{self.HERE}: no EFA devices here; nothing to deploy (efa.test runs a local all-reduce sweep)")
+
+    def efa_test(self, runner, nodes: int | None, end: str | None) -> None:
+        """The same message-size sweep as nccl-tests, with torch.distributed all_reduce across local processes."""
+        import os
+        import subprocess
+        import sys
+
+        from .. import nccl, plots
+
+        s = self.settings
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(s.nproc_per_node),
+                "--standalone", str(Path(__file__).resolve().parents[1] / "workload" / "allreduce.py"),
+                "-b", "8", "-e", end or "64M", "-f", "2"]
+        if runner.dry_run:
+            runner.run(argv)
+            return
+        ui.say(f"{self.HERE}: all_reduce sweep with {s.nproc_per_node} processes (gloo on CPU, nccl on GPUs)")
+        result = subprocess.run(argv, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", **os.environ})
+        if result.returncode != 0:
+            raise DoeksError(f"the all-reduce sweep failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+        out_dir = s.state_dir / "efa"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "allreduce-local.txt").write_text(result.stdout)
+        ui.say(f"log: {out_dir / 'allreduce-local.txt'}")
+        nccl.report(result.stdout, plots.plot_path(s, "allreduce-local-busbw.png"),
+                    f"all_reduce, {s.nproc_per_node} local processes", require_efa=False)
+
+    # gpu-metrics
+    def metrics_deploy(self, runner, interval: int, agent: bool) -> None:
+        """The local sampler: nvidia-smi when present, else CPU and memory, put to the AWS-API endpoint."""
+        from .. import aws, gpumetrics
+        from ..local import services
+
+        s = self.settings
+        endpoint = "AWS_ENDPOINT_URL" if runner.dry_run else aws.endpoint_url(s)
+        sampler = services.gpu_sampler(s.state_dir, endpoint, s.aws_region, s.cluster_name, interval)
+        if sampler.info():
+            ui.say(f"local GPU-metrics sampler already running (pid {sampler.info()['pid']})")
+            return
+        runner.step(f"start local GPU-metrics sampler every {interval}s -> {endpoint} (namespace {gpumetrics.NAMESPACE})",
+                    sampler.start)
+
+    def metrics_delete(self, runner) -> None:
+        from ..local import services
+
+        sampler = services.gpu_sampler(self.settings.state_dir)
+        if sampler.info() is None:
+            ui.say("local GPU-metrics sampler is not running")
+            return
+        runner.step("stop local GPU-metrics sampler", sampler.stop)
+
+    def metrics_status(self) -> None:
+        from ..local import services
+
+        info = services.gpu_sampler(self.settings.state_dir).info()
+        ui.table("gpu-metrics (local)", ["sampler", "pid"], [["running" if info else "stopped", info["pid"] if info else ""]])
+
+    # kubeflow
+    def on_cluster(self, step: Callable, here: str, runner) -> None:
+        self.say(f"{self.HERE}: {here}")
+
+
+class LocalTarget(OnThisMachine, Target):
     name = "local"
     on_this_machine = True
+    interprets = True
 
     def checks(self):
         from ..preflight import local_checks
@@ -35,9 +160,9 @@ class LocalTarget(Target):
         pytorchjob = plan.manifests[-1]
         ctx: dict = {"endpoint": None, "started_etcd": False}
         plan.context = ctx
-        source = code.resolve(s).source
+        source = job.code.source
         plan.steps.append(Step(f"check that job {s.job_name} is not running and its data is in {elastic.data_root(s)}",
-                               lambda: self._check(s)))
+                               lambda: self._check(s, job.code)))
         etcd_server = etcd(s.state_dir)
         if s.rdzv_backend.startswith("etcd"):
             if s.etcd_endpoint:
@@ -53,13 +178,18 @@ class LocalTarget(Target):
         else:
             ctx["endpoint"] = f"127.0.0.1:{free_port()}"
             shown = "127.0.0.1:PORT" if job.dry_run else ctx["endpoint"]  # a shown plan is the same every time
+        if jobpaths.in_s3(s):  # checkpoints or model in S3: doeks' moto server (or AWS_ENDPOINT_URL) for the processes
+            plan.steps.append(Step(f"S3 for {', '.join(jobpaths.in_s3(s))}: {s.aws_endpoint_url or 'doeks moto server (started if need be; the bucket made there)'}",
+                                   lambda: ctx.update(s3_env=elastic.prepare_s3(s))))
         argv, env = local_jobs.replica_command(pytorchjob, runtime.volumes_dir(s), shown, s.local_preload, source)
         for replica in range(s.replicas):
             line = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + f" DOEKS_REPLICA={replica}"
             plan.steps.append(Step(f"start node {replica}: {line} {shlex.join(argv)} (in {source})"))
         if job.fresh:
             plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: elastic.clear_outputs(s)))
-        plan.steps.append(Step(f"launch job supervisor for {s.job_name} ({s.replicas} nodes x {s.nproc_per_node} processes)",
+        plan.steps.append(Step(f"launch job supervisor for {s.job_name} ({s.replicas} nodes x {s.nproc_per_node} processes; "
+                               f"checkpoints in {elastic.checkpoint_dir(s)}, model in {elastic.model_uri(s)}, "
+                               f"logs in {local_jobs.run_dir(self.home, job.run)})",
                                lambda: self._launch(s, pytorchjob, ctx, job.run, source)))
         return plan
 
@@ -68,16 +198,17 @@ class LocalTarget(Target):
             raise DoeksError(f"job {self.settings.job_name} is already running: `invoke elasticjob.status`, or "
                              "`invoke elasticjob.delete` first")
 
-    def _check(self, s) -> None:
+    def _check(self, s, code=None) -> None:
         self.refuse_if_running()
-        elastic.check_job_data(s)
+        elastic.check_job_data(s, code)
 
     def refuse(self, plan: Plan) -> None:
         self.refuse_if_running()
-        elastic.check_job_data(plan.job.settings)
+        elastic.check_job_data(plan.job.settings, plan.job.code)
 
     def _launch(self, s, pytorchjob, ctx, run, source) -> None:
-        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run, source)
+        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run, source,
+                          extra_env=ctx.get("s3_env"))
 
     def submit(self, plan: Plan, runner) -> None:
         try:
@@ -108,10 +239,12 @@ class LocalTarget(Target):
                                           f"pid {r['pid']}" if r.get("pid") else "", progress.get("total"),
                                           progress.get("productive")))
         state = state if state in (RUNNING, SUCCEEDED, FAILED, STOPPED) else RUNNING
-        found = status.get("reason") if state in (RUNNING, FAILED) else None
+        if state == RUNNING and any(r.state == RESTARTING for r in replicas):
+            state = RESTARTING  # a node, or torchrun's group in it, is being restarted: not training now
+        found = status.get("reason") if state in (RUNNING, RESTARTING, FAILED) else None
         reason = Reason(found["code"], found["text"], found["fix"], found["permanent"]) if found else None
         return JobStatus(self.name, s.job_name, state, run=status.get("run") or run, replicas=replicas,
-                         desired=status.get("desired"), restarts=status.get("restarts", 0),
+                         desired=status.get("desired"), restarts=sum(r.restarts for r in replicas),
                          reason=reason.text if reason else "", fix=reason.fix if reason else "",
                          permanent=bool(reason and reason.permanent), notes=[f"watchdog: {line}" for line in status.get("watchdog") or []],
                          ended=status.get("updated") if state in (SUCCEEDED, FAILED) else None)
@@ -169,7 +302,8 @@ class LocalTarget(Target):
 
     def artifacts(self) -> dict[str, str]:
         s = self.settings
-        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
+        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": elastic.checkpoint_uri(s),
+                "model": elastic.model_uri(s) + "/model.pt",
                 "final": str(elastic.metrics_dir(s) / "final.json"), "logs": str(local_jobs.run_dir(self.home) / "replicas")}
 
 
