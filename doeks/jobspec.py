@@ -5,7 +5,7 @@ by `doeks.local.jobs` (one torchrun agent per replica, PET_* environment as the 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 ETCD_PORT = 2379
@@ -150,6 +150,7 @@ class Placement:
     node_efa: int = 0
     cpu: bool = False
     cloud: bool = False
+    tolerations: list[dict[str, Any]] = field(default_factory=list)  # taints of the nodes meant for training pods
 
 
 def node_type_placement(settings) -> Placement:
@@ -240,6 +241,8 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     }
     if placement.selector:
         pod_spec["nodeSelector"] = dict(placement.selector)
+    if placement.tolerations:
+        pod_spec["tolerations"] = copy.deepcopy(placement.tolerations)
     # the replicas on different nodes where there are enough (preferred, not required): a lost node takes one replica,
     # and the elastic job goes on with the others
     pod_spec["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{

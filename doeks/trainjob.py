@@ -62,7 +62,8 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
         # the index: Jobs replace terminating pods); the job resumes from its checkpoint on the remaining nodes
         "tolerations": [{"key": key, "operator": "Exists", "effect": "NoExecute",
                          "tolerationSeconds": settings.node_lost_timeout}
-                        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")],
+                        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")]
+        + copy.deepcopy(placement.tolerations),
     }
     return {
         "apiVersion": API_VERSION,

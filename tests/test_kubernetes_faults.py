@@ -79,11 +79,16 @@ def test_up_with_three_nodes_guards_each_before_it_runs(env):
 
     result = invoke("up", env=env, timeout=2400)
     assert result.returncode == 0, result.stderr[-3000:]
+    print("\n".join(line for line in said(result).splitlines() if re.search(r"\d s\)?$|\ds |node doeks-|import", line)))
     nodes = json.loads(kubectl(env, "get", "nodes", "-o", "json").stdout)["items"]
     assert sorted(n["metadata"]["name"] for n in nodes) == ["doeks", "doeks-1", "doeks-2"]
     assert all(c["status"] == "True" for n in nodes for c in n["status"]["conditions"] if c["type"] == "Ready")
     addresses = {n["metadata"]["name"]: n["status"]["addresses"][0]["address"] for n in nodes}
     assert addresses == {"doeks": versions.NODE_IP, "doeks-1": "10.244.255.1", "doeks-2": "10.244.255.2"}
+    # the extra nodes are for training pods (as EKS's GPU node group): the cluster's own services stay on node doeks
+    taints = {n["metadata"]["name"]: n["spec"].get("taints", []) for n in nodes}
+    assert not taints["doeks"] and all(any(t["key"] == versions.WORKER_TAINT["key"] for t in each)
+                                       for name, each in taints.items() if name != "doeks"), taints
     # the host's guard keeps every node's range in; each extra node has its own, hooked first in its POSTROUTING
     assert ["-s", versions.CLUSTER_CIDR] == guard.rules(guard.default_interface())[0][:2]
     for index in (1, 2):

@@ -223,6 +223,7 @@ def kubelet_config(node: Node = NODE0) -> dict:
     }
     if node.index:  # the kubelet removes pod log folders of pods it does not run: each node keeps its own
         config["podLogsDir"] = str(node.dir / "pod-logs")
+        config["registerWithTaints"] = [dict(versions.WORKER_TAINT)]  # training pods only (versions.WORKER_TAINT)
     return config
 
 

@@ -47,6 +47,11 @@ CLUSTER_CIDR = "10.244.0.0/16"    # every node's pods and the extra nodes' own a
 NODE_NET = "10.244.255.0/24"      # the extra nodes' addresses on the bridge (node i: 10.244.255.i)
 NODE_NET_GATEWAY = "10.244.255.254"  # the host's address on it: the extra nodes' default route
 MAX_NODES = 16
+# The extra nodes are for the training jobs' pods, as an EKS GPU node group is (tainted nvidia.com/gpu there): they
+# register with this taint, which doeks' job pods tolerate on doeks' cluster (KubernetesTarget.placement), so the
+# cluster's own services (CoreDNS, the operators, a job's etcd) stay on node `doeks`, and losing an extra node takes
+# only what a training job can do without (one of its replicas).
+WORKER_TAINT = {"key": "doeks/training", "value": "true", "effect": "NoSchedule"}
 
 
 def node_name(index: int) -> str:

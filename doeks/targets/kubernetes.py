@@ -203,8 +203,15 @@ class KubernetesTarget(Target):
         return None
 
     def placement(self):
-        """KUBE_GPUS GPUs (or a CPU share where it trains on CPU, as on doeks' own cluster), KUBE_MEMORY, NODE_LABELS."""
-        return jobspec.cluster_placement(self.settings)
+        """KUBE_GPUS GPUs (or a CPU share where it trains on CPU, as on doeks' own cluster), KUBE_MEMORY, NODE_LABELS;
+        on doeks' own cluster the extra nodes' taint tolerated (they are for training pods: versions.WORKER_TAINT)."""
+        placement = jobspec.cluster_placement(self.settings)
+        if self.own:
+            from ..cluster import versions
+
+            placement.tolerations.append({"key": versions.WORKER_TAINT["key"], "operator": "Exists",
+                                          "effect": versions.WORKER_TAINT["effect"]})
+        return placement
 
     def ensure_images(self, runner, refs: list[str]) -> None:
         """doeks' own cluster pulls nothing: the images (built here) are imported into the node first."""
