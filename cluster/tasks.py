@@ -14,7 +14,7 @@ def _own_cluster():
     from doeks.errors import DoeksError
 
     s = settings()
-    if s.target != "kubernetes" or not s.own_cluster:
+    if not s.own_cluster:  # (TARGET=kubernetes and KUBECONFIG empty or doeks' own: Settings.own_cluster)
         raise DoeksError("cluster.* works on doeks' own cluster: TARGET=kubernetes with KUBECONFIG empty "
                          f"(now TARGET={s.target}" + (f", KUBECONFIG={s.kubeconfig}" if s.kubeconfig else "") + ")")
     return s

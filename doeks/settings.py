@@ -472,7 +472,7 @@ class Settings:
 
     @property
     def own_cluster(self) -> bool:
-        """TARGET=kubernetes on doeks' own single-node cluster (KUBECONFIG empty, or its own kubeconfig): it runs here."""
+        """TARGET=kubernetes on doeks' own cluster (KUBECONFIG empty, or its own kubeconfig): it runs here."""
         if self.target != "kubernetes":
             return False
         from .cluster.versions import kubeconfig
