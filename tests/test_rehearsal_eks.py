@@ -1,11 +1,16 @@
 """TARGET=eks end to end on this machine (issue 31), EKS_REHEARSAL=true: the eks target's own code on doeks' cluster,
 with doeks' moto server (IAM enforced) as the account and a registry built here as ECR (docs/testing.md). A user's
 script with no data in S3: `up` (cluster, storage, EFA, metrics, operator, the image pushed, the job), the job to the
-end, `up` again, a code edit (the deploy refused until the image is pushed, then built, pushed and deployed),
-`down`, and `audit`: nothing left. Every step as a user types it, each must exit 0."""
+end, `up` again, a code edit (the deploy refused in one line naming the command, that command, the deploy), `down`,
+and `audit`: nothing left. Every step as a user types it, and each one's exit code checked. Before `down`, what
+`kubeflow.deploy` leaves on a cluster (its overlay in STATE_DIR and what was applied from it; the platform itself
+is fetched from GitHub, so a small stand-in of the same shape is applied) is there for `down` to remove.
+
+The test prints each step's seconds (`-s` shows them): the figures of docs/testing.md."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
@@ -53,32 +58,73 @@ def ok(*args, env, timeout=1800):
 
 
 def job_state(env) -> str:
-    result = invoke("elasticjob.status", env=env, timeout=300)
+    result, _ = ok("elasticjob.status", env=env, timeout=300)
     for state in ("Succeeded", "Failed", "Running", "Pending", "Restarting"):
         if state in result.stderr + result.stdout:
             return state
     return "?"
 
 
+def ended(env, what: str) -> str:
+    return wait_for(lambda: (lambda state: state if state in ("Succeeded", "Failed") else "")(job_state(env)), 900,
+                    what, poll=3)
+
+
+def platform_stand_in(state) -> None:
+    """What `kubeflow.deploy` leaves: its overlay in STATE_DIR/kubeflow/overlay and what `kubectl apply
+    --server-side` made from it; here the namespaces doeks labels (istio-system, cert-manager) and a ConfigMap."""
+    from doeks import kube
+    from doeks.cluster import versions
+
+    overlay = state / "kubeflow" / "overlay"
+    overlay.mkdir(parents=True, exist_ok=True)
+    objects = [{"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "kubeflow"}}}
+               for name in ("istio-system", "cert-manager")]
+    objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "istio", "namespace": "istio-system"},
+                    "data": {"mesh": "stand-in"}})
+    (overlay / "platform.yaml").write_text("---\n".join(json.dumps(o) + "\n" for o in objects))
+    (overlay / "kustomization.yaml").write_text("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+                                                "resources:\n- platform.yaml\n")
+    applied = subprocess.run([kube.wheel_kubectl() or kube.kubectl(), f"--kubeconfig={versions.kubeconfig()}", "apply",
+                              "--server-side", "-k", str(overlay)], capture_output=True, text=True, timeout=120)
+    assert applied.returncode == 0, applied.stderr
+
+
 def test_up_job_up_again_code_edit_down_audit(env):
+    from pathlib import Path
+
     timings = {}
-    _, timings["up"] = ok("up", env=env, timeout=3600)
-    doctor = invoke("doctor", env=env)
-    assert "rehearsal" in (doctor.stdout + doctor.stderr).lower()
-    wait_for(lambda: job_state(env) in ("Succeeded", "Failed"), 900, "the job to end")
-    assert job_state(env) == "Succeeded"
-    logs = invoke("elasticjob.logs", env=env).stdout
-    assert "v1 step 1/1 world=" in logs, logs[-2000:]
-    _, timings["up again"] = ok("up", env=env, timeout=1800)
-    edited = env["TRAIN_SCRIPT"]
-    open(edited, "w").write(SCRIPT.replace("VERSION", "v2"))
+    up, timings["up"] = ok("up", env=env, timeout=3600)
+    said = up.stdout + up.stderr
+    assert "EKS rehearsal" in said and "nothing staged" in said, said[-3000:]  # a user's script needs no data
+    doctor, _ = ok("doctor", env=env)
+    assert "EKS rehearsal (EKS_REHEARSAL=true)" in doctor.stdout + doctor.stderr
+    started = time.monotonic()
+    assert ended(env, "the job to end") == "Succeeded"
+    timings["job"] = time.monotonic() - started
+    logs, _ = ok("elasticjob.logs", env=env)
+    assert "v1 step 1/1 world=" in logs.stdout and "data=/fsx-shared/data" in logs.stdout, logs.stdout[-2000:]
+    again, timings["up again"] = ok("up", env=env, timeout=1800)
+    assert "is in ECR already: not pushed again" in again.stdout + again.stderr
+
+    Path(env["TRAIN_SCRIPT"]).write_text(SCRIPT.replace("VERSION", "v2"))  # a code edit: a new content tag
     refused = invoke("elasticjob.deploy", env=env)
-    assert refused.returncode == 1 and "is not in ECR" in refused.stderr and "elasticjob.build elasticjob.push" in refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 1 and len(errors) == 1, refused.stderr[-2000:]
+    assert "is not in ECR" in errors[0] and "`invoke elasticjob.build elasticjob.push`" in errors[0], errors
     _, timings["build push"] = ok("elasticjob.build", "elasticjob.push", env=env)
-    ok("elasticjob.deploy", "--fresh", env=env)
-    wait_for(lambda: job_state(env) in ("Succeeded", "Failed"), 900, "the edited job to end")
-    assert "v2 step 1/1" in invoke("elasticjob.logs", env=env).stdout
-    _, timings["down"] = ok("down", "--yes", env=env, timeout=1800)
+    _, timings["deploy"] = ok("elasticjob.deploy", "--fresh", env=env)
+    started = time.monotonic()
+    assert ended(env, "the edited job to end") == "Succeeded"
+    timings["edited job"] = time.monotonic() - started
+    logs, _ = ok("elasticjob.logs", env=env)
+    assert "v2 step 1/1" in logs.stdout, logs.stdout[-2000:]
+
+    platform_stand_in(Path(env["STATE_DIR"]))
+    down, timings["down"] = ok("down", "--yes", env=env, timeout=1800)
+    said = down.stdout + down.stderr
+    assert 'namespace "istio-system" deleted' in said and 'namespace "cert-manager" deleted' in said, said[-3000:]
     audit, _ = ok("audit", env=env)
-    assert "nothing left" in (audit.stdout + audit.stderr).lower() or "0 resource" in audit.stderr, audit.stderr
-    print(json.dumps(timings))
+    assert "audit: nothing left for cluster doeks in us-west-2" in audit.stdout + audit.stderr, audit.stderr
+    print("rehearsal timings (s):", json.dumps({k: round(v) for k, v in timings.items()}))

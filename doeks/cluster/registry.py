@@ -256,7 +256,7 @@ def _save_blobs(local_ref: str, wanted: set[str], hash_only: dict[int, set[str]]
     import tempfile
 
     found: set[str] = set()
-    scratch = _v2() / "_doeks_uploads"
+    scratch = storage_dir().parent / "uploads"  # beside the storage (same file system: a rename moves a blob in)
     scratch.mkdir(parents=True, exist_ok=True)
     save = subprocess.Popen(["docker", "save", local_ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
