@@ -13,7 +13,8 @@ ImageNet-shaped JPEGs (doeks.workload.data textures at ImageNet's typical size: 
   uint8 loader with workers) vs baseline (fp32, PIL loader, same batch and workers). Targets >= 2.5x and >= 3,500/s on
   one H100. Without CUDA it prints a skip line.
 
-Last line: `loader speedup vs seed recipe: N.NNx`.
+Last line: `loader speedup vs seed recipe: N.NNx (<decode path>)`: `_jpegcrop region decode` where `invoke setup` built
+the module (a C compiler and libjpeg-turbo's headers), else simplejpeg's whole-image decode, and says why.
 Run: python bench/train_throughput.py [--images 96] [--rounds 7]
 """
 from __future__ import annotations
@@ -149,7 +150,10 @@ def main() -> int:
         print(f"torchvision.io decode available: {fast_decode}, simplejpeg scaled decode: {train._simplejpeg() is not None}")
         rates = loader_rates({"seed": (seed_dataset(root), False), "doeks": (doeks_dataset(root), True)}, args.rounds)
         seed, ours = rates["seed"], rates["doeks"]
+        path = decode_path()
         print(f"cpu loader, images per CPU-second (one core): seed recipe (PIL, ToTensor, Normalize) {seed:.1f}, doeks {ours:.1f}")
+        print(f"decode path measured: {path} (train crops decoded: {train.CROP_DECODE['region']} by _jpegcrop, "
+              f"{train.CROP_DECODE['scaled']} whole by simplejpeg, {train.CROP_DECODE['fallback']} by torchvision.io/PIL)")
 
         synchronous, stall = checkpoint_stall(Path(tmp))
         print(f"checkpoint stall, ResNet-50 + momentum: synchronous write {synchronous * 1000:.0f} ms, "
@@ -168,8 +172,18 @@ def main() -> int:
                   f"({fast / base:.2f}x)")
         else:
             print("gpu: skipped: no CUDA device on this machine (ResNet-50 training images/s not measured)")
-    print(f"loader speedup vs seed recipe: {ours / seed:.2f}x")
+    print(f"loader speedup vs seed recipe: {ours / seed:.2f}x ({path})")
     return 0
+
+
+def decode_path() -> str:
+    """Which decode the doeks loader measured: what most of its train crops went through."""
+    counts = train.CROP_DECODE
+    if counts["region"] and counts["region"] >= counts["scaled"] + counts["fallback"]:
+        return "_jpegcrop region decode"
+    if train._jpegcrop() is None:
+        return "simplejpeg whole-image decode: _jpegcrop not built (`invoke setup` builds it)"
+    return "simplejpeg whole-image decode"
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from invoke import Collection, task
+from invoke import Collection
+
+from doeks.taskkit import Int, task
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,12 +80,11 @@ def summarize(results: str, names: list[str]) -> tuple[dict[str, dict[str, int]]
 
 @task(help={"modules": f"comma-separated, of: {', '.join(MODULES)} (default: all; hours on 2 cores)",
             "dry_run": "print the files it would mutate, the tests and the commands; run nothing",
-            "max_children": "mutants tested at once (default: mutmut's, the CPU count)"})
+            "max_children": "mutants tested at once (default 0: mutmut's, the CPU count)"},
+      flags={"max_children": Int(0, 256)})
 def mutate(c, modules="", dry_run=False, max_children=0):
     """Mutation run over the modules where a wrong line costs most; prints each one's score and the survivors."""
     names = _chosen(modules)
-    if max_children < 0:
-        _fail(f"--max-children {max_children}: expected 0 (mutmut's default) or more")
     files = sorted({MODULES[n][0] for n in names})
     tests = sorted({t for n in names for t in MODULES[n][2]})
     env = {**os.environ, "DOEKS_SCHEMAS": os.environ.get("DOEKS_SCHEMAS", str(ROOT.parent / "shared" / "schemas"))}

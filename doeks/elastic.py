@@ -21,7 +21,7 @@ def data_root(settings) -> Path:
 
 
 def metrics_dir(settings) -> Path:
-    return runtime.shared_volume(settings) / "metrics" / settings.job_name
+    return job_dir(settings, "metrics")
 
 
 def checkpoint_uri(settings) -> str:
@@ -43,6 +43,13 @@ def checkpoint_dir(settings) -> Path:
     checkpoints in S3 the shared volume's folder (empty)."""
     uri = checkpoint_uri(settings)
     return runtime.shared_volume(settings) / "checkpoints" / settings.job_name if uri.startswith("s3://") else Path(uri)
+
+
+def job_dir(settings, kind: str) -> Path:
+    """The job's folder of `kind` (checkpoints, metrics, models, output) in the volume's folder on this machine."""
+    from .jobpaths import job_folder
+
+    return Path(job_folder(settings, kind, str(runtime.shared_volume(settings))))
 
 
 def clear_outputs(settings) -> None:
@@ -117,17 +124,16 @@ def make_data(settings, runner) -> dict | None:
     return result
 
 
-def check_job_data(settings) -> None:
+def check_job_data(settings, code=None) -> None:
     """Before a job starts: the built-in workload's ImageNet layout is checked (check_data); a user's script gets its
-    data folder as it is, even empty (made if missing), and its output folders."""
+    data folder as it is, even empty (made if missing), and its output folders. `code`: the job's, resolved once."""
     from .code import resolve
 
-    if resolve(settings).builtin:
+    if (code or resolve(settings)).builtin:
         check_data(settings)
         return
     root = runtime.shared_volume(settings)
-    for folder in (root / "data", checkpoint_dir(settings), root / "models" / settings.job_name,
-                   root / "output" / settings.job_name):
+    for folder in (root / "data", checkpoint_dir(settings), job_dir(settings, "models"), job_dir(settings, "output")):
         folder.mkdir(parents=True, exist_ok=True)
 
 

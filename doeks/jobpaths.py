@@ -12,18 +12,31 @@ def _under(base: str, settings) -> str:
     return f"{base.rstrip('/')}/{job_name(settings)}"
 
 
+JOB_FOLDERS = ("checkpoints", "metrics", "models", "output")
+
+
+def job_folder(settings, kind: str, mount: str | None = None) -> str:
+    """The job's folder of `kind` (checkpoints, metrics, models, output) on the shared volume: `<mount>/<kind>/<job>`,
+    each job under its own name (issue 32: the name comes from its code), so a job never reads another's state.
+    `mount` is where the volume is seen: SHARED_MOUNT in the pods (the default), its folder on this machine, a
+    `pvc://` URI. Checkpoints and the model may live elsewhere: checkpoint_uri, model_uri."""
+    if kind not in JOB_FOLDERS:
+        raise ValueError(f"job_folder: {kind!r} is not one of {', '.join(JOB_FOLDERS)}")
+    return f"{str(mount or settings.shared_mount).rstrip('/')}/{kind}/{job_name(settings)}"
+
+
 def checkpoint_uri(settings, mount: str | None = None) -> str:
     """CHECKPOINT_URI/<job>, or the shared volume's checkpoints/<job> (as the training processes see it)."""
     if settings.checkpoint_uri:
         return _under(settings.checkpoint_uri, settings)
-    return f"{mount or settings.shared_mount}/checkpoints/{job_name(settings)}"
+    return job_folder(settings, "checkpoints", mount)
 
 
 def model_uri(settings, mount: str | None = None) -> str:
     """MODEL_URI/<job>, or the shared volume's models/<job>: the final model is model.pt there."""
     if settings.model_uri:
         return _under(settings.model_uri, settings)
-    return f"{mount or settings.shared_mount}/models/{job_name(settings)}"
+    return job_folder(settings, "models", mount)
 
 
 def in_s3(settings) -> list[str]:

@@ -74,17 +74,18 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
     return [deployment, service]
 
 
-def train_args(settings, mount: str | None = None) -> list[str]:
-    """The script's arguments: the built-in workload's ImageNet flags (only when it is the script), then TRAIN_ARGS."""
+def train_args(settings, mount: str | None = None, code=None) -> list[str]:
+    """The script's arguments: the built-in workload's ImageNet flags (only when it is the script), then TRAIN_ARGS.
+    `code`: the job's, resolved once (doeks.code.resolve) by whoever holds the job."""
     from .code import resolve
 
-    code = resolve(settings)
+    code = code or resolve(settings)
     return (imagenet_args(settings, mount) if code.builtin else []) + list(code.args)
 
 
 def imagenet_args(settings, mount: str | None = None) -> list[str]:
     """The built-in workload's own flags (doeks/workload/train.py): data, model, schedule and output folders."""
-    from .jobpaths import checkpoint_uri
+    from .jobpaths import checkpoint_uri, job_folder
 
     mount = mount or settings.shared_mount
     crop = settings.crop  # CROP_SIZE, or by where the job trains (see Settings.crop)
@@ -93,7 +94,7 @@ def imagenet_args(settings, mount: str | None = None) -> list[str]:
             "--crop-size", str(crop),
             "--workers", str(settings.data_workers), "--checkpoint-every", str(settings.checkpoint_every),
             "--checkpoint-dir", checkpoint_uri(settings, mount),
-            "--metrics-dir", f"{mount}/metrics/{settings.job_name}"]
+            "--metrics-dir", job_folder(settings, "metrics", mount)]
 
 
 @dataclass
@@ -148,7 +149,7 @@ def run_id() -> str:
 
 
 def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = None,
-               image: str | None = None, placement: Placement | None = None) -> dict[str, Any]:
+               image: str | None = None, placement: Placement | None = None, code=None) -> dict[str, Any]:
     """The elastic PyTorchJob (training-operator v1) for the job in `settings`; `image` is the training image the
     target resolved (doeks.trainimage.reference), TRAIN_IMAGE when not given; `placement` the target's (EKS's node
     type when not given)."""
@@ -169,14 +170,14 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         elastic.update(rdzvHost=ETCD_SERVICE, rdzvPort=ETCD_PORT)
     from .code import CODE_DIR, contract, env_list, host_names, resolve
 
-    code = resolve(settings)
+    code = code or resolve(settings)
     hosts = host_names(settings.job_name, settings.replicas)
     container = {
         "name": "pytorch",
-        "image": image or _cluster_image(settings),
+        "image": image or _cluster_image(settings, code),
         "imagePullPolicy": "IfNotPresent",
         "command": code.launcher(),
-        "args": train_args(settings) + list(extra_args or []),
+        "args": train_args(settings, code=code) + list(extra_args or []),
         "workingDir": CODE_DIR,
         "env": [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
@@ -213,10 +214,10 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     }
 
 
-def _cluster_image(settings) -> str:
+def _cluster_image(settings, code=None) -> str:
     from .trainimage import reference
 
-    return reference(settings, on_this_machine=settings.own_cluster)
+    return reference(settings, on_this_machine=settings.own_cluster, code=code)
 
 
 def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | None = None,
@@ -246,10 +247,10 @@ def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | N
 
 
 def manifests(settings, extra_args: list[str] | None = None, run: str | None = None,
-              image: str | None = None, placement: Placement | None = None) -> list[dict[str, Any]]:
+              image: str | None = None, placement: Placement | None = None, code=None) -> list[dict[str, Any]]:
     """Everything `elasticjob.deploy` applies, in apply order."""
     head = etcd_manifests(settings) if settings.rdzv_backend.startswith("etcd") else []
-    return head + [pytorchjob(settings, extra_args, run, image, placement)]
+    return head + [pytorchjob(settings, extra_args, run, image, placement, code)]
 
 
 def worker_pod(job: dict[str, Any]) -> dict[str, Any]:

@@ -367,12 +367,14 @@ TRAINER_RUNTIMES = f"https://github.com/kubeflow/trainer.git/manifests/overlays/
 
 def trainer_sources(settings, runner) -> tuple[str, str, str | None]:
     """(manager, runtimes, JobSet) kustomizations: upstream's on GitHub (its manager overlay brings JobSet), or on
-    doeks' own cluster the same manifests from the modules at the pinned versions, JobSet apart, images built here."""
+    doeks' own cluster the same manifests from the modules at the pinned versions, JobSet apart, images built here
+    (the operators', and the images the runtimes name that doeks can make: doeks.cluster.runtimes)."""
     if not settings.own_cluster:
         return TRAINER_MANAGER, TRAINER_RUNTIMES, None
-    from .cluster import operators
+    from .cluster import operators, runtimes
 
     operators.trainer_images(runner)
+    runtimes.ensure_images(settings, runner)  # the runtimes' images doeks can make; the others named
     folders = operators.trainer_kustomizations(settings.state_dir, write=not runner.dry_run)
     return str(folders["trainer"]), str(folders["runtimes"]), str(folders["jobset"])
 

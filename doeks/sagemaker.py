@@ -115,12 +115,13 @@ def hyperparameters_from_args(args: list[str], flag: str = "--train-args") -> di
     return result
 
 
-def source_archive(settings=None) -> bytes:
+def source_archive(settings=None, code=None) -> bytes:
     """The job's source folder as sourcedir.tar.gz (its script at the path sagemaker_program names, as SageMaker's
-    framework containers expect): doeks/workload (train.py at the top), or the user's TRAIN_SOURCE."""
+    framework containers expect): doeks/workload (train.py at the top), or the user's TRAIN_SOURCE. `code`: the
+    job's, resolved once by whoever holds the job."""
     from .code import resolve
 
-    code = resolve(settings) if settings is not None else None
+    code = code or (resolve(settings) if settings is not None else None)
     if code is None or code.builtin:
         files = [(path, path.name) for path in sorted(WORKLOAD.glob("*.py"))]
     else:
@@ -188,12 +189,12 @@ def vpc_config(settings) -> dict[str, Any] | None:
     return {"Subnets": subnets, "SecurityGroupIds": groups}
 
 
-def training_request(settings, role_arn: str, name: str, max_steps: int = 0) -> dict[str, Any]:
+def training_request(settings, role_arn: str, name: str, max_steps: int = 0, code=None) -> dict[str, Any]:
     """The full CreateTrainingJob request: same script, same data layout, torchrun distribution."""
     from .code import resolve
 
     check_instance_type(settings)
-    code = resolve(settings)
+    code = code or resolve(settings)
     if code.module:
         raise DoeksError(f"TRAIN_SCRIPT={settings.train_script!r}: SageMaker runs a script file (sagemaker_program), "
                          "not -m module: name the module's .py file")

@@ -178,13 +178,15 @@ def _dns_label(max_len: int = 63):
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-def _dns1035_label(max_len: int):
+def _dns1035_label(max_len: int, optional: bool = False):
     """A name that becomes Service and pod names (a PyTorchJob's `<name>-worker-<i>`, a TrainJob's JobSet
     `<name>-node-0-<i>`): DNS-1035, a letter first, short enough for what the operators append (63 in all)."""
     accepted = (f"a Kubernetes DNS-1035 name: a lower-case letter first, then lower-case letters, digits and '-', "
-                f"ending alphanumeric, at most {max_len} characters")
+                f"ending alphanumeric, at most {max_len} characters" + (", or empty" if optional else ""))
 
     def parse(raw: str) -> str:
+        if optional and not raw:
+            return raw
         if len(raw) > max_len or not _DNS1035_LABEL.fullmatch(raw):
             raise _Bad(accepted)
         return raw
@@ -339,13 +341,13 @@ KEYS: tuple[Key, ...] = (
     _key("PLACEMENT_GROUP", "eks", "", "Existing cluster placement group for the GPU nodes (empty = none)", _text),
     _key("CAPACITY_RESERVATION_ID", "eks", "", "EC2 capacity reservation for the GPU nodes (empty = none)", _pattern(_CAPACITY_RESERVATION, "cr- and 8 to 17 hex digits", optional=True)),
     # elastic job
-    _key("JOB_NAME", "elasticjob", "imagenet", "Name of the elastic training job (also its Services and pods: <name>-worker-<i>)", _dns1035_label(50)),
+    _key("JOB_NAME", "elasticjob", "", "Name of the training job: its pods (<name>-worker-<i>), runs, checkpoints, metrics and model folders (empty = from the code: imagenet for the built-in workload, else the script's name, or its folder's for train.py/main.py)", _dns1035_label(50, optional=True)),
     _key("NAMESPACE", "elasticjob", "default", "Kubernetes namespace for jobs", _dns_label(63)),
     _key("REPLICAS", "elasticjob", "2", "Number of nodes (worker replicas) to start with", _int(1, 1000)),
     _key("MIN_REPLICAS", "elasticjob", "1", "Fewest nodes the job keeps training with", _int(1, 1000)),
     _key("MAX_REPLICAS", "elasticjob", "3", "Most nodes the job can grow to", _int(1, 1000)),
     _key("NPROC_PER_NODE", "elasticjob", "auto", "Processes per node (auto = on eks the GPUs of a GPU_INSTANCE_TYPE node, as EC2's DescribeInstanceTypes says, e.g. 8 on p4d.24xlarge, 1 on g5.2xlarge; else 2)", _auto_int(1, 64)),
-    _key("MAX_RESTARTS", "elasticjob", "10", "Times torchrun restarts a node's workers before giving up", _int(0, 1000)),
+    _key("MAX_RESTARTS", "elasticjob", "10", "Restarts each node may take before the job fails: torchrun's restarts of its training processes and the node's own (a pod, a container, a local agent) together", _int(0, 1000)),
     _key("RDZV_BACKEND", "elasticjob", "etcd", "Rendezvous backend: etcd (an etcd server) or c10d (no extra server)", _choice(RDZV_BACKENDS)),
     _key("ETCD_ENDPOINT", "elasticjob", "", "External etcd (http://host:port, v2 API) for local rendezvous (empty = doeks starts its own)", _url),
     _key("ETCD_PORT", "elasticjob", "0", "Port of the local etcd doeks starts (0 = any free port)", _int(0, 65535)),
@@ -501,7 +503,33 @@ class Settings:
         return [[k.unit, k.name, *shown(k)] for k in KEYS]
 
 
-_DERIVED = {"SAGEMAKER_IMAGE": "from AWS_REGION"}  # empty = derived: `invoke config` shows the value in effect
+_DERIVED = {"SAGEMAKER_IMAGE": "from AWS_REGION", "JOB_NAME": "from TRAIN_SCRIPT"}  # empty = derived: `invoke config` shows the value in effect
+_GENERIC_NAMES = {"train", "training", "main", "run", "__main__", "script", "scripts", "src", "code", "app", "entry",
+                  "launch", "workload", "examples"}
+BUILTIN_JOB_NAME = "imagenet"
+
+
+def job_name_of(train_script: str) -> str:
+    """The job's name when JOB_NAME is empty, from its code (TRAIN_SCRIPT): `imagenet` for the built-in workload;
+    else the script's name, or, for a name that says nothing (train.py, main.py, -m pkg.train), its folder's or
+    package's (examples/ddp-plain/train.py: ddp-plain), as a DNS-1035 label. Two scripts are two jobs: their
+    checkpoints, metrics, models and runs never meet."""
+    raw = train_script.strip()
+    if raw.startswith("-m"):
+        parts = raw[2:].strip().split(".")
+    elif raw:
+        path = Path(raw).expanduser()
+        path = (path if path.is_absolute() else PROJECT_ROOT / path).resolve()
+        if path == PROJECT_ROOT / "doeks" / "workload" / "train.py":
+            return BUILTIN_JOB_NAME
+        parts = [*path.parent.parts, path.stem]
+    else:
+        return BUILTIN_JOB_NAME
+    for part in reversed(parts):
+        name = re.sub(r"^[^a-z]+", "", re.sub(r"[^a-z0-9]+", "-", part.lower()))[:50].strip("-")
+        if name and part.lower() not in _GENERIC_NAMES:
+            return name
+    return "job"
 
 
 def mask_value(key: Key, raw: str) -> str:
@@ -616,6 +644,8 @@ def _validate(raw: dict[str, str], sources: dict[str, str], lenient: bool = Fals
             values["NPROC_PER_NODE"] = gpus or 1
         else:  # kubernetes: KUBE_GPUS per pod when it asks for GPUs; CPU targets: 2 processes
             values["NPROC_PER_NODE"] = values["KUBE_GPUS"] if values["TARGET"] == "kubernetes" and values["KUBE_GPUS"] else 2
+    if not values["JOB_NAME"]:  # derived from the code, shown as such by `invoke config`
+        values["JOB_NAME"] = job_name_of(values["TRAIN_SCRIPT"])
     if not values["SAGEMAKER_IMAGE"]:  # derived from the region (doeks.catalog), shown as such by `invoke config`
         values["SAGEMAKER_IMAGE"] = _catalog.sagemaker_image(values["AWS_REGION"])
     return Settings(values, raw, sources, problems)

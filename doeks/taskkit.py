@@ -26,8 +26,11 @@ class _Task(Task):
     the wrapper converts them with a one-line error that names the flag."""
 
     def arg_opts(self, name, default, taken_names):
+        # invoke 3.0 gives a flag the first character of its name no other flag took as its short flag, '-' too: a
+        # task with many flags showed `--=STRING, --train-requirements=STRING` (and `--` parsed as that flag)
+        taken_names = set(taken_names) | {"-"}
         if name != "dry_run" and "dry_run" in inspect.signature(self.body).parameters:
-            taken_names = set(taken_names) | {"d"}  # -d is --dry-run in every task that has one
+            taken_names |= {"d"}  # -d is --dry-run in every task that has one
         opts = super().arg_opts(name, default, taken_names)
         validator = getattr(self.body, "doeks_flags", {}).get(name)
         if opts.get("kind") in (int, float):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -36,10 +37,12 @@ DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile"
 BASE_DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile.torch-cpu"
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
 # At /opt/doeks-stage: the stager, for the cluster's staging Job (`python -m doeks.datastage`, standard library only),
-# and the image's torchrun (`python3 -m doeks.torchrun`: torch's, with its etcd run directory fixed).
-# and doeks.checkpoints() for a user's script (doeks/workload/checkpoints.py: torch, s3fs, s3torchconnector)
+# the image's torchrun (`python3 -m doeks.torchrun`: torch's, with its etcd run directory fixed), its default command
+# (`doeks-launch`: doeks.launch, the job under torchrun with whatever started the container's settings), and
+# doeks.checkpoints() for a user's script (doeks/workload/checkpoints.py: torch, s3fs, s3torchconnector).
 STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py",
-                                                          "workload/__init__.py", "workload/checkpoints.py")]
+                                                          "launch.py", "workload/__init__.py",
+                                                          "workload/checkpoints.py")]
 
 
 def _cpu_base() -> str:
@@ -117,14 +120,15 @@ def require_resolved(ref: str) -> str:
     return ref
 
 
-def reference(settings, on_this_machine: bool) -> str:
+def reference(settings, on_this_machine: bool, code=None) -> str:
     """The image reference a job's manifests name: TRAIN_IMAGE, else the content-tagged training image (in the
-    registry when the image runs elsewhere or REGISTRY is set; a local name only for this machine)."""
+    registry when the image runs elsewhere or REGISTRY is set; a local name only for this machine). `code`: the
+    job's, resolved once by whoever holds the job."""
     from .code import resolve
 
     if settings.train_image:
         return settings.train_image
-    ref = local_ref(base_image(settings, on_this_machine), resolve(settings))
+    ref = local_ref(base_image(settings, on_this_machine), code or resolve(settings))
     if on_this_machine and not settings.registry:
         return ref
     host = registry_host(settings) or f"{PLACEHOLDER_ACCOUNT}.dkr.ecr.{settings.aws_region}.amazonaws.com"
@@ -181,23 +185,24 @@ def build_cpu_base(settings, runner, client) -> str:
     return CPU_BASE
 
 
-def build(settings, runner, on_this_machine: bool) -> str:
+def build(settings, runner, on_this_machine: bool, code=None) -> str:
     """Build the training image (and the CPU base first when it is the base and missing); returns the reference the
     manifests name. Idempotent: an image with the same content tag is not built again."""
     from .code import CODE_DIR, resolve
 
-    code = resolve(settings)
+    code = code or resolve(settings)
     base = base_image(settings, on_this_machine)
     ref = local_ref(base, code)
-    named = reference(settings, on_this_machine) if not settings.train_image else ref
+    named = reference(settings, on_this_machine, code) if not settings.train_image else ref
     workdir = CODE_DIR
     entry = "" if code.module else code.entry
+    script = shlex.join(code.launcher()[1:])  # the image's default command runs it (DOEKS_TRAIN_SCRIPT)
     files = code.files()
     if runner.dry_run:
         if base == CPU_BASE:
             runner.step(f"docker build {CPU_BASE} from {BASE_DOCKERFILE.relative_to(PROJECT_ROOT)} (if missing)", lambda: None)
         runner.step(f"docker build --network host --build-arg TRAIN_BASE_IMAGE={base} --build-arg WORKDIR={workdir} "
-                    f"--build-arg ENTRY={entry} -t {ref}{' -t ' + named if named != ref else ''} "
+                    f"--build-arg ENTRY={entry} --build-arg SCRIPT={shlex.quote(script)} -t {ref}{' -t ' + named if named != ref else ''} "
                     f"({DOCKERFILE.relative_to(PROJECT_ROOT)}, {len(files)} files of {code.source} -> {workdir}/"
                     + (f", pip install -r {code.requirements}" if code.requirements else "") + ")", lambda: None)
         return named
@@ -223,7 +228,8 @@ def build(settings, runner, on_this_machine: bool) -> str:
             shutil.copyfile(path, target)
         shutil.copyfile(DOCKERFILE, context / "Dockerfile")
         try:
-            stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir, "ENTRY": entry})
+            stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir, "ENTRY": entry,
+                                                 "SCRIPT": script})
         finally:
             shutil.rmtree(context, ignore_errors=True)
         ui.say(f"built training image {ref}")
@@ -232,11 +238,44 @@ def build(settings, runner, on_this_machine: bool) -> str:
     return named
 
 
-def require_image(ref: str) -> str:
-    """A training image a container target runs must be in the local daemon; one line naming the fix otherwise."""
+def require_image(ref: str, settings=None) -> str:
+    """A training image a container target runs must be in the local daemon; one line naming the fix otherwise (the
+    command that builds this very image: the settings a deploy had from its flags and the environment with it)."""
     if not _has_image(_client(), ref):
-        raise DoeksError(f"training image {ref} is not built: run `invoke elasticjob.build`")
+        what = "(TRAIN_IMAGE) is not in this machine's docker: `docker pull` or `docker load` it" if (
+            settings is not None and settings.train_image) else f"is not built: `{command(settings, 'elasticjob.build')}`"
+        raise DoeksError(f"training image {ref} {what}")
     return ref
+
+
+def is_built(ref: str) -> bool | None:
+    """The image (its local tag: a registry's name without the host) is in this machine's docker; None when the
+    daemon cannot be asked."""
+    try:
+        client = _client()
+    except DoeksError:
+        return None
+    try:
+        return _has_image(client, ref) or _has_image(client, ref.rsplit("/", 1)[-1])
+    except Exception:  # noqa: BLE001 - a daemon that stopped answering
+        return None
+
+
+# what decides which image a job's code is in: a command that builds it must carry these as the deploy had them
+IMAGE_KEYS = ("TARGET", "SAGEMAKER_LOCAL", "TRAIN_SCRIPT", "TRAIN_SOURCE", "TRAIN_REQUIREMENTS", "TRAIN_BASE_IMAGE",
+              "REGISTRY", "KUBECONFIG")
+
+
+def command(settings, tasks: str) -> str:
+    """`invoke TASKS` as it must be typed to act on the same image as this job: the keys that decide its code and
+    image, where they came from a flag or the environment (not .env, which every command reads), before it."""
+    import shlex
+
+    if settings is None:
+        return f"invoke {tasks}"
+    given = [f"{key}={shlex.quote(settings.raw(key))}" for key in IMAGE_KEYS
+             if settings.source(key) in ("environment", "flag")]
+    return " ".join(given + ["invoke", tasks])
 
 
 def push(settings, runner, on_this_machine: bool = False) -> str:

@@ -146,15 +146,19 @@ def assert_the_api_server_would_take(manifest: dict) -> None:
                 parse_quantity(quantity)
 
 
-def test_deploy_dry_run_prints_yaml_stream_and_commands_and_starts_nothing(state_dir):
+def test_deploy_dry_run_prints_the_local_plan_and_starts_nothing(state_dir):
+    """On TARGET=local the plan is processes and folders (a local deploy printed a 172-line cluster manifest asking for
+    nvidia.com/gpu, EFA and p4d nodes); the cluster targets' dry run is their manifests."""
     result = invoke("elasticjob.deploy", "--dry-run", "--replicas", "3")
     assert result.returncode == 0, result.stderr
-    docs = list(yaml.safe_load_all(result.stdout))
-    assert [d["kind"] for d in docs] == ["Deployment", "Service", "PyTorchJob"]
-    assert docs[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    assert result.stdout == "" and "nvidia.com/gpu" not in result.stderr and "p4d" not in result.stderr
     assert "would start node 2:" in result.stderr and "doeks.local.agent" in result.stderr
-    assert "would start etcd" in result.stderr
+    assert "would start etcd" in result.stderr and "checkpoints in " in result.stderr and "model in " in result.stderr
     assert not (state_dir / "jobs").exists() and not (state_dir / "services").exists()
+    cluster = invoke("elasticjob.deploy", "--dry-run", "--replicas", "3", env={"TARGET": "kubernetes"})
+    docs = list(yaml.safe_load_all(cluster.stdout))
+    assert [d["kind"] for d in docs] == ["Deployment", "Service", "PyTorchJob"], cluster.stderr
+    assert docs[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
 
 
 def test_what_the_caller_gives_reaches_the_job():

@@ -224,6 +224,14 @@ class EksTarget(OnAws, KubernetesTarget):
     def refuse(self, plan) -> None:
         self.refuse_image(plan.image)  # the cluster is read when the job is applied (a dry run needs no cluster)
 
+    def plan(self, job):
+        plan = super().plan(job)
+        if not job.settings.train_image and trainimage.is_built(plan.image) is False:
+            plan.warnings.append(f"warning: training image {plan.image} (this code's) is not built on this machine; "
+                                 "unless it is in the registry already, the pods cannot pull it: "
+                                 f"`{trainimage.command(job.settings, 'elasticjob.build elasticjob.push')}`")
+        return plan
+
     def artifacts(self) -> dict[str, str]:
         found = super().artifacts()
         found["copy"] = "invoke csi.data.save-model copies checkpoints to S3"
