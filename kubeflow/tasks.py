@@ -254,18 +254,18 @@ def pipeline_delete(c, dry_run=False, force=False):
     """Remove what kubeflow.pipeline.deploy made (Pod Identity, the profile's claim, RBAC); safe to run twice.
 
     A claim the pipeline's jobs' pods still mount is named and left (see csi.delete)."""
+    where = target()
+    _on_the_cluster(lambda s, r: _pipeline_remove(where, s, r, force), "nothing to delete", dry_run)
+
+
+def _pipeline_remove(where, s, r, force: bool) -> None:
     from doeks import kube, pipeline
 
-    where = target()
-
-    def step(s, r):
-        where.identity_remove(r, "pipeline-runner")
-        claim = pipeline.shared_claim_refs(s)  # deploy's steps in reverse: the claim, then the RBAC
-        if claim:
-            kube.delete_claim(r, s, s.kfp_namespace, s.shared_pvc, claim, force)
-        kube.delete(r, pipeline.rbac(s))
-
-    _on_the_cluster(step, "nothing to delete", dry_run)
+    where.identity_remove(r, "pipeline-runner")
+    claim = pipeline.shared_claim_refs(s)  # deploy's steps in reverse: the claim, then the RBAC
+    if claim:
+        kube.delete_claim(r, s, s.kfp_namespace, s.shared_pvc, claim, force)
+    kube.delete(r, pipeline.rbac(s))
 
 
 @task(name="deploy", help={"dry_run": "print the commands; change nothing"})
@@ -278,10 +278,27 @@ def platform_deploy(c, dry_run=False):
 
 @task(help={"dry_run": "print the command; change nothing"})
 def remove(c, dry_run=False):
-    """Remove what kubeflow.deploy applied; safe to run twice."""
+    """Remove what kubeflow.deploy applied (waiting, bounded, until it is gone); safe to run twice."""
     from doeks import kubeflow
 
-    kubeflow.remove(settings(), runner(dry_run))
+    _on_the_cluster(kubeflow.remove, "no Kubeflow platform to remove", dry_run)
+
+
+@task(name="down")  # not in the collection: `invoke down`'s step (a task, so an error is one line and the others go on)
+def _down(c, dry_run=False):
+    """`invoke down`'s kubeflow step: what the pipeline's deploy made (its Pod Identity role outlives an EKS cluster),
+    the training operator (`up`'s), then the Kubeflow platform when kubeflow.deploy installed it from this STATE_DIR
+    (on EKS its claims are EBS volumes, which deleting the cluster first would leave behind)."""
+    from doeks import kubeflow
+
+    where = target()
+
+    def step(s, r):
+        _pipeline_remove(where, s, r, force=False)
+        kubeflow.operator_delete(s, r)
+        kubeflow.remove(s, r, on_down=True)
+
+    where.on_cluster(step, "no operator to delete", runner(dry_run))
 
 
 @task(name="status")
@@ -312,4 +329,4 @@ ns.add_collection(pytorchjob)
 ns.add_collection(trainer_ns)
 ns.add_collection(trainjob_ns)
 ns.add_collection(pipeline_ns)
-UNIT = Unit("kubeflow", order=50, up=operator_deploy, down=operator_delete)
+UNIT = Unit("kubeflow", order=50, up=operator_deploy, down=_down)

@@ -4,7 +4,8 @@ account does than tests/eksctl_standin.py: `eksctl create cluster` makes the VPC
 subnets, a cluster security group), the cluster and its node groups; `eksctl delete cluster` deletes them and, like
 eksctl's CloudFormation stack, FAILS with DependencyViolation while anything doeks made still sits in the VPC
 (security groups, VPC endpoints, EFS mount targets, FSx file systems). kubectl/helm record their argv + stdin to
-$RECORD; `kubectl get pods -o json` answers from $PODS (a JSON list, default none); `kubectl delete` of the shared
+$RECORD; `kubectl get pods -o json` answers from $PODS (a JSON list, default none), `kubectl get namespace NAME` from
+$NAMESPACES (a JSON object: name -> labels; NotFound otherwise, as the API server says it); `kubectl delete` of the shared
 claim does what the FSx CSI driver's DeleteVolume does: deletes the file systems it made (tag doeks/cluster).
 Whatever it runs as is chosen by its file name (eksctl, kubectl, helm).
 """
@@ -91,9 +92,16 @@ def kube():
                           "status": {"conditions": [{"type": "Complete", "status": "True"}]}}))
     if tool == "kubectl" and argv[:2] == ["get", "jobs"]:
         print(json.dumps({"items": []}))
+    if tool == "kubectl" and argv[:2] == ["get", "namespace"]:
+        known = os.environ.get("NAMESPACES")
+        found = json.load(open(known)) if known and os.path.exists(known) else {}
+        if argv[2] not in found:
+            sys.stderr.write(f'Error from server (NotFound): namespaces "{argv[2]}" not found\n')
+            sys.exit(1)
+        print(json.dumps({"kind": "Namespace", "metadata": {"name": argv[2], "labels": found[argv[2]]}}))
     if tool == "kubectl" and argv[:1] == ["delete"]:
         claims = [d for d in yaml.safe_load_all(stdin) if d and d.get("kind") == "PersistentVolumeClaim"]
-        if any(c["spec"].get("storageClassName") == "fsx-sc" for c in claims):
+        if any(c.get("spec", {}).get("storageClassName") == "fsx-sc" for c in claims):
             fsx = client("fsx", os.environ.get("AWS_REGION", "us-west-2"))
             for fs in fsx.describe_file_systems()["FileSystems"]:
                 if any(t["Key"] == "doeks/cluster" for t in fs.get("Tags", [])):

@@ -110,6 +110,11 @@ def test_the_node_pulls_an_ecr_named_image_from_the_registry_built_here(cluster)
         said = events("pulled")
         assert f'Successfully pulled image "{ECR}/doeks-train:rehearsal-probe"' in said, said
         assert "ran here" in kubectl("logs", "pulled", "-n", "default").stdout
+        # the rehearsal's own push (registry.store: docker's layers uncompressed, as an OCI manifest) pulls the same way
+        registry.store(preflight.BASE_IMAGE, "doeks-train", "rehearsal-stored")
+        kubectl("apply", "-f", "-", input=pod("stored", f"{ECR}/doeks-train:rehearsal-stored"))
+        wait_for(lambda: phase("stored") == "Succeeded", 180, f"pod stored to succeed ({events('stored')})")
+        assert f'Successfully pulled image "{ECR}/doeks-train:rehearsal-stored"' in events("stored")
         # a name the registry does not have is refused by it, not looked up anywhere else
         kubectl("apply", "-f", "-", input=pod("missing", f"{ECR}/doeks-train:no-such-tag"))
         wait_for(lambda: "ErrImagePull" in events("missing") or "Failed to pull" in events("missing"), 120,
@@ -117,7 +122,8 @@ def test_the_node_pulls_an_ecr_named_image_from_the_registry_built_here(cluster)
         assert "127.0.0.1:9" not in events("missing")  # it went to the registry, never to the no-pull proxy
         assert guard.dropped() == 0
     finally:
-        kubectl("delete", "pod", "pulled", "missing", "-n", "default", "--ignore-not-found", "--wait=false")
+        kubectl("delete", "pod", "pulled", "stored", "missing", "-n", "default", "--ignore-not-found", "--wait=false")
+        registry.delete_repository("doeks-train")
         registry.unmap_all()
         registry.stop()
 
@@ -194,7 +200,23 @@ def test_a_service_account_token_from_the_api_server_buys_its_roles_credentials(
         server.stop()
 
 
+def _refused_creates() -> list[str]:
+    """The ReplicaSet controller's FailedCreate messages in namespace kubeflow (Pod Security's refusals land there)."""
+    replicas = json.loads(kubectl("get", "replicasets", "-n", "kubeflow", "-o", "json").stdout)["items"]
+    return [c.get("message", "") for r in replicas for c in r.get("status", {}).get("conditions", [])
+            if c.get("reason") == "FailedCreate"]
+
+
+def _operator_pods() -> list[dict]:
+    return json.loads(kubectl("get", "pods", "-n", "kubeflow", "-l", "control-plane=kubeflow-training-operator",
+                              "-o", "json").stdout)["items"]
+
+
 def test_the_training_operator_runs_under_pod_security_restricted(cluster):
+    """Failure 7: kubeflow/manifests 26.03 labels namespace kubeflow `enforce: restricted`; v1.9.4's Deployment sets
+    only allowPrivilegeEscalation=false in its container, so once its pod is made again none is admitted. Shown here
+    on the API server: the Deployment as v1.9.4 ships it (doeks' security context taken out) gets no pod, doeks'
+    deploy gets a Ready one."""
     deployed = invoke("kubeflow.training-operator.deploy", env=cluster, timeout=900)
     assert deployed.returncode == 0, deployed.stderr[-3000:]
     labelled = kubectl("label", "namespace", "kubeflow", "--overwrite", "pod-security.kubernetes.io/enforce=restricted",
@@ -204,13 +226,26 @@ def test_the_training_operator_runs_under_pod_security_restricted(cluster):
         warnings = kubectl("label", "namespace", "kubeflow", "--overwrite", "--dry-run=server",
                            "pod-security.kubernetes.io/enforce=restricted")
         assert "violate" not in warnings.stderr, warnings.stderr  # the running pod meets it already
-        kubectl("delete", "pod", "-n", "kubeflow", "-l", "control-plane=kubeflow-training-operator", "--wait=true")
-        rollout = kubectl("rollout", "status", "-n", "kubeflow", "deployment/training-operator", "--timeout=180s")
+        # v1.9.4's own securityContext (main before issue 31): the rollout's new pod is refused by Pod Security
+        old = [{"op": "remove", "path": "/spec/template/spec/securityContext"},
+               {"op": "replace", "path": "/spec/template/spec/containers/0/securityContext",
+                "value": {"allowPrivilegeEscalation": False}}]
+        patched = kubectl("patch", "deployment", "training-operator", "-n", "kubeflow", "--type=json", "-p", json.dumps(old))
+        assert patched.returncode == 0, patched.stderr
+        refused = wait_for(lambda: [m for m in _refused_creates() if "violates PodSecurity" in m], 120,
+                           "the old Deployment's pod to be refused by Pod Security")
+        assert 'restricted:latest' in refused[0] and "runAsNonRoot" in refused[0], refused
+        # doeks' deploy: the Deployment meets `restricted`, its pod is admitted and Ready
+        deployed = invoke("kubeflow.training-operator.deploy", env=cluster, timeout=900)
+        assert deployed.returncode == 0, deployed.stderr[-3000:]
+        rollout = kubectl("rollout", "status", "-n", "kubeflow", "deployment/training-operator", "--timeout=300s")
         assert rollout.returncode == 0, rollout.stdout + rollout.stderr
-        replicas = json.loads(kubectl("get", "replicasets", "-n", "kubeflow", "-o", "json").stdout)["items"]
-        refused = [c.get("message", "") for r in replicas for c in r.get("status", {}).get("conditions", [])
-                   if c.get("reason") == "FailedCreate"]
-        assert not refused, refused
+        kubectl("delete", "pod", "-n", "kubeflow", "-l", "control-plane=kubeflow-training-operator", "--wait=true",
+                "--timeout=120s")  # made again (as after a drain): admitted again
+        rollout = kubectl("rollout", "status", "-n", "kubeflow", "deployment/training-operator", "--timeout=300s")
+        assert rollout.returncode == 0, rollout.stdout + rollout.stderr
+        pods = _operator_pods()
+        assert pods and all(c["ready"] for p in pods for c in p["status"].get("containerStatuses", [])), pods
     finally:
         kubectl("label", "namespace", "kubeflow", "pod-security.kubernetes.io/enforce-",
                 "pod-security.kubernetes.io/enforce-version-")

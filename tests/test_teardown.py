@@ -218,3 +218,37 @@ def test_down_dry_run_names_each_object_once_and_plans_only_what_may_exist(accou
     assert blind.returncode == 0, blind.stderr[-3000:]
     assert "unknown: EFS doeks-doeks" in blind.stderr  # the lookup cannot be made: it may exist, and the plan says so
     assert "efs.delete_file_system" in blind.stderr and "<EFS doeks-doeks, if any>" in blind.stderr
+
+
+def test_down_removes_the_kubeflow_platform_that_kubeflow_deploy_installed(account, state_dir):
+    """Likely failure (issue 31): `down` deleted the training operator only; a Kubeflow platform `kubeflow.deploy`
+    installed stayed on the cluster until eksctl deleted it, and on EKS its databases' claims are EBS volumes that
+    outlive the cluster. Now `down` removes it (bounded wait) before the cluster goes; a platform doeks labelled whose
+    overlay is not in this STATE_DIR fails the kubeflow step, so the cluster is kept. (The platform itself cannot be
+    deployed here: it is fetched from GitHub; the overlay `kubeflow.deploy` writes is what doeks deletes by.)"""
+    env = account["env"]
+    overlay = state_dir / "kubeflow" / "overlay"
+    overlay.mkdir(parents=True)
+    (overlay / "kustomization.yaml").write_text("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n")
+    plan = invoke("down", "--dry-run", env=env)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    lines = [line for line in plan.stderr.splitlines() if line.startswith("would ")]
+    platform = [i for i, line in enumerate(lines) if f"-k {overlay}" in line and "kubectl delete" in line]
+    cluster = [i for i, line in enumerate(lines) if "eksctl delete cluster" in line]
+    assert platform and cluster and platform[0] < cluster[0], "\n".join(lines)
+    assert "--timeout=900s" in lines[platform[0]]
+
+    down = invoke("down", "--yes", env=env)
+    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-3000:]
+    argvs = [c["argv"] for c in calls(account) if c["tool"] in ("kubectl", "eksctl")]
+    removed = [i for i, a in enumerate(argvs) if a[:1] == ["delete"] and a[-2:] == ["-k", str(overlay)]]
+    deleted = [i for i, a in enumerate(argvs) if a[:2] == ["delete", "cluster"]]
+    assert removed and "--timeout=900s" in argvs[removed[0]] and (not deleted or removed[0] < deleted[0]), argvs
+
+    shutil.rmtree(overlay)  # deployed from elsewhere: doeks' label on istio-system, no overlay here
+    (account["tmp"] / "namespaces.json").write_text(json.dumps({"istio-system": {"app.kubernetes.io/part-of": "kubeflow"}}))
+    assert invoke("eks.create", env=env).returncode == 0
+    kept = invoke("down", "--yes", env={**env, "NAMESPACES": str(account["tmp"] / "namespaces.json")})
+    assert kept.returncode == 1 and "a Kubeflow platform deployed by doeks is on the cluster" in kept.stderr, kept.stderr
+    assert "not deleting cluster doeks: kubeflow failed" in kept.stderr
+    assert boto3.client("eks", **account["kw"]).list_clusters()["clusters"] == ["doeks"]
