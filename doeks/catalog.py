@@ -98,3 +98,9 @@ def sagemaker_image(region: str, tag: str = SAGEMAKER_DLC_TAG) -> str:
 GPUS = {"p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8, "p4d.24xlarge": 8, "p4de.24xlarge": 8,
         "p5.48xlarge": 8, "p5e.48xlarge": 8, "p5en.48xlarge": 8, "g4dn.xlarge": 1, "g4dn.12xlarge": 4, "g5.xlarge": 1,
         "g5.12xlarge": 4, "g5.48xlarge": 8, "g6.48xlarge": 8}
+
+# vCPUs, memory (GiB) and the pods EKS lets a node run (the VPC CNI's eni-max-pods, awslabs/amazon-eks-ami) per
+# instance type: what a simulated node of the type has (doeks.cluster.simnodes, KUBE_SIM_NODES)
+NODE_SHAPES = {"p4d.24xlarge": (96, 1152, 737), "p4de.24xlarge": (96, 1152, 737), "p5.48xlarge": (192, 2048, 100),
+               "p5e.48xlarge": (192, 2048, 100), "p5en.48xlarge": (192, 2048, 100), "g5.48xlarge": (192, 768, 345),
+               "g6.48xlarge": (192, 768, 737), "trn1.32xlarge": (128, 512, 247), "c5.4xlarge": (16, 32, 234)}

@@ -130,14 +130,24 @@ def up(runner) -> Path:
 
 
 def down(runner) -> bool:
-    return node.down(runner)
+    """The simulated nodes' controller (kwok) first, then the node; the simulated nodes go with the cluster's etcd."""
+    from . import simnodes
+
+    if runner.dry_run:
+        runner.step("stop kwok, the simulated nodes' controller, if it runs (the nodes go with the cluster's etcd)",
+                    lambda: None)
+        return node.down(runner)
+    kwok = simnodes.stop()
+    return node.down(runner) or kwok
 
 
 def status_rows() -> list[list[str]]:
+    from . import simnodes
+
     rows = []
     for component, value in node.running().items():
         healthy = bool(value) and node.HEALTH[component]()
         rows.append([component, "running" if healthy else ("starting" if value else "stopped"), str(value or ""),
                      str(node.log_file(component))])
-    return rows
+    return rows + simnodes.status_rows()
 

@@ -60,7 +60,11 @@ class KubernetesTarget(Target):
             self.say(f"TARGET=kubernetes, KUBECONFIG empty: {'the plan for' if runner.dry_run else 'starting'} doeks' "
                      f"own single-node cluster (Kubernetes v{versions.KUBERNETES})")
             path = lifecycle.up(runner)
+            self.sim_nodes(runner)
         else:
+            if s.kube_sim_nodes:
+                raise DoeksError(f"KUBE_SIM_NODES={s.kube_sim_nodes}: simulated nodes are added to doeks' own cluster "
+                                 "only (KUBECONFIG is set): set KUBE_SIM_NODES=0 or KUBECONFIG empty")
             path = kube.kubeconfig_path(s)
             self.say(f"TARGET=kubernetes: using the cluster in {s.kubeconfig}"
                      + (f" (context {s.kube_context})" if s.kube_context else "") + "; nothing to create")
@@ -71,6 +75,21 @@ class KubernetesTarget(Target):
             self.say(f"kubeconfig: {path}")   # stdout stays the plan's YAML stream
         else:
             print(f"export KUBECONFIG={path}")
+
+    def sim_type(self) -> str:
+        return self.settings.kube_sim_node_type or self.settings.gpu_instance_type
+
+    def sim_nodes(self, runner) -> None:
+        """KUBE_SIM_NODES simulated nodes of KUBE_SIM_NODE_TYPE (doeks.cluster.simnodes), in the zone EKS would put a
+        GPU node group (EKS_ZONES' first, else the region's a); none beyond them."""
+        from ..cluster import simnodes
+
+        s = self.settings
+        if runner.dry_run and not s.kube_sim_nodes:
+            return
+        zone = s.eks_zones[0] if s.eks_zones else f"{s.aws_region}a"
+        simnodes.ensure(runner, s.kube_sim_nodes, self.sim_type(), s.aws_region, zone,
+                        seed=f"{s.cluster_name}/{self.sim_type()}")
 
     def cluster_delete(self, runner, yes: bool = False) -> None:
         from ..cluster import lifecycle
@@ -192,6 +211,73 @@ class KubernetesTarget(Target):
     def metrics_status(self) -> None:
         self.nothing("no GPU-metrics agent (CloudWatch is AWS's)")
 
+    def queue_flavors(self) -> list:
+        """The node types of this cluster as Kueue flavors: doeks' own node (CPU only) and, with KUBE_SIM_NODES, the
+        simulated type (its GPUs, EFA and EKS' topology labels; Kueue adds the toleration of their taint to the pods
+        it places there); a user's cluster as one flavor of every node (GPU quota when KUBE_GPUS asks for GPUs)."""
+        from .. import kueue
+
+        s = self.settings
+        if not self.own:
+            return [kueue.Flavor("default", {}, gpus=s.kube_gpus)]
+        from ..cluster import simnodes, versions
+
+        flavors = [kueue.Flavor("doeks-node", {kueue.HOSTNAME: versions.NODE_NAME})]
+        if s.kube_sim_nodes:
+            flavors.append(kueue.node_type_flavor(self.sim_type(), tolerations=[simnodes.TOLERATION]))
+        return flavors
+
+    def queue_base(self, runner) -> str | None:
+        """Kueue's manifests: on doeks' own cluster the module's config/default (its image built and imported here;
+        None when Kueue is not built), else the release's manifests.yaml."""
+        from .. import kueue
+
+        if not self.own:
+            return kueue.RELEASE_MANIFESTS
+        from ..cluster import operators
+
+        if not runner.dry_run and not operators.binary(operators.KUEUE).exists():
+            return None
+        return str(operators.module_dir(operators.KUEUE) / operators.KUEUE.overlay)
+
+    def queue_deploy(self, runner) -> None:
+        from .. import kueue
+
+        if self.own and not runner.dry_run and not self.cluster_running():
+            self.say("doeks' cluster is not running: nothing to deploy on it (`TARGET=kubernetes invoke up` starts it)")
+            return
+        base = self.queue_base(runner)
+        if base is None:
+            self.say(f"doeks' cluster: Kueue {kueue.VERSION} is not built (`invoke setup --kueue` builds it and kwok): "
+                     "no queue here, jobs start at once")
+            return
+        if self.own:
+            from ..cluster import operators
+
+            operators.kueue_image(runner)
+        kueue.deploy(self.settings, runner, base, self.queue_flavors(), own=self.own)
+
+    def queue_delete(self, runner) -> None:
+        from .. import kueue
+
+        if self.own and not runner.dry_run and not self.cluster_running():
+            self.say("doeks' cluster is not running: no Kueue on it")
+            return
+        base = self.queue_base(runner)
+        if base is None:
+            from ..cluster import operators
+
+            base = str(operators.module_dir(operators.KUEUE) / operators.KUEUE.overlay)
+        kueue.delete(self.settings, runner, base, own=self.own)
+
+    def queue_status(self) -> None:
+        from .. import kueue
+
+        if self.own and not self.cluster_running():
+            self.say("doeks' cluster is not running: no queue")
+            return
+        kueue.status_tables(self.settings)
+
     def on_cluster(self, step, here: str, runner) -> None:
         if not runner.dry_run and not self.cluster_running():
             self.say("doeks' cluster is not running: nothing on it to change (`TARGET=kubernetes invoke up` starts it)")
@@ -272,6 +358,9 @@ class KubernetesTarget(Target):
         self.refuse_image(plan.image)
         if kube.own_cluster_stopped(self.settings):
             raise DoeksError("doeks' cluster is not running: `TARGET=kubernetes invoke up` starts it")
+        from .. import kueue
+
+        kueue.require_local_queue(self.settings)
         self._previous(plan)
 
     def refuse_image(self, image: str) -> None:
@@ -353,6 +442,16 @@ class KubernetesTarget(Target):
         desired = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas")
         restarts = sum(r.restarts for r in replicas)
         fix, permanent = "", False
+        from .. import kueue
+
+        queued = kueue.admission(job)  # a job of a queue: Kueue's Workload says whether it is admitted, or why not
+        if queued is not None and not queued.admitted and state not in (SUCCEEDED, FAILED):
+            return JobStatus(self.name, s.job_name, PENDING, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
+                             replicas=replicas, desired=desired, restarts=restarts, queue=queued.line(),
+                             reason=f"waits in queue {queued.queue}" + (f" for {queued.kind}" if queued.kind in
+                                                                       ("quota", "topology") else "")
+                             + (f": {queued.why}" if queued.why else ""),
+                             fix=kueue.waiting_fix(queued))
         recent = _since_last_step(by_pod)
         said = reasons.from_lines(recent)  # a permanent reason in a running pod: torchrun would only retry it
         if state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals) or (said and said.permanent)):
@@ -365,7 +464,7 @@ class KubernetesTarget(Target):
                 reason, fix, permanent = found.text, found.fix, found.permanent
         return JobStatus(self.name, s.job_name, state, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
                          replicas=replicas, desired=desired, restarts=restarts, reason=reason, fix=fix,
-                         permanent=permanent)
+                         permanent=permanent, queue=queued.line() if queued else "")
 
     def _pods(self) -> list[dict[str, Any]]:
         s = self.settings
