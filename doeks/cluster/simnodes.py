@@ -157,10 +157,32 @@ def write_config() -> Path:
                 docs.append(path.read_text().strip())
     if not docs:
         raise DoeksError(f"no kwok stages found in {module}: is {KWOK_MODULE}@{KWOK_VERSION} complete?")
+    docs.append(cluster_logs())
     path = config_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n---\n".join(docs) + "\n")
     return path
+
+
+def pod_log() -> Path:
+    return versions.cluster_dir() / "kwok-pod.log"
+
+
+def cluster_logs() -> str:
+    """kwok's ClusterLogs: every simulated pod's container logs what a training pod of doeks' workload logs (a start
+    line, then a step line per logged step), so `kubectl logs` and `elasticjob.status` read and parse as much per pod
+    as on a real node."""
+    import yaml
+
+    lines = ["[rank 0] start host=simulated world=256 (simulated by kwok: no process runs)"]
+    lines += [f"[rank 0] step={step} epoch={step // 100} loss={2.5 - step / 1000:.4f} acc=0.4000 samples/s=812.5 "
+              f"world=256 data_wait=0.01 (1%)" for step in range(1, 200)]
+    pod_log().parent.mkdir(parents=True, exist_ok=True)
+    pod_log().write_text("\n".join(lines) + "\n")
+    return yaml.safe_dump({"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs",
+                           "metadata": {"name": "doeks-training-pod"},
+                           "spec": {"logs": [{"containers": [], "logsFile": str(pod_log()), "follow": False}]}},
+                          sort_keys=False).strip()
 
 
 def argv() -> list[str]:
