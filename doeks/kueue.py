@@ -49,11 +49,12 @@ DEPLOYMENT = "kueue-controller-manager"
 CONFIG_MAP = "kueue-manager-config"
 CONFIG_KEY = "controller_manager_config.yaml"
 API = "kueue.x-k8s.io/v1beta2"
-from .jobspec import BLOCK, QUEUE_LABEL, TOPOLOGY_ANNOTATIONS  # noqa: E402 - where the jobs are made
+from .jobspec import QUEUE_LABEL  # noqa: E402 - where the jobs are made (with TOPOLOGY's annotations)
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 CLUSTER_QUEUE = "doeks"
 DEFAULT_QUEUE = "doeks"               # the LocalQueue's name when QUEUE is empty
-TOPOLOGY = "eks-network"
+TOPOLOGY = "eks-network"            # EKS' network layers, then the node
+NODE_TOPOLOGY = "node"              # the node alone: for nodes without EKS' topology labels
 LAYERS = tuple(f"topology.k8s.aws/network-node-layer-{n}" for n in (1, 2, 3))
 HOSTNAME = "kubernetes.io/hostname"
 RESOURCES = ("cpu", "memory", "nvidia.com/gpu", "vpc.amazonaws.com/efa")
@@ -148,15 +149,20 @@ def kustomization(base: str, own: bool) -> dict[str, Any]:
 @dataclass
 class Flavor:
     """A node type as Kueue sees it (a ResourceFlavor): the nodes' labels, what one node has of GPUs and EFA (0: the
-    queue gets no quota of it there), whether its nodes carry EKS' network-topology labels, and the tolerations
-    Kueue adds to the pods it admits there."""
+    queue gets no quota of it there), the Topology its nodes are placed by (TOPOLOGY where they carry EKS' network
+    labels, NODE_TOPOLOGY for nodes alone, "" for none), and the tolerations Kueue adds to the pods it admits there.
+
+    Kueue (v0.19) lets a job without a topology request use a flavor with a Topology only when every flavor of its
+    ClusterQueue has one (it then places the job by the lowest level, the node): on a cluster with a node type of EKS'
+    topology beside one without, the other gets NODE_TOPOLOGY, so every job can go to either."""
 
     name: str
     labels: dict[str, str]
     gpus: int = 0
     efa: int = 0
-    topology: bool = False
+    topology: str = ""
     tolerations: list[dict[str, str]] = field(default_factory=list)
+    cpu_memory: bool = True   # False: no CPU or memory quota here (simulated nodes: only jobs that ask for none)
 
 
 def node_type_flavor(instance_type: str, tolerations: list | None = None) -> Flavor:
@@ -166,7 +172,8 @@ def node_type_flavor(instance_type: str, tolerations: list | None = None) -> Fla
     from .jobspec import EFA_ADAPTERS
 
     return Flavor(instance_type, {"node.kubernetes.io/instance-type": instance_type}, GPUS.get(instance_type, 0),
-                  EFA_ADAPTERS.get(instance_type, 0), topology=instance_type.split(".")[0] in TOPOLOGY_FAMILIES,
+                  EFA_ADAPTERS.get(instance_type, 0),
+                  topology=TOPOLOGY if instance_type.split(".")[0] in TOPOLOGY_FAMILIES else "",
                   tolerations=list(tolerations or []))
 
 
@@ -178,13 +185,14 @@ def queue_manifests(settings, flavors: list[Flavor]) -> list[dict[str, Any]]:
     QUEUE_CPU, QUEUE_MEMORY, QUEUE_GPUS and QUEUE_EFA of each, and the LocalQueue in NAMESPACE."""
     labels = {"app.kubernetes.io/part-of": "doeks"}
     out: list[dict[str, Any]] = []
-    if any(f.topology for f in flavors):
-        out.append({"apiVersion": API, "kind": "Topology", "metadata": {"name": TOPOLOGY, "labels": labels},
-                    "spec": {"levels": [{"nodeLabel": level} for level in LAYERS + (HOSTNAME,)]}})
+    levels = {TOPOLOGY: LAYERS + (HOSTNAME,), NODE_TOPOLOGY: (HOSTNAME,)}
+    for name in sorted({f.topology for f in flavors if f.topology}, key=list(levels).index):
+        out.append({"apiVersion": API, "kind": "Topology", "metadata": {"name": name, "labels": labels},
+                    "spec": {"levels": [{"nodeLabel": level} for level in levels[name]]}})
     for flavor in flavors:
         spec: dict[str, Any] = {"nodeLabels": dict(flavor.labels)}
         if flavor.topology:
-            spec["topologyName"] = TOPOLOGY
+            spec["topologyName"] = flavor.topology
         if flavor.tolerations:
             spec["tolerations"] = [dict(t) for t in flavor.tolerations]
         out.append({"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": flavor.name, "labels": labels},
@@ -194,8 +202,8 @@ def queue_manifests(settings, flavors: list[Flavor]) -> list[dict[str, Any]]:
                 "spec": {"namespaceSelector": {},
                          "resourceGroups": [{"coveredResources": list(RESOURCES), "flavors": [
                              {"name": f.name, "resources": [
-                                 {"name": "cpu", "nominalQuota": quota["cpu"]},
-                                 {"name": "memory", "nominalQuota": quota["memory"]},
+                                 {"name": "cpu", "nominalQuota": quota["cpu"] if f.cpu_memory else 0},
+                                 {"name": "memory", "nominalQuota": quota["memory"] if f.cpu_memory else 0},
                                  {"name": "nvidia.com/gpu", "nominalQuota": settings.queue_gpus if f.gpus else 0},
                                  {"name": "vpc.amazonaws.com/efa", "nominalQuota": settings.queue_efa if f.efa else 0}]}
                              for f in flavors]}]}})
@@ -272,7 +280,7 @@ def delete(settings, runner, base: str, own: bool, timeout_s: int = 180) -> None
     from . import kube
 
     where = write_kustomization(settings, base, own, write=not runner.dry_run)
-    if not runner.dry_run and not _installed():
+    if not runner.dry_run and not _installed() and not _namespace():
         ui.say("Kueue is not deployed here: nothing to delete")
         return
     for kind in QUEUE_KINDS:
@@ -280,14 +288,15 @@ def delete(settings, runner, base: str, own: bool, timeout_s: int = 180) -> None
                  + (["--all-namespaces"] if kind == "localqueues" else []))
     kube.run(runner, ["delete", "--ignore-not-found", "--wait=false", "-k", str(where)])
     if runner.dry_run:
-        runner.step(f"wait up to {timeout_s}s for Kueue's CRDs to go (Kueue finalizers left on its objects are removed "
+        runner.step(f"wait up to {timeout_s}s for Kueue's CRDs and namespace to go (Kueue finalizers left on its objects are removed "
                     "half-way)", lambda: None)
         return
     deadline = time.monotonic() + timeout_s
     stripped = False
-    while _installed():
+    while _installed() or _namespace():
         if time.monotonic() > deadline:
-            raise DoeksError(f"Kueue's CRDs still terminating after {timeout_s}s: `kubectl get crd | grep kueue`")
+            raise DoeksError(f"Kueue's CRDs or namespace {NAMESPACE} still terminating after {timeout_s}s: "
+                             "`kubectl get crd | grep kueue`")
         if not stripped and time.monotonic() > deadline - timeout_s / 2:
             stripped = True
             left = _remaining()
@@ -309,6 +318,14 @@ def _installed() -> bool:
 
     result = subprocess.run([kube.kubectl(), "get", "crd", "clusterqueues.kueue.x-k8s.io"], capture_output=True, text=True)
     return result.returncode == 0
+
+
+def _namespace() -> bool:
+    import subprocess
+
+    from . import kube
+
+    return subprocess.run([kube.kubectl(), "get", "namespace", NAMESPACE], capture_output=True).returncode == 0
 
 
 def _remaining() -> list[str]:
@@ -412,10 +429,10 @@ def reason_kind(message: str) -> str:
     """What a job waits for, from Kueue's words: quota ("insufficient unused quota", "insufficient quota"), topology
     ("topology ... doesn't allow to fit"), or the pods of the job before it (waitForPodsReady's blockAdmission)."""
     lowered = message.lower()
-    if "topology" in lowered:
-        return "topology"
-    if "quota" in lowered:
+    if "insufficient" in lowered and "quota" in lowered:
         return "quota"
+    if "topology" in lowered or "requested level" in lowered:
+        return "topology"
     if "waiting for all admitted workloads to be in podsready" in lowered:
         return "pods-ready"
     return "other" if message else ""

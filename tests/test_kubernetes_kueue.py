@@ -147,7 +147,11 @@ def test_the_eks_queue_objects_are_accepted_by_the_api_server_and_kueue(env):
     from doeks.settings import load
 
     s = load({**os.environ, **env, "TARGET": "eks", "GPU_INSTANCE_TYPE": "p5.48xlarge"})
-    manifests = kueue.queue_manifests(s, [kueue.node_type_flavor("p5.48xlarge")])
+    flavor = kueue.node_type_flavor("p5.48xlarge")
+    # its own name: the simulated p5 flavor of this cluster (with the kwok taint's toleration) already has the type's
+    # name, and a ResourceFlavor's tolerations are immutable once it has a topology
+    flavor.name = "eks-p5.48xlarge"
+    manifests = kueue.queue_manifests(s, [flavor])
     checked = kubectl(env, "apply", "--server-side", "--dry-run=server", "--field-manager=doeks", "-f", "-",
                       input=to_yaml_stream(manifests))
     assert checked.returncode == 0, checked.stderr

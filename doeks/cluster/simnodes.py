@@ -177,8 +177,9 @@ def cluster_logs() -> str:
     lines = ["[rank 0] start host=simulated world=256 (simulated by kwok: no process runs)"]
     lines += [f"[rank 0] step={step} epoch={step // 100} loss={2.5 - step / 1000:.4f} acc=0.4000 samples/s=812.5 "
               f"world=256 data_wait=0.01 (1%)" for step in range(1, 200)]
-    pod_log().parent.mkdir(parents=True, exist_ok=True)
-    pod_log().write_text("\n".join(lines) + "\n")
+    pod_log().parent.mkdir(parents=True, exist_ok=True)  # in the CRI log format kwok reads (as a kubelet's files)
+    pod_log().write_text("".join(f"2026-11-25T00:00:{i // 10:02d}.{i % 10}00000000Z stdout F {line}\n"
+                                 for i, line in enumerate(lines)))
     return yaml.safe_dump({"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs",
                            "metadata": {"name": "doeks-training-pod"},
                            "spec": {"logs": [{"containers": [], "logsFile": str(pod_log()), "follow": False}]}},
