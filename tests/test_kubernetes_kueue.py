@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -183,8 +184,11 @@ def test_down_removes_kueue_kwok_and_every_simulated_node(request):
     for step in ("eks.create", "kueue.deploy"):
         result = invoke(step, env=values, timeout=1200)
         assert result.returncode == 0, _said(result)[-3000:]
-    assert simnodes.running() and len(simnodes.existing()) == 4
+    kwok = simnodes.running()
+    assert kwok and len(simnodes.existing()) == 4
     result = invoke("down", "--yes", env=values, timeout=900)
     assert result.returncode == 0, _said(result)[-3000:]
-    assert not simnodes.running()
+    # by its pid, not its pid file: down removes the cluster's folder, pid files with it
+    alive = Path(f"/proc/{kwok}/cmdline")
+    assert not (alive.exists() and alive.read_bytes()), f"kwok (pid {kwok}) still runs after down"
     assert node.leftovers() == {key: [] for key in node.leftovers()}
