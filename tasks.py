@@ -14,7 +14,7 @@ from doeks.taskkit import runner, settings, target, task
 ROOT = Path(__file__).resolve().parent
 UNIT_FILES = {"eks": "eks/tasks.py", "csi": "csi/tasks.py", "efa": "efa-device-plugin/tasks.py",
               "gpu-metrics": "gpu-metrics/tasks.py", "kubeflow": "kubeflow/tasks.py", "sagemaker": "kubeflow/sagemaker.py",
-              "kueue": "kueue/tasks.py", "elasticjob": "elasticjob/tasks.py"}
+              "kueue": "kueue/tasks.py", "elasticjob": "elasticjob/tasks.py", "dev": "dev/tasks.py"}
 
 
 def _load_unit(name, path):
@@ -243,20 +243,20 @@ def demo(c, keep=False, dry_run=False):
 # -- the management container -------------------------------------------------------------------------------------
 @task(help={"no_cache": "build without the layer cache", "dry_run": "print the build; change nothing"})
 def build(c, no_cache=False, dry_run=False):
-    """Build the management container image (streams progress)."""
+    """Tools container: build its image (aws, kubectl, helm, eksctl, doeks); the job's: `invoke elasticjob.build`."""
     container.build(settings(), runner(dry_run), no_cache=no_cache)
 
 
 @task(name="run", help={"dry_run": "print the container that would start"})
 def run_(c, dry_run=False):
-    """Start the management container (mounts ~/.aws read-only, ~/.kube, the project, the docker socket)."""
+    """Tools container: start it (mounts ~/.aws read-only, ~/.kube, the project, the docker socket)."""
     container.run(settings(), runner(dry_run))
 
 
 @task(name="exec", help={"command": "command to run inside (or give it after --); default: a shell",
                          "dry_run": "print the docker exec; run nothing"})
 def exec_(c, command="", dry_run=False):
-    """Open a shell in the running container, or run a command: `invoke exec -- CMD`."""
+    """Tools container: a shell in it, or a command: `invoke exec -- CMD`."""
     command = command or getattr(c, "remainder", "")
     if dry_run:
         s = settings()
@@ -268,7 +268,7 @@ def exec_(c, command="", dry_run=False):
 
 @task(name="status")
 def status_(c):
-    """Show the management container, the local runtime and the job on TARGET (state, restarts, reason, fix)."""
+    """The tools container, the local runtime, and the job on TARGET (`invoke elasticjob.status` for the job alone)."""
     from doeks import targets, ui
     from doeks.errors import DoeksError
     from doeks.targets import show
@@ -284,37 +284,37 @@ def status_(c):
 
 @task(help={"dry_run": "print; change nothing"})
 def stop(c, dry_run=False):
-    """Stop and remove the management container (safe to run twice)."""
+    """Tools container: stop and remove it (safe to run twice)."""
     container.stop(settings(), runner(dry_run))
 
 
 @task(help={"follow": "keep streaming"})
 def logs(c, follow=False):
-    """Show the management container's logs."""
+    """Tools container: its logs (the training job's: `invoke elasticjob.logs`)."""
     container.logs(settings(), follow=follow)
 
 
 @task(help={"dry_run": "print; change nothing"})
 def push(c, dry_run=False):
-    """Push the image to REGISTRY (ECR when 'default')."""
+    """Tools container: push its image to REGISTRY (ECR when 'default'); the job's: `invoke elasticjob.push`."""
     container.push(settings(), runner(dry_run))
 
 
 @task(help={"dry_run": "print; change nothing"})
 def pull(c, dry_run=False):
-    """Pull the image from REGISTRY."""
+    """Tools container: pull its image from REGISTRY."""
     container.pull(settings(), runner(dry_run))
 
 
 @task(help={"dry_run": "print; change nothing"})
 def login(c, dry_run=False):
-    """Log docker in to the account's ECR with a token from boto3."""
+    """Tools container: log docker in to the account's ECR with a token from boto3."""
     container.login(settings(), runner(dry_run))
 
 
 @task(name="test")
 def test_(c):
-    """Run the image's self-test in a throw-away container; exit 1 when a check fails or a needed tool is missing."""
+    """Tools container: its image's self-test (exit 1 when a check fails or a needed tool is missing)."""
     container.self_test(settings())
 
 

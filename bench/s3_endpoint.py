@@ -1,13 +1,20 @@
 """An S3 endpoint that behaves like S3 at scale, for benchmarks: 127.0.0.1 only, objects from memory.
 
 GetObject (with Range), HeadObject and ListObjectsV2 (paged, at most 1000 keys, prefix, delimiter, start-after,
-continuation token) over plain HTTP/1.1 keep-alive, path-style addressing. Each request waits `--latency-ms` (default
+continuation token) over plain HTTP/1.1 keep-alive, path-style addressing. Writes too, kept in memory (bench/checkpoint.py
+saves checkpoints here): PutObject, multipart uploads (create, upload part, complete with S3's
+CompleteMultipartUploadResult, abort), CopyObject, DeleteObject and DeleteObjects; aws-chunked bodies (the CRT client's
+trailing checksums) are decoded. Each request waits `--latency-ms` (default
 20 ms, S3's typical time to first byte for small objects) on a timer before its answer, so throughput grows with
 requests in flight, as on S3; an asyncio server serves thousands of requests at once on one core, so a client's own
 concurrency and CPU cost per request, not the server, set its rate. Signatures are not checked.
 
 Objects: `--files` keys `PREFIX/train/nCCCCCCCC/img_IIIIIII.JPEG` (100 classes) of `--size` bytes +-20 %
 (deterministic per key), all slices of one random buffer, so 20,000 objects take no memory of their own.
+
+Faults for the clients' tests: `--fail-every N` answers every Nth request 503 SlowDown; `--reset-every N` resets the
+connection (TCP RST) on every Nth request, alternately before any byte of the answer and after its head and half its
+body (a connection S3 or a middlebox drops mid-request), which a client must retry on a new connection.
 
 Bounded: it serves at most `--max-requests` requests and runs at most `--max-seconds`, then exits by itself (also
 when its parent dies: stdin closes). Prints `port N` once it listens.
@@ -21,6 +28,8 @@ import asyncio
 import hashlib
 import os
 import random
+import socket
+import struct
 import sys
 import time
 from email.utils import formatdate
@@ -44,10 +53,33 @@ class Store:
             self.objects[key] = (offset, length, b'"' + hashlib.md5(key.encode()).hexdigest().encode() + b'"')
         self.keys = sorted(self.objects)
         self.total_bytes = sum(v[1] for v in self.objects.values())
+        self.written: dict[str, bytes] = {}  # objects put by clients
+        self.uploads: dict[str, dict[int, bytes]] = {}  # multipart upload id -> part number -> bytes
+        self.upload_keys: dict[str, str] = {}
 
     def body(self, key: str) -> memoryview:
+        if key in self.written:
+            return memoryview(self.written[key])
         offset, length, _ = self.objects[key]
         return self.buffer[offset:offset + length]
+
+    def put(self, key: str, data: bytes) -> bytes:
+        import bisect
+
+        etag = b'"' + hashlib.md5(data).hexdigest().encode() + b'"'
+        if key not in self.objects:
+            bisect.insort(self.keys, key)
+        self.written[key] = data
+        self.objects[key] = (0, len(data), etag)
+        return etag
+
+    def delete(self, key: str) -> None:
+        import bisect
+
+        if key in self.objects:
+            del self.objects[key]
+            self.written.pop(key, None)
+            self.keys.pop(bisect.bisect_left(self.keys, key))
 
     def list_v2(self, query: dict[str, str]) -> bytes:
         import bisect
@@ -96,27 +128,32 @@ class Store:
 
 
 class Limits:
-    def __init__(self, max_requests: int, stop: asyncio.Event, fail_every: int = 0, log=None):
+    def __init__(self, max_requests: int, stop: asyncio.Event, fail_every: int = 0, log=None, reset_every: int = 0):
         self.served = 0
         self.max_requests = max_requests
         self.stop = stop
-        self.fail_every = fail_every  # every Nth request answers 503 SlowDown (clients must retry)
-        self.log = log                # a file: one "METHOD target" line per request
+        self.fail_every = fail_every    # every Nth request answers 503 SlowDown (clients must retry)
+        self.reset_every = reset_every  # every Nth request's connection is reset (clients must retry)
+        self.resets = 0
+        self.log = log                  # a file: one "METHOD target" line per request, "RESET METHOD target" per reset
 
 
 class S3Protocol(asyncio.Protocol):
     def __init__(self, store: Store, latency: float, limits: Limits):
         self.store, self.latency, self.limits = store, latency, limits
-        self.buffer = b""
+        self.buffer = bytearray()  # appended in place: a request body of many MB arrives in 64 kB pieces
         self.busy = False
+        self.continued = False
+        self.waiting = 0  # bytes the request being received needs in all (its head parsed once)
         self.transport = None
+        self.reset_mid_answer = False  # this request's answer stops after half its body, with a reset
 
     def connection_made(self, transport):
         self.transport = transport
 
     def data_received(self, data):
         self.buffer += data
-        if not self.busy:
+        if not self.busy and len(self.buffer) >= self.waiting:
             self._next()
 
     def _next(self):
@@ -130,8 +167,18 @@ class S3Protocol(asyncio.Protocol):
             headers[name.strip().lower()] = value.strip()
         length = int(headers.get("content-length", "0") or 0)
         if len(self.buffer) < end + 4 + length:
-            return  # wait for the request body (ignored)
-        self.buffer = self.buffer[end + 4 + length:]
+            if headers.get("expect", "").lower() == "100-continue" and not self.continued:
+                self.continued = True  # botocore's PutObject waits for it before it sends the body
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting = end + 4 + length
+            return  # wait for the request body
+        self.continued = False
+        self.waiting = 0
+        body = bytes(self.buffer[end + 4:end + 4 + length])
+        if "aws-chunked" in headers.get("content-encoding", "") or headers.get("x-amz-content-sha256", "").startswith("STREAMING"):
+            body = _dechunk(body)
+        headers[":body"] = body
+        del self.buffer[:end + 4 + length]
         self.busy = True
         limits = self.limits
         limits.served += 1
@@ -142,6 +189,14 @@ class S3Protocol(asyncio.Protocol):
         if limits.fail_every and limits.served % limits.fail_every == 0:
             self._send(b"503 Slow Down", b"", _error("SlowDown", "please reduce your request rate"), 0, later=True)
             return
+        if limits.reset_every and limits.served % limits.reset_every == 0:
+            limits.resets += 1
+            if limits.log is not None:
+                limits.log.write("RESET " + head[0].rsplit(" ", 1)[0] + "\n")
+            if limits.resets % 2:  # before any byte of the answer, after the latency
+                asyncio.get_running_loop().call_later(self.latency, self._reset)
+                return
+            self.reset_mid_answer = True  # the head and half the body, then the reset
         asyncio.get_running_loop().call_later(self.latency, self._answer, head[0], headers)
 
     def _answer(self, request_line: str, headers: dict[str, str]):
@@ -161,6 +216,8 @@ class S3Protocol(asyncio.Protocol):
             extra = b"Content-Type: application/xml\r\n"
         elif not key and method == "HEAD":
             status, body = b"200 OK", b""
+        elif method in ("PUT", "POST", "DELETE"):
+            status, body, extra = self._write(method, key, query, headers)
         elif key in store.objects and method in ("GET", "HEAD"):
             _, length, etag = store.objects[key]
             body = store.body(key)
@@ -183,6 +240,56 @@ class S3Protocol(asyncio.Protocol):
             status, body = b"501 Not Implemented", _error("NotImplemented", method)
         self._send(status, extra, body, len(body))
 
+    def _write(self, method: str, key: str, query: dict[str, str], headers: dict) -> tuple[bytes, bytes, bytes]:
+        store, data = self.store, headers[":body"]
+        ns = 'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
+        if method == "POST" and not key and "delete" in query:  # DeleteObjects
+            import re
+
+            from xml.sax.saxutils import unescape
+
+            keys = [unescape(k.decode()) for k in re.findall(rb"<Key>(.*?)</Key>", data)]
+            for each in keys:
+                store.delete(each)
+            deleted = "".join(f"<Deleted><Key>{escape(k)}</Key></Deleted>" for k in keys)
+            return b"200 OK", f'<?xml version="1.0" encoding="UTF-8"?>\n<DeleteResult {ns}>{deleted}</DeleteResult>'.encode(), b""
+        if method == "POST" and "uploads" in query:  # CreateMultipartUpload
+            upload = hashlib.md5(f"{key}{time.monotonic()}".encode()).hexdigest()
+            store.uploads[upload], store.upload_keys[upload] = {}, key
+            return b"200 OK", (f'<?xml version="1.0" encoding="UTF-8"?>\n<InitiateMultipartUploadResult {ns}><Bucket>{store.bucket}'
+                               f"</Bucket><Key>{escape(key)}</Key><UploadId>{upload}</UploadId></InitiateMultipartUploadResult>").encode(), b""
+        if method == "PUT" and "uploadId" in query:  # UploadPart
+            parts = store.uploads.get(query["uploadId"])
+            if parts is None:
+                return b"404 Not Found", _error("NoSuchUpload", query["uploadId"]), b""
+            parts[int(query["partNumber"])] = data
+            return b"200 OK", b"", b'ETag: "' + hashlib.md5(data).hexdigest().encode() + b'"\r\n'
+        if method == "POST" and "uploadId" in query:  # CompleteMultipartUpload
+            parts = store.uploads.pop(query["uploadId"], None)
+            store.upload_keys.pop(query["uploadId"], None)
+            if parts is None:
+                return b"404 Not Found", _error("NoSuchUpload", query["uploadId"]), b""
+            etag = store.put(key, b"".join(parts[n] for n in sorted(parts)))
+            return b"200 OK", (f'<?xml version="1.0" encoding="UTF-8"?>\n<CompleteMultipartUploadResult {ns}><Location>/{store.bucket}/'
+                               f"{escape(key)}</Location><Bucket>{store.bucket}</Bucket><Key>{escape(key)}</Key>"
+                               f"<ETag>{escape(etag.decode())}</ETag></CompleteMultipartUploadResult>").encode(), b""
+        if method == "DELETE" and "uploadId" in query:  # AbortMultipartUpload
+            store.uploads.pop(query["uploadId"], None)
+            return b"204 No Content", b"", b""
+        if method == "DELETE":
+            store.delete(key)
+            return b"204 No Content", b"", b""
+        if method == "PUT" and headers.get("x-amz-copy-source"):  # CopyObject
+            source = unquote(headers["x-amz-copy-source"]).lstrip("/").partition("/")[2].split("?")[0]
+            if source not in store.objects:
+                return b"404 Not Found", _error("NoSuchKey", source), b""
+            etag = store.put(key, bytes(store.body(source)))
+            return b"200 OK", (f'<?xml version="1.0" encoding="UTF-8"?>\n<CopyObjectResult {ns}><ETag>{escape(etag.decode())}</ETag>'
+                               f"<LastModified>{LAST_MODIFIED_ISO}</LastModified></CopyObjectResult>").encode(), b""
+        if method == "PUT" and key:  # PutObject
+            return b"200 OK", b"", b"ETag: " + store.put(key, data) + b"\r\n"
+        return b"501 Not Implemented", _error("NotImplemented", method), b""
+
     def _send(self, status: bytes, extra: bytes, body, length: int, later: bool = False):
         if later:  # answer after the latency, like every other answer
             asyncio.get_running_loop().call_later(self.latency, self._send, status, extra, body, len(body))
@@ -191,14 +298,40 @@ class S3Protocol(asyncio.Protocol):
             return
         self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: " + str(length).encode() + b"\r\n" + extra +
                              b"x-amz-request-id: DOEKSBENCH\r\nServer: AmazonS3\r\n\r\n")
+        if self.reset_mid_answer:
+            self.transport.write(body[:len(body) // 2])
+            self._reset()
+            return
         if body:
             self.transport.write(body)
         self.busy = False
         if self.buffer:
             self._next()
 
+    def _reset(self):
+        """Close with a TCP RST (SO_LINGER 0): the client reads ECONNRESET, as from a dropped connection."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
+
     def connection_lost(self, exc):
         self.transport = None
+
+
+def _dechunk(body: bytes) -> bytes:
+    """An aws-chunked body (`size;chunk-signature=...\\r\\ndata\\r\\n` ... `0\\r\\n` trailers) as its data."""
+    out, at = [], 0
+    while at < len(body):
+        line_end = body.index(b"\r\n", at)
+        size = int(body[at:line_end].split(b";", 1)[0], 16)
+        if size == 0:
+            break
+        out.append(body[line_end + 2:line_end + 2 + size])
+        at = line_end + 2 + size + 2
+    return b"".join(out)
 
 
 def _error(code: str, what: str) -> bytes:
@@ -207,10 +340,10 @@ def _error(code: str, what: str) -> bytes:
 
 
 async def serve(store: Store, latency: float, max_requests: int, max_seconds: float, port: int = 0,
-                fail_every: int = 0, log=None, tls=None) -> int:
+                fail_every: int = 0, log=None, tls=None, reset_every: int = 0) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    limits = Limits(max_requests, stop, fail_every, log)
+    limits = Limits(max_requests, stop, fail_every, log, reset_every)
     server = await loop.create_server(lambda: S3Protocol(store, latency, limits), "127.0.0.1", port, backlog=4096, ssl=tls)
     print(f"port {server.sockets[0].getsockname()[1]}", flush=True)
     loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not os.read(sys.stdin.fileno(), 4096) else None)
@@ -221,7 +354,7 @@ async def serve(store: Store, latency: float, max_requests: int, max_seconds: fl
         pass
     server.close()
     cpu = os.times()
-    print(f"served {limits.served} requests in {time.monotonic() - start:.1f} s, "
+    print(f"served {limits.served} requests ({limits.resets} reset) in {time.monotonic() - start:.1f} s, "
           f"{cpu.user + cpu.system:.1f} CPU s", file=sys.stderr, flush=True)
     return 0
 
@@ -290,6 +423,7 @@ def main(argv=None) -> int:
                         "GET every object over --connections connections, print files/s")
     parser.add_argument("--connections", type=int, default=256)
     parser.add_argument("--fail-every", type=int, default=0, help="every Nth request answers 503 SlowDown")
+    parser.add_argument("--reset-every", type=int, default=0, help="reset the connection (TCP RST) of every Nth request")
     parser.add_argument("--log", help="append one 'METHOD target' line per request to this file")
     parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve HTTPS with this certificate (PEM files)")
     args = parser.parse_args(argv)
@@ -307,7 +441,7 @@ def main(argv=None) -> int:
         tls.load_cert_chain(*args.tls)
     try:
         return asyncio.run(serve(store, args.latency_ms / 1000, args.max_requests, args.max_seconds, args.port,
-                                 args.fail_every, log, tls))
+                                 args.fail_every, log, tls, args.reset_every))
     finally:
         if log is not None:
             log.close()

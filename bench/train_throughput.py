@@ -7,13 +7,14 @@ ImageNet-shaped JPEGs (doeks.workload.data textures at ImageNet's typical size: 
   simplejpeg at the smallest libjpeg-turbo DCT scale that keeps the box at least 224 a side (torchvision.io for what it
   refuses), transforms v2 on uint8, normalisation of the uint8 batch (on the GPU in training; here on the CPU, so it is
   counted). Target >= 2x (docs/loader.md).
-- Checkpoint stall for ResNet-50 (model + SGD momentum): synchronous write vs train.py's Checkpointer (copy, then a
-  background write).
+- Checkpoint stall for ResNet-50 (model + SGD momentum): a blocking DCP save to a folder vs train.py's asynchronous one
+  (doeks/workload/checkpoints.py: copy, then a background write); bench/checkpoint.py measures it in S3 and over steps.
 - GPU (only where CUDA is available): ResNet-50 training images/s on one GPU, doeks (bf16 autocast, channels_last,
   uint8 loader with workers) vs baseline (fp32, PIL loader, same batch and workers). Targets >= 2.5x and >= 3,500/s on
   one H100. Without CUDA it prints a skip line.
 
-Last line: `loader speedup vs seed recipe: N.NNx`.
+Last line: `loader speedup vs seed recipe: N.NNx (<decode path>)`: `_jpegcrop region decode` where `invoke setup` built
+the module (a C compiler and libjpeg-turbo's headers), else simplejpeg's whole-image decode, and says why.
 Run: python bench/train_throughput.py [--images 96] [--rounds 7]
 """
 from __future__ import annotations
@@ -74,18 +75,22 @@ def loader_rates(datasets: dict, rounds: int) -> dict:
 def checkpoint_stall(folder: Path) -> tuple[float, float]:
     import torch
     import torchvision
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from doeks.workload.checkpoints import Store
 
     model = torchvision.models.resnet50()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(2, 3, 64, 64)).sum().backward()
     optimizer.step()  # momentum buffers exist, as in training
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 0, "consumed": 0, "step": 1}
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    store = Store(str(folder / "ck"))
     start = time.perf_counter()
-    train.atomic_save(state, folder / "sync.pt")
+    store.save(state, 1, {"epoch": 0}, background=False)
     synchronous = time.perf_counter() - start
-    saver = train.Checkpointer(folder)
-    stall = saver.save(state)
-    saver.wait()
+    stall = store.save(state, 2, {"epoch": 0})
+    store.wait()
     return synchronous, stall
 
 
@@ -145,7 +150,10 @@ def main() -> int:
         print(f"torchvision.io decode available: {fast_decode}, simplejpeg scaled decode: {train._simplejpeg() is not None}")
         rates = loader_rates({"seed": (seed_dataset(root), False), "doeks": (doeks_dataset(root), True)}, args.rounds)
         seed, ours = rates["seed"], rates["doeks"]
+        path = decode_path()
         print(f"cpu loader, images per CPU-second (one core): seed recipe (PIL, ToTensor, Normalize) {seed:.1f}, doeks {ours:.1f}")
+        print(f"decode path measured: {path} (train crops decoded: {train.CROP_DECODE['region']} by _jpegcrop, "
+              f"{train.CROP_DECODE['scaled']} whole by simplejpeg, {train.CROP_DECODE['fallback']} by torchvision.io/PIL)")
 
         synchronous, stall = checkpoint_stall(Path(tmp))
         print(f"checkpoint stall, ResNet-50 + momentum: synchronous write {synchronous * 1000:.0f} ms, "
@@ -164,8 +172,18 @@ def main() -> int:
                   f"({fast / base:.2f}x)")
         else:
             print("gpu: skipped: no CUDA device on this machine (ResNet-50 training images/s not measured)")
-    print(f"loader speedup vs seed recipe: {ours / seed:.2f}x")
+    print(f"loader speedup vs seed recipe: {ours / seed:.2f}x ({path})")
     return 0
+
+
+def decode_path() -> str:
+    """Which decode the doeks loader measured: what most of its train crops went through."""
+    counts = train.CROP_DECODE
+    if counts["region"] and counts["region"] >= counts["scaled"] + counts["fallback"]:
+        return "_jpegcrop region decode"
+    if train._jpegcrop() is None:
+        return "simplejpeg whole-image decode: _jpegcrop not built (`invoke setup` builds it)"
+    return "simplejpeg whole-image decode"
 
 
 if __name__ == "__main__":

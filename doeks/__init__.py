@@ -5,6 +5,23 @@ __version__ = "0.1.0"
 _last_report: list[float] = []
 
 
+def checkpoints(uri: str | None = None, keep: int | None = None):
+    """The job's checkpoints, for a script of your own (docs/your-own-script.md): a Store on DOEKS_CHECKPOINT_URI
+    (s3://bucket/prefix or a folder; SageMaker: its checkpoint folder), keeping DOEKS_KEEP_CHECKPOINTS:
+
+        ck = doeks.checkpoints(); meta = ck.resume(state)   # state = {"model": model, "optimizer": optimizer, ...}
+        ck.save(state, step)                                 # every rank, every N steps: step-N/ (async), then latest
+
+    `resume` loads the newest complete checkpoint into `state` in place and returns its meta ({"step": N, ...}), or
+    None; `save` stalls only for the copy to CPU memory (PyTorch Distributed Checkpoint). doeks.workload.checkpoints."""
+    import os
+
+    from .workload.checkpoints import Store
+
+    where = uri or os.environ.get("DOEKS_CHECKPOINT_URI") or os.environ.get("DOEKS_CHECKPOINT_DIR") or "/opt/ml/checkpoints"
+    return Store(where, keep=keep or int(os.environ.get("DOEKS_KEEP_CHECKPOINTS", "3") or 3))
+
+
 def report(step: int, loss: float | None = None, samples: int | None = None, total: int | None = None) -> str:
     """Print one progress line in the format doeks reads from any training script's log (docs/your-own-script.md):
 

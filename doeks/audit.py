@@ -3,8 +3,8 @@ per hour where a price is known. `invoke down` is proven by an empty audit.
 
 Found by what marks it as doeks': the tag doeks/cluster=<cluster> (roles, security groups, EFS, FSx incl. the file
 systems the FSx CSI driver makes via the StorageClass's extraTags, add-ons, associations), the EFS creation token,
-role names doeks-<cluster>-*, the cluster itself, its node groups, and S3 gateway endpoints doeks made (tag doeks=s3)
-in the cluster's VPC or in a VPC tagged for the cluster.
+role names doeks-<cluster>-*, the cluster itself, its node groups, S3 gateway endpoints doeks made (tag doeks=s3)
+in the cluster's VPC or in a VPC tagged for the cluster, and the training image's ECR repository (tag doeks/cluster).
 """
 from __future__ import annotations
 
@@ -98,6 +98,11 @@ def scan(settings) -> list[Found]:
     for fs in storage.tagged_file_systems(settings.with_overrides(fsx_file_system_id="")):
         found.append(Found("fsx lustre", fs["FileSystemId"], f"{fs.get('StorageCapacity')} GiB "
                            f"{fs.get('LustreConfiguration', {}).get('DeploymentType', '')}", fsx_per_hour(fs)))
+    from .trainimage import repository
+
+    images = repository(settings)  # the training image's ECR repository, when this cluster's up made it
+    if images is not None:
+        found.append(Found("ecr repository", images["repositoryName"], f"{images['images']} images"))
     iam = client(settings, "iam")
     prefix = f"doeks-{name}-"
     from . import identity

@@ -28,6 +28,21 @@ def endpoint_url(settings, start: bool = True) -> str | None:
     return service.endpoint()
 
 
+def credentials_configured(settings) -> bool:
+    """Credentials doeks can see without probing the network (the instance metadata service is not asked)."""
+    import os
+    from pathlib import Path
+
+    env = os.environ
+    if settings.aws_endpoint_url or settings.aws_profile or settings.aws_access_key_id:
+        return True
+    if any(env.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")):
+        return True
+    home = Path(env.get("AWS_SHARED_CREDENTIALS_FILE", Path.home() / ".aws" / "credentials"))
+    return home.is_file() or Path(env.get("AWS_CONFIG_FILE", Path.home() / ".aws" / "config")).is_file()
+
+
 def credentials_of(settings) -> dict[str, str | None]:
     """The resolved credentials of `session(settings)` as client keyword arguments (the stager's own clients take
     them); the local stand-in's when none are configured."""

@@ -94,10 +94,40 @@ def sagemaker_image(region: str, tag: str = SAGEMAKER_DLC_TAG) -> str:
     """A PyTorch training DLC for SageMaker in `region` (SageMaker pulls from its own region's registry)."""
     return f"{dlc_registry(region)}/pytorch-training:{tag}"
 
-# GPUs per instance type (nvidia.com/gpu a node advertises): NPROC_PER_NODE=auto on eks
+# What a GPU node type has, as EC2's DescribeInstanceTypes says (GpuInfo.Gpus[].Count, NetworkInfo.EfaInfo.
+# MaximumEfaInterfaces): asked once per region and type by doeks.instancetypes and kept in the user cache folder, so
+# NPROC_PER_NODE=auto and EFA_PER_NODE=auto follow the type. The tables below only stand in for an offline plan (a
+# dry run without credentials), and say so: EC2 is asked before anything is created.
+def instance_cache() -> "Path":
+    from .cluster.versions import cache_dir
+
+    return cache_dir() / "instance-types.json"
+
+
+def instance_facts(region: str, instance: str) -> tuple[int | None, int | None, str]:
+    """(GPUs, EFA interfaces, where the numbers come from) of an instance type: EC2's answer cached here, else the
+    offline tables, else (None, None, "unknown")."""
+    import json
+
+    try:
+        cached = json.loads(instance_cache().read_text()).get(region, {}).get(instance)
+    except (OSError, ValueError, AttributeError):
+        cached = None
+    if cached:
+        return cached["gpus"], cached["efa"], "EC2 DescribeInstanceTypes"
+    if instance in GPUS:
+        return GPUS[instance], EFA_ADAPTERS.get(instance, 0), "doeks' offline table (EC2 not asked yet)"
+    return None, None, "unknown (EC2 not asked yet)"
+
+
+# GPUs per instance type (nvidia.com/gpu a node advertises): the offline stand-in for NPROC_PER_NODE=auto on eks
 GPUS = {"p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8, "p4d.24xlarge": 8, "p4de.24xlarge": 8,
         "p5.48xlarge": 8, "p5e.48xlarge": 8, "p5en.48xlarge": 8, "g4dn.xlarge": 1, "g4dn.12xlarge": 4, "g5.xlarge": 1,
         "g5.12xlarge": 4, "g5.48xlarge": 8, "g6.48xlarge": 8}
+# EFA interfaces per instance type (vpc.amazonaws.com/efa a node advertises): the offline stand-in for EFA_PER_NODE=auto
+EFA_ADAPTERS = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
+                "p6-b200.48xlarge": 8, "trn1.32xlarge": 8, "trn1n.32xlarge": 16, "g5.48xlarge": 1, "g6.48xlarge": 1,
+                "g4dn.metal": 1, "c5n.18xlarge": 1, "hpc7g.16xlarge": 1}
 
 # vCPUs, memory (GiB) and the pods EKS lets a node run (the VPC CNI's eni-max-pods, awslabs/amazon-eks-ami) per
 # instance type: what a simulated node of the type has (doeks.cluster.simnodes, KUBE_SIM_NODES)

@@ -128,17 +128,22 @@ def contract(settings, mount: str, run_id: str, hosts: list[str]) -> dict[str, s
     """What every job's processes find in their environment on the Kubernetes-shaped targets (local, docker,
     kubernetes/eks): doeks' names and SageMaker's for the same folders, so a script written for either runs on both.
     SageMaker sets its own SM_* (and doeks.targets.sagemaker the DOEKS_* ones) to its /opt/ml folders."""
-    job = settings.job_name
+    from .jobpaths import checkpoint_uri, job_folder, model_uri
+
+    models, output = job_folder(settings, "models", mount), job_folder(settings, "output", mount)
     return {
         "DOEKS_DATA_DIR": f"{mount}/data",
-        "DOEKS_CHECKPOINT_DIR": f"{mount}/checkpoints/{job}",
-        "DOEKS_MODEL_DIR": f"{mount}/models/{job}",
-        "DOEKS_OUTPUT_DIR": f"{mount}/output/{job}",
+        "DOEKS_CHECKPOINT_DIR": job_folder(settings, "checkpoints", mount),
+        "DOEKS_CHECKPOINT_URI": checkpoint_uri(settings, mount),
+        "DOEKS_KEEP_CHECKPOINTS": str(settings.keep_checkpoints),
+        "DOEKS_MODEL_DIR": models,
+        "DOEKS_MODEL_URI": model_uri(settings, mount),
+        "DOEKS_OUTPUT_DIR": output,
         "DOEKS_RUN_ID": run_id,
         "SM_CHANNEL_TRAINING": f"{mount}/data",
         "SM_CHANNELS": json.dumps(["training"]),
-        "SM_MODEL_DIR": f"{mount}/models/{job}",
-        "SM_OUTPUT_DATA_DIR": f"{mount}/output/{job}",
+        "SM_MODEL_DIR": models,
+        "SM_OUTPUT_DATA_DIR": output,
         "SM_HOSTS": json.dumps(hosts),
         "SM_NUM_GPUS": str(settings.nproc_per_node),  # the GPUs a pod requests; local and docker train on CPU: 0
     }

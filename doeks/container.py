@@ -258,7 +258,8 @@ def logs(settings, follow: bool = False) -> None:
     client = _client()
     container = _find(client, settings.doeks_container_name)
     if container is None:
-        raise DoeksError(f"container {settings.doeks_container_name} is not there")
+        raise DoeksError(f"the tools container {settings.doeks_container_name} is not running (`invoke run` starts "
+                         "it); the training job's logs: `invoke elasticjob.logs`")
     for chunk in container.logs(stream=True, follow=follow):
         sys.stdout.write(chunk.decode(errors="replace"))
 

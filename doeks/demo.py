@@ -15,7 +15,7 @@ def run(base, keep: bool = False, dry_run: bool = False) -> dict:
     if dry_run:
         runner = Runner(dry_run=True, secrets=s.secrets())
         elastic.make_data(s, runner)
-        target.plan(targets.Job(s, fresh=True, dry_run=True)).show(runner)
+        target.plan(target.job(fresh=True, dry_run=True)).show(runner)
         runner.step("follow the job to the end, write the plot, stop the job and etcd", lambda: None)
         return {}
     preflight.require_training()
@@ -27,7 +27,7 @@ def run(base, keep: bool = False, dry_run: bool = False) -> dict:
     submitted = False
     try:
         quiet = Runner(echo=False, secrets=s.secrets())
-        target.submit(target.plan(targets.Job(s, fresh=True)), quiet)
+        target.submit(target.plan(target.job(fresh=True)), quiet)
         submitted = True
         status = target.wait()
         if status.state != "Succeeded":
@@ -39,7 +39,7 @@ def run(base, keep: bool = False, dry_run: bool = False) -> dict:
         ui.say(f"final validation accuracy: {result.get('val_accuracy', 0):.3f} (chance {chance:.3f}) "
                f"after {result.get('step')} steps", style="bold green")
         ui.say(f"plot: {png}")
-        ui.say(f"checkpoint: {elastic.checkpoint_dir(s) / 'checkpoint.pt'}")
+        ui.say(f"checkpoints: {elastic.checkpoint_uri(s)} (`latest` names the newest)")
         return result
     finally:
         if not keep:

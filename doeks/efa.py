@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .jobspec import EFA_ADAPTERS
+from .catalog import EFA_ADAPTERS
 
 DEVICE_PLUGIN_VERSION = "v0.5.10"
 DEVICE_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"  # in the region's EKS add-on registry (doeks.catalog)
@@ -31,10 +31,15 @@ def device_plugin_image(region: str) -> str:
     return f"{eks_addon_registry(region)}/{DEVICE_PLUGIN_REPOSITORY}:{DEVICE_PLUGIN_VERSION}"
 
 
+def efa_types(settings) -> list[str]:
+    """The instance types the device plugin runs on: the known EFA types and the GPU node group's when it has EFA."""
+    return sorted(set(EFA_ADAPTERS) | ({settings.gpu_instance_type} if settings.efa_per_node else set()))
+
+
 def device_plugin(settings) -> list[dict[str, Any]]:
     """The device-plugin DaemonSet, scheduled only on EFA instance types."""
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
-        "matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": sorted(EFA_ADAPTERS)}],
+        "matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": efa_types(settings)}],
     }]}}}
     return [{
         "apiVersion": "apps/v1", "kind": "DaemonSet",

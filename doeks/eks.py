@@ -9,7 +9,6 @@ from typing import Any
 
 from . import ui
 from .errors import DoeksError, MissingTool
-from .jobspec import EFA_ADAPTERS
 
 ADDONS = ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent")  # eks-pod-identity-agent: every association needs it
 EBS_ADDON = "aws-ebs-csi-driver"  # added by doeks after eksctl (its role is in the identity table), with a gp3 default class
@@ -62,7 +61,8 @@ def cluster_vpc(settings, cluster: dict[str, Any]) -> str | None:
 def remove_addons(settings, runner) -> None:
     """What ensure_addons and the other units made in AWS around the cluster, before eksctl deletes it: the S3 gateway
     endpoint (its route entries keep the VPC), the EBS add-on, every role of the identity table (a unit's delete
-    that failed half-way leaves them otherwise)."""
+    that failed half-way leaves them otherwise), the CloudWatch add-on's log groups, the training image's ECR
+    repository (tagged with this cluster)."""
     from . import identity, sagemaker, storage
 
     cluster = describe(settings, runner)
@@ -73,6 +73,10 @@ def remove_addons(settings, runner) -> None:
     storage.delete_addon(settings, runner, EBS_ADDON)
     for workload in identity.WORKLOADS:
         identity.remove(settings, runner, workload)
+    from . import gpumetrics, trainimage
+
+    gpumetrics.delete_log_groups(settings, runner)  # the CloudWatch add-on's, once it is gone (gpu-metrics' down)
+    trainimage.delete_repository(settings, runner)  # the training image's ECR repository, when this cluster's
 ACCESS_POLICIES = {"admin": "AmazonEKSClusterAdminPolicy", "edit": "AmazonEKSEditPolicy", "view": "AmazonEKSViewPolicy"}
 
 
@@ -129,7 +133,7 @@ def cluster_config(settings, chosen: Any = _ASK) -> dict[str, Any]:
         gpu = _nodegroup(settings, "gpu", settings.gpu_instance_type, settings.gpu_nodes_min, settings.gpu_nodes,
                          settings.gpu_nodes_max, "gpu")
         gpu["taints"] = [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
-        efa = settings.gpu_efa and settings.gpu_instance_type in EFA_ADAPTERS
+        efa = settings.efa_per_node > 0  # the type has EFA (EC2's DescribeInstanceTypes) and GPU_EFA
         if efa:
             gpu["efaEnabled"] = True
         if efa or settings.placement_group or settings.capacity_reservation_id:
@@ -245,8 +249,16 @@ def create(settings, runner) -> None:
 
 
 def connect(settings, runner) -> None:
+    """The cluster's kubeconfig: the user's (eksctl's default, its current context) and doeks' own for this cluster
+    only (doeks.kube.eks_kubeconfig), which every doeks task on TARGET=eks uses."""
+    from .kube import eks_kubeconfig
+
     argv = ["eksctl", "utils", "write-kubeconfig", "--cluster", settings.cluster_name, "--region", settings.aws_region]
-    runner.run(argv if runner.dry_run else [eksctl()] + argv[1:])
+    pinned = eks_kubeconfig(settings)
+    if not runner.dry_run:
+        pinned.parent.mkdir(parents=True, exist_ok=True)
+    for command in (argv, argv + ["--kubeconfig", str(pinned)]):
+        runner.run(command if runner.dry_run else [eksctl()] + command[1:])
 
 
 def scale(settings, runner, nodegroup: str, size: int, low: int | None, high: int | None) -> None:

@@ -82,6 +82,35 @@ def manifests(settings, interval: int = 60) -> list[dict[str, Any]]:
     ]
 
 
+def log_group_prefix(cluster: str) -> str:
+    """Where the add-on's agent and Fluent Bit write (Container Insights: application, dataplane, host, performance):
+    log groups the add-on creates and nothing deletes, not even deleting the add-on."""
+    return f"/aws/containerinsights/{cluster}/"
+
+
+def delete_log_groups(settings, runner) -> int:
+    """Delete the add-on's Container Insights log groups of this cluster (after the add-on is gone: its agent would
+    write them again); how many there were. Safe twice."""
+    from . import ui
+    from .aws import client, lookup
+
+    logs = client(settings, "logs")
+    prefix = log_group_prefix(settings.cluster_name)
+    groups = lookup(runner, f"log groups {prefix}*", lambda: [g["logGroupName"] for page in logs.get_paginator(
+        "describe_log_groups").paginate(logGroupNamePrefix=prefix) for g in page["logGroups"]], None)
+    if groups is None:  # a dry run without credentials
+        runner.call(logs, "delete_log_group", logGroupName=f"<each log group {prefix}*, if any>")
+        return 0
+    if not groups:
+        ui.say(f"no log group {prefix}*")
+    for name in groups:
+        try:
+            runner.call(logs, "delete_log_group", logGroupName=name)
+        except logs.exceptions.ResourceNotFoundException:
+            pass
+    return len(groups)
+
+
 def delete_manifests(settings) -> list[dict[str, Any]]:
     """What `gpu-metrics.delete` removes, in reverse order: the agent's objects but never the amazon-cloudwatch
     Namespace, which the CloudWatch add-on owns (and may still run in)."""

@@ -13,18 +13,17 @@ CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks
 ETCD_SERVICE = "etcd-service"  # the rendezvous Service's name: rdzvHost, and the URL etcd advertises
 RDZV_CONF = {"last_call_timeout": "1", "timeout": "600"}
 
-# EFA adapters per instance (vpc.amazonaws.com/efa a node advertises)
-EFA_ADAPTERS = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
-                "p6-b200.48xlarge": 8, "trn1.32xlarge": 8, "trn1n.32xlarge": 16, "g5.48xlarge": 1, "g6.48xlarge": 1,
-                "g4dn.metal": 1, "c5n.18xlarge": 1, "hpc7g.16xlarge": 1}
-from .catalog import GPUS  # noqa: E402 - GPUs per instance type, with the other AWS tables
+from .catalog import EFA_ADAPTERS, GPUS  # noqa: E402,F401 - offline stand-ins (doeks.instancetypes asks EC2)
 
 
 def idle_gpus_warning(settings) -> str:
     """One line when NPROC_PER_NODE does not match the GPUs of the nodes doeks sizes (GPU_INSTANCE_TYPE): GPUs left
     idle, or more processes than GPUs (the pods cannot be scheduled); "" when they match or the type is not known."""
-    gpus = GPUS.get(settings.gpu_instance_type)
+    gpus = settings.node_gpus
     n = settings.nproc_per_node
+    if gpus is None and settings.raw("NPROC_PER_NODE") == "auto":
+        return (f"warning: the GPUs of a {settings.gpu_instance_type} node are not known yet ({settings.instance_facts}: "
+                f"no AWS credentials to ask EC2): the plan asks for {n} per pod; set NPROC_PER_NODE to be sure")
     if gpus is None or n == gpus:
         return ""
     if n < gpus:
@@ -95,24 +94,27 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
     return [deployment, service]
 
 
-def train_args(settings, mount: str | None = None) -> list[str]:
-    """The script's arguments: the built-in workload's ImageNet flags (only when it is the script), then TRAIN_ARGS."""
+def train_args(settings, mount: str | None = None, code=None) -> list[str]:
+    """The script's arguments: the built-in workload's ImageNet flags (only when it is the script), then TRAIN_ARGS.
+    `code`: the job's, resolved once (doeks.code.resolve) by whoever holds the job."""
     from .code import resolve
 
-    code = resolve(settings)
+    code = code or resolve(settings)
     return (imagenet_args(settings, mount) if code.builtin else []) + list(code.args)
 
 
 def imagenet_args(settings, mount: str | None = None) -> list[str]:
     """The built-in workload's own flags (doeks/workload/train.py): data, model, schedule and output folders."""
+    from .jobpaths import checkpoint_uri, job_folder
+
     mount = mount or settings.shared_mount
     crop = settings.crop  # CROP_SIZE, or by where the job trains (see Settings.crop)
     return ["--data", f"{mount}/data", "--arch", settings.arch, "--epochs", str(settings.epochs),
             "--batch-size", str(settings.batch_size), "--lr", str(settings.learning_rate),
             "--crop-size", str(crop),
             "--workers", str(settings.data_workers), "--checkpoint-every", str(settings.checkpoint_every),
-            "--checkpoint-dir", f"{mount}/checkpoints/{settings.job_name}",
-            "--metrics-dir", f"{mount}/metrics/{settings.job_name}"]
+            "--checkpoint-dir", checkpoint_uri(settings, mount),
+            "--metrics-dir", job_folder(settings, "metrics", mount)]
 
 
 @dataclass
@@ -131,17 +133,17 @@ class Placement:
 
 
 def node_type_placement(settings) -> Placement:
-    """EKS's GPU node group: NPROC_PER_NODE GPUs and, on an EFA instance type with GPU_EFA, all of its EFA adapters
-    per pod, on GPU_INSTANCE_TYPE (+ NODE_LABELS). The manifests' default: what the job asks of EKS, also where this
+    """EKS's GPU node group: NPROC_PER_NODE GPUs and EFA_PER_NODE EFA interfaces per pod (auto: all of the type's,
+    as EC2's DescribeInstanceTypes says; none with GPU_EFA=false), on GPU_INSTANCE_TYPE (+ NODE_LABELS). The manifests' default: what the job asks of EKS, also where this
     machine only interprets them."""
     instance = settings.gpu_instance_type
     gpus = settings.nproc_per_node
     resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
-    if settings.gpu_efa and instance in EFA_ADAPTERS:
+    if settings.efa_per_node:  # the type's EFA interfaces (EFA_PER_NODE), none with GPU_EFA=false
         for part in ("limits", "requests"):
-            resources[part]["vpc.amazonaws.com/efa"] = EFA_ADAPTERS[instance]
+            resources[part]["vpc.amazonaws.com/efa"] = settings.efa_per_node
     return Placement(resources, {"node.kubernetes.io/instance-type": instance, **settings.node_labels},
-                     node_gpus=GPUS.get(instance, settings.nproc_per_node), node_efa=EFA_ADAPTERS.get(instance, 0),
+                     node_gpus=settings.node_gpus or settings.nproc_per_node, node_efa=settings.efa_per_node,
                      cloud=True)
 
 
@@ -167,7 +169,7 @@ def run_id() -> str:
 
 
 def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = None,
-               image: str | None = None, placement: Placement | None = None) -> dict[str, Any]:
+               image: str | None = None, placement: Placement | None = None, code=None) -> dict[str, Any]:
     """The elastic PyTorchJob (training-operator v1) for the job in `settings`; `image` is the training image the
     target resolved (doeks.trainimage.reference), TRAIN_IMAGE when not given; `placement` the target's (EKS's node
     type when not given)."""
@@ -188,14 +190,14 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         elastic.update(rdzvHost=ETCD_SERVICE, rdzvPort=ETCD_PORT)
     from .code import CODE_DIR, contract, env_list, host_names, resolve
 
-    code = resolve(settings)
+    code = code or resolve(settings)
     hosts = host_names(settings.job_name, settings.replicas)
     container = {
         "name": "pytorch",
-        "image": image or _cluster_image(settings),
+        "image": image or _cluster_image(settings, code),
         "imagePullPolicy": "IfNotPresent",
         "command": code.launcher(),
-        "args": train_args(settings) + list(extra_args or []),
+        "args": train_args(settings, code=code) + list(extra_args or []),
         "workingDir": CODE_DIR,
         "env": [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
@@ -240,10 +242,10 @@ def _pod_metadata(settings) -> dict[str, Any]:
     return meta
 
 
-def _cluster_image(settings) -> str:
+def _cluster_image(settings, code=None) -> str:
     from .trainimage import reference
 
-    return reference(settings, on_this_machine=settings.own_cluster)
+    return reference(settings, on_this_machine=settings.own_cluster, code=code)
 
 
 def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | None = None,
@@ -273,10 +275,10 @@ def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | N
 
 
 def manifests(settings, extra_args: list[str] | None = None, run: str | None = None,
-              image: str | None = None, placement: Placement | None = None) -> list[dict[str, Any]]:
+              image: str | None = None, placement: Placement | None = None, code=None) -> list[dict[str, Any]]:
     """Everything `elasticjob.deploy` applies, in apply order."""
     head = etcd_manifests(settings) if settings.rdzv_backend.startswith("etcd") else []
-    return head + [pytorchjob(settings, extra_args, run, image, placement)]
+    return head + [pytorchjob(settings, extra_args, run, image, placement, code)]
 
 
 def worker_pod(job: dict[str, Any]) -> dict[str, Any]:

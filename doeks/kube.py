@@ -97,6 +97,17 @@ def kubeconfig_path(settings) -> str:
     return str(narrowed)
 
 
+def eks_kubeconfig(settings) -> Path:
+    """TARGET=eks: the kubeconfig of the cluster of CLUSTER_NAME in AWS_REGION alone, which `eks.connect` writes
+    (beside the user's own): every task acts on that cluster, never on whatever context the user's kubeconfig has."""
+    return settings.state_dir / "kube" / f"eks-{settings.cluster_name}.{settings.aws_region}.kubeconfig"
+
+
+def use_only(path) -> None:
+    """Point kubectl and the Python client of this process at one kubeconfig (the eks target's: its cluster's)."""
+    os.environ["KUBECONFIG"] = str(path)
+
+
 def use(settings) -> None:
     """Point kubectl and the Python client of this process at a plain cluster's kubeconfig (KUBECONFIG narrowed to
     KUBE_CONTEXT, or doeks' own), with the kubectl of the wheel first in PATH. The kubernetes target's `connect`; on
@@ -123,17 +134,32 @@ def apply(runner, manifests: Sequence[dict[str, Any]], field_manager: str = "doe
             runner.step(f"create or change {object_name(manifest)} (the YAML on stdout)", lambda: None)
 
 
-def delete(runner, manifests: Sequence[dict[str, Any]], wait: bool = True) -> None:
+DELETE_TIMEOUT = 300  # seconds a delete waits for what it deletes to be gone (a claim for its last pod, a job's pods)
+
+
+def delete(runner, manifests: Sequence[dict[str, Any]], wait: bool = True, timeout: int = DELETE_TIMEOUT) -> None:
     """Delete what the manifests name; what is already gone is fine. A dry run names each object, in order.
     Foreground: an object is gone only once what it owns is (a PyTorchJob's pods, a Deployment's), so a job deployed
     again right after does not meet its predecessor's terminating pods under the same names. `wait=False`: asked for,
-    not waited on (a claim a pod still uses stays until that pod ends)."""
-    argv = ["delete", "--ignore-not-found", f"--wait={'true' if wait else 'false'}", "--cascade=foreground", "-f", "-"]
+    not waited on (a claim a pod still uses stays until that pod ends). A wait is bounded (`timeout` seconds): past
+    it, one line naming what did not go."""
+    from .errors import DoeksError
+
+    argv = ["delete", "--ignore-not-found", f"--wait={'true' if wait else 'false'}", "--cascade=foreground"]
+    argv += [f"--timeout={timeout}s"] if wait else []
+    argv += ["-f", "-"]
     if runner.dry_run:
         for manifest in manifests:
             runner.step(f"delete {object_name(manifest)} (kubectl {' '.join(argv[:3])}; gone already is fine)", lambda: None)
         return
-    run(runner, argv, input=to_yaml_stream(manifests))
+    try:
+        run(runner, argv, input=to_yaml_stream(manifests))
+    except DoeksError as error:
+        if wait and "timed out" in str(error):
+            names = ", ".join(object_name(m) for m in manifests)
+            raise DoeksError(f"waited {timeout} s for {names} to be gone, and it was not (something still holds it: "
+                             f"`kubectl describe` it); nothing more was deleted") from None
+        raise
 
 
 def object_name(manifest: dict[str, Any]) -> str:
@@ -196,6 +222,29 @@ def pods_using_claim(namespace: str, claim: str) -> list[str]:
                   if p.get("spec", {}).get("nodeName")
                   and any(v.get("persistentVolumeClaim", {}).get("claimName") == claim
                           for v in p.get("spec", {}).get("volumes", [])))
+
+
+def doeks_jobs_using_claim(namespace: str, claim: str) -> list[dict[str, Any]]:
+    """doeks' own Jobs (label app.kubernetes.io/part-of=doeks: the staging Job) whose pods mount `claim`, as minimal
+    manifests to delete: their finished pods keep holding the claim (claim protection counts Completed pods) until
+    the Job and its pods are deleted."""
+    jobs = (get_json(["jobs", "-n", namespace, "-l", "app.kubernetes.io/part-of=doeks"]) or {}).get("items", [])
+    return [{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": j["metadata"]["name"], "namespace": namespace}}
+            for j in jobs if any(v.get("persistentVolumeClaim", {}).get("claimName") == claim
+                                 for v in j["spec"]["template"]["spec"].get("volumes", []))]
+
+
+def release_claim(runner, namespace: str, claim: str, what: str = "the staging Job") -> list[str]:
+    """Delete doeks' Jobs whose pods mount the claim (their Completed pods hold it), waiting (bounded) until their
+    pods are gone; returns the pods that still hold it (someone else's)."""
+    if runner.dry_run:
+        runner.step(f"delete doeks' Jobs whose pods mount claim {namespace}/{claim} ({what}) and their pods, "
+                    f"waiting at most {DELETE_TIMEOUT} s", lambda: None)
+        return []
+    jobs = doeks_jobs_using_claim(namespace, claim)
+    if jobs:
+        delete(runner, jobs)
+    return pods_using_claim(namespace, claim)
 
 
 def delete_claim(runner, settings, namespace: str, claim: str, manifests: Sequence[dict[str, Any]],
@@ -337,3 +386,41 @@ def shared_claim(settings) -> list[dict[str, Any]]:
                   "claimRef": {"namespace": settings.namespace, "name": settings.shared_pvc}}},
         claim,
     ]
+
+
+def wait_job(namespace: str, name: str, what: str, timeout: float, poll: float = 2) -> None:
+    """Until Job `name` completes, with progress; a container of it that exits non-zero ends the wait at once with
+    its last log lines (the reason a program gives is what a user needs, not the retries that would follow), as
+    does the Job's Failed condition; past `timeout` seconds, one line saying what was waited for."""
+    import subprocess
+    import time
+
+    from . import ui
+    from .errors import DoeksError
+
+    started = time.monotonic()
+    with ui.progress(transient=True) as bar:
+        bar.add_task(f"waiting for {what} (Job {namespace}/{name}, at most {timeout:.0f} s)", total=None)
+        while True:
+            job = get_json(["job", name, "-n", namespace])
+            if job is None:
+                raise DoeksError(f"Job {namespace}/{name} ({what}) is gone before it completed")
+            conditions = {c["type"]: c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"}
+            if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
+                return
+            pods = (get_json(["pods", "-n", namespace, "-l", f"batch.kubernetes.io/job-name={name}"]) or {}).get("items", [])
+            for pod in pods:
+                for status in pod.get("status", {}).get("containerStatuses", []):
+                    ended = [status.get(k, {}).get("terminated") for k in ("state", "lastState")]
+                    if any(e and e.get("exitCode") for e in ended):
+                        logs = subprocess.run([kubectl(), "logs", "-n", namespace, pod["metadata"]["name"],
+                                               "--tail=5"] + (["--previous"] if "terminated" not in status.get("state", {}) else []),
+                                              capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+                        reason = " | ".join(line.strip() for line in logs[-3:] if line.strip()) or "no output"
+                        raise DoeksError(f"{what} failed (Job {namespace}/{name}, pod {pod['metadata']['name']}): {reason}")
+            if "Failed" in conditions:
+                raise DoeksError(f"{what} failed (Job {namespace}/{name}): {conditions['Failed'].get('message', '')}")
+            if time.monotonic() - started > timeout:
+                raise DoeksError(f"waited {timeout:.0f} s for {what} (Job {namespace}/{name}) to complete: "
+                                 f"`kubectl describe job {name} -n {namespace}` says why not")
+            time.sleep(poll)

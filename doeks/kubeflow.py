@@ -230,6 +230,18 @@ def operator_dir(settings) -> Path:
 OPERATOR_NAMESPACE = "kubeflow"  # the standalone overlay's namespace.yaml: shared with the platform's kubeflow namespace
 
 
+def restricted_ops() -> list[dict[str, Any]]:
+    """JSON patch operations making the operator's Deployment meet Pod Security `restricted`, which kubeflow/manifests
+    26.03 enforces on namespace `kubeflow`: v1.9.4's sets only allowPrivilegeEscalation=false, so its pod is refused
+    the next time it is made (a node drained, a rollout). Its image (distroless/static) runs as root: a non-root user
+    is named (distroless' nonroot, 65532), which reads the mounted webhook certificate as any user can."""
+    pod = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}}
+    container = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+                 "seccompProfile": {"type": "RuntimeDefault"}}
+    return [{"op": "add", "path": "/spec/template/spec/securityContext", "value": pod},
+            {"op": "add", "path": "/spec/template/spec/containers/0/securityContext", "value": container}]
+
+
 def operator_kustomization(base: str = TRAINING_OPERATOR_BASE, drop_mpijob: bool = True, for_delete: bool = False) -> str:
     """The standalone training operator over `base`: without its MPIJob CRD (the MPI operator owns it) and with
     `--enable-scheme` for every scheme but MPIJob, so the operator neither installs nor reconciles MPIJobs.
@@ -239,6 +251,7 @@ def operator_kustomization(base: str = TRAINING_OPERATOR_BASE, drop_mpijob: bool
 
     args = [f"--enable-scheme={scheme}" for scheme in OPERATOR_SCHEMES]
     ops = [{"op": "add", "path": "/spec/template/spec/containers/0/args", "value": args}]
+    ops += restricted_ops()
     patches: list[dict[str, Any]] = [{"target": {"group": "apps", "version": "v1", "kind": "Deployment", "name": "training-operator"},
                                       "patch": yaml.safe_dump(ops, sort_keys=False)}]
     if drop_mpijob:
@@ -324,12 +337,14 @@ TRAINER_RUNTIMES = f"https://github.com/kubeflow/trainer.git/manifests/overlays/
 
 def trainer_sources(settings, runner) -> tuple[str, str, str | None]:
     """(manager, runtimes, JobSet) kustomizations: upstream's on GitHub (its manager overlay brings JobSet), or on
-    doeks' own cluster the same manifests from the modules at the pinned versions, JobSet apart, images built here."""
+    doeks' own cluster the same manifests from the modules at the pinned versions, JobSet apart, images built here
+    (the operators', and the images the runtimes name that doeks can make: doeks.cluster.runtimes)."""
     if not settings.own_cluster:
         return TRAINER_MANAGER, TRAINER_RUNTIMES, None
-    from .cluster import operators
+    from .cluster import operators, runtimes
 
     operators.trainer_images(runner)
+    runtimes.ensure_images(settings, runner)  # the runtimes' images doeks can make; the others named
     folders = operators.trainer_kustomizations(settings.state_dir, write=not runner.dry_run)
     return str(folders["trainer"]), str(folders["runtimes"]), str(folders["jobset"])
 

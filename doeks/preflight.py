@@ -55,6 +55,7 @@ def setup(runner, docker: bool = False, kubernetes: bool = False, kueue: bool = 
     except MissingTool:
         _apt(runner, ["etcd-server"])
         ui.say(f"etcd: {etcd_binary()}")
+    ensure_jpegcrop(runner)
     if docker:
         ensure_docker(runner)
         ensure_base_image(runner)
@@ -62,6 +63,37 @@ def setup(runner, docker: bool = False, kubernetes: bool = False, kueue: bool = 
         setup_kubernetes(runner)
     if kueue:
         setup_kueue(runner)
+
+
+def ensure_jpegcrop(runner) -> str:
+    """The loader's region decode (doeks/workload/_jpegcrop.c, docs/loader.md) built next to train.py where a C
+    compiler and libjpeg-turbo's headers are: the local target runs train.py from there, as the training image does
+    from /workspace, where its build puts it. Says what it did, or why the loader decodes whole images instead."""
+    import subprocess
+
+    from .workload import jpegcrop_build
+
+    built = jpegcrop_build.target()
+    if jpegcrop_build.up_to_date():
+        ui.say(f"loader: _jpegcrop (region decode) built: {built}")
+        return "built"
+    why = jpegcrop_build.missing()
+    if why:
+        ui.say(f"loader: _jpegcrop not built ({why}): simplejpeg decodes whole images; a C compiler and libjpeg-turbo's "
+               "headers (Debian: gcc libjpeg62-turbo-dev) build it at the next `invoke setup`", style="yellow")
+        return why
+    try:
+        runner.step(f"build the loader's region decode _jpegcrop (C, libjpeg-turbo) into {built}",
+                    jpegcrop_build.build, quiet=True)
+    except subprocess.CalledProcessError as error:
+        said = [line for line in (error.stderr or "").splitlines() if "error" in line] or (error.stderr or "").splitlines()
+        why = (said or [f"exit {error.returncode}"])[0].strip()[:200]
+        ui.say(f"loader: _jpegcrop not built ({why}): simplejpeg decodes whole images; libjpeg-turbo >= 1.5's headers "
+               "(Debian: libjpeg62-turbo-dev) build it at the next `invoke setup`", style="yellow")
+        return why
+    if not runner.dry_run:
+        ui.say(f"loader: _jpegcrop (region decode) built: {built}")
+    return "built"
 
 
 def setup_kubernetes(runner) -> None:
@@ -83,6 +115,18 @@ def setup_kubernetes(runner) -> None:
             runner.step(f"build {op.name} {op.version} from the Go module proxy ({op.module}/{op.package})", lambda: None)
         else:
             operators.build_binary(op)
+    from .cluster import registry  # the EKS rehearsal's registry (the node pulls the training image from it)
+
+    if registry.built():
+        ui.say(f"registry {registry.VERSION}: already built in {registry.home()}")
+    else:
+        registry.build_binary(runner)
+    from .cluster import eksctl  # its module only (its ClusterConfig schema, for the tests); building it is long
+
+    if runner.dry_run:
+        runner.step(f"go mod download {eksctl.MODULE}@{eksctl.VERSION} (its ClusterConfig JSON schema)", lambda: None)
+    else:
+        eksctl.module()
     if not runner.dry_run:
         ui.say(f"doeks' cluster is built ({time.monotonic() - started:.0f}s this time; cached in {build.versions.cache_dir()})")
 
@@ -406,7 +450,8 @@ def eks_doctor_checks(settings) -> list[Check]:
 
 def kubernetes_checks(settings) -> list[Check]:
     """TARGET=kubernetes: the API server reachable, nodes Ready, CoreDNS answering, each operator available and its
-    webhook serving, the training image on the node (doeks' own cluster); each failure with its fix."""
+    webhook serving, the training image on the node and the Trainer runtimes whose images are there or cannot be made
+    (doeks' own cluster); each failure with its fix."""
     import json
 
     from . import kube
@@ -473,6 +518,9 @@ def kubernetes_checks(settings) -> list[Check]:
         present = images.in_containerd(image)
         rows.append((f"training image {image} on the node", present, "imported" if present else
                      "not on the node: `invoke elasticjob.build`, then `invoke elasticjob.deploy` imports it", False))
+        from .cluster import runtimes
+
+        rows += runtimes.check(get)
     return rows
 
 

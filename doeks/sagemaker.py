@@ -95,6 +95,7 @@ def delete_role(settings, runner) -> None:
 
 # the environment contract (docs/your-own-script.md): doeks' names on SageMaker, for SageMaker's own folders
 ENVIRONMENT = {"DOEKS_DATA_DIR": "/opt/ml/input/data/training", "DOEKS_CHECKPOINT_DIR": "/opt/ml/checkpoints",
+               "DOEKS_CHECKPOINT_URI": "/opt/ml/checkpoints",
                "DOEKS_MODEL_DIR": "/opt/ml/model", "DOEKS_OUTPUT_DIR": "/opt/ml/output/data"}
 
 
@@ -114,12 +115,13 @@ def hyperparameters_from_args(args: list[str], flag: str = "--train-args") -> di
     return result
 
 
-def source_archive(settings=None) -> bytes:
+def source_archive(settings=None, code=None) -> bytes:
     """The job's source folder as sourcedir.tar.gz (its script at the path sagemaker_program names, as SageMaker's
-    framework containers expect): doeks/workload (train.py at the top), or the user's TRAIN_SOURCE."""
+    framework containers expect): doeks/workload (train.py at the top), or the user's TRAIN_SOURCE. `code`: the
+    job's, resolved once by whoever holds the job."""
     from .code import resolve
 
-    code = resolve(settings) if settings is not None else None
+    code = code or (resolve(settings) if settings is not None else None)
     if code is None or code.builtin:
         files = [(path, path.name) for path in sorted(WORKLOAD.glob("*.py"))]
     else:
@@ -187,12 +189,12 @@ def vpc_config(settings) -> dict[str, Any] | None:
     return {"Subnets": subnets, "SecurityGroupIds": groups}
 
 
-def training_request(settings, role_arn: str, name: str, max_steps: int = 0) -> dict[str, Any]:
+def training_request(settings, role_arn: str, name: str, max_steps: int = 0, code=None) -> dict[str, Any]:
     """The full CreateTrainingJob request: same script, same data layout, torchrun distribution."""
     from .code import resolve
 
     check_instance_type(settings)
-    code = resolve(settings)
+    code = code or resolve(settings)
     if code.module:
         raise DoeksError(f"TRAIN_SCRIPT={settings.train_script!r}: SageMaker runs a script file (sagemaker_program), "
                          "not -m module: name the module's .py file")

@@ -178,13 +178,15 @@ def _dns_label(max_len: int = 63):
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-def _dns1035_label(max_len: int):
+def _dns1035_label(max_len: int, optional: bool = False):
     """A name that becomes Service and pod names (a PyTorchJob's `<name>-worker-<i>`, a TrainJob's JobSet
     `<name>-node-0-<i>`): DNS-1035, a letter first, short enough for what the operators append (63 in all)."""
     accepted = (f"a Kubernetes DNS-1035 name: a lower-case letter first, then lower-case letters, digits and '-', "
-                f"ending alphanumeric, at most {max_len} characters")
+                f"ending alphanumeric, at most {max_len} characters" + (", or empty" if optional else ""))
 
     def parse(raw: str) -> str:
+        if optional and not raw:
+            return raw
         if len(raw) > max_len or not _DNS1035_LABEL.fullmatch(raw):
             raise _Bad(accepted)
         return raw
@@ -226,6 +228,22 @@ def _path(optional: bool = True):
         return raw
 
     return parse, "a file system path" + (" (or empty)" if optional else "")
+
+
+def _store_uri(raw: str) -> str:
+    """s3://bucket/prefix or an absolute folder (or empty): where checkpoints and models go."""
+    if raw == "":
+        return ""
+    if raw.startswith("s3://"):
+        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*'()/-]*)?", raw):
+            raise _Bad("empty, s3://bucket/prefix (a bucket name of 3-63 lower-case letters, digits, '.', '-') or an absolute folder")
+        return raw.rstrip("/")
+    if not raw.startswith("/") or "\x00" in raw or "\n" in raw or "://" in raw:
+        raise _Bad("empty, s3://bucket/prefix or an absolute folder")
+    return raw.rstrip("/") or "/"
+
+
+_STORE_URI = (_store_uri, "empty, s3://bucket/prefix or an absolute folder")
 
 
 def _memory(raw: str) -> str:
@@ -347,17 +365,19 @@ KEYS: tuple[Key, ...] = (
     _key("GPU_NODES", "eks", "2", "GPU node group desired size", _int(0, 1000)),
     _key("GPU_NODES_MAX", "eks", "4", "GPU node group maximum size", _int(0, 1000)),
     _key("GPU_EFA", "eks", "true", "Enable EFA on the GPU node group (only for EFA-capable instance types)", _bool),
+    _key("EKS_REHEARSAL", "eks", "false", "With TARGET=eks: rehearse on this machine (doeks' own cluster as the EKS cluster, its moto server with IAM enforced as AWS, a registry built here as ECR; docs/testing.md)", _bool),
+    _key("EFA_PER_NODE", "eks", "auto", "EFA interfaces each GPU pod asks for (auto = all of a GPU_INSTANCE_TYPE node's, as EC2's DescribeInstanceTypes says; 0 with GPU_EFA=false)", _auto_int(0, 64)),
     _key("GPU_SPOT", "eks", "false", "Use spot capacity for the GPU node group", _bool),
     _key("PLACEMENT_GROUP", "eks", "", "Existing cluster placement group for the GPU nodes (empty = none)", _text),
     _key("CAPACITY_RESERVATION_ID", "eks", "", "EC2 capacity reservation for the GPU nodes (empty = none)", _pattern(_CAPACITY_RESERVATION, "cr- and 8 to 17 hex digits", optional=True)),
     # elastic job
-    _key("JOB_NAME", "elasticjob", "imagenet", "Name of the elastic training job (also its Services and pods: <name>-worker-<i>)", _dns1035_label(50)),
+    _key("JOB_NAME", "elasticjob", "", "Name of the training job: its pods (<name>-worker-<i>), runs, checkpoints, metrics and model folders (empty = from the code: imagenet for the built-in workload, else the script's name, or its folder's for train.py/main.py)", _dns1035_label(50, optional=True)),
     _key("NAMESPACE", "elasticjob", "default", "Kubernetes namespace for jobs", _dns_label(63)),
     _key("REPLICAS", "elasticjob", "2", "Number of nodes (worker replicas) to start with", _int(1, 1000)),
     _key("MIN_REPLICAS", "elasticjob", "1", "Fewest nodes the job keeps training with", _int(1, 1000)),
     _key("MAX_REPLICAS", "elasticjob", "3", "Most nodes the job can grow to", _int(1, 1000)),
-    _key("NPROC_PER_NODE", "elasticjob", "auto", "Processes per node (auto = on eks the GPUs of a GPU_INSTANCE_TYPE node, e.g. 8 on p4d.24xlarge; else 2)", _auto_int(1, 64)),
-    _key("MAX_RESTARTS", "elasticjob", "10", "Times torchrun restarts a node's workers before giving up", _int(0, 1000)),
+    _key("NPROC_PER_NODE", "elasticjob", "auto", "Processes per node (auto = on eks the GPUs of a GPU_INSTANCE_TYPE node, as EC2's DescribeInstanceTypes says, e.g. 8 on p4d.24xlarge, 1 on g5.2xlarge; else 2)", _auto_int(1, 64)),
+    _key("MAX_RESTARTS", "elasticjob", "10", "Restarts each node may take before the job fails: torchrun's restarts of its training processes and the node's own (a pod, a container, a local agent) together", _int(0, 1000)),
     _key("RDZV_BACKEND", "elasticjob", "etcd", "Rendezvous backend: etcd (an etcd server) or c10d (no extra server)", _choice(RDZV_BACKENDS)),
     _key("ETCD_ENDPOINT", "elasticjob", "", "External etcd (http://host:port, v2 API) for local rendezvous (empty = doeks starts its own)", _url),
     _key("ETCD_PORT", "elasticjob", "0", "Port of the local etcd doeks starts (0 = any free port)", _int(0, 65535)),
@@ -368,6 +388,9 @@ KEYS: tuple[Key, ...] = (
     _key("LEARNING_RATE", "elasticjob", "0.1", "Peak learning rate for a global batch of 256, scaled linearly with the global batch (also after an elastic resize); linear warmup then cosine decay (SGD, nesterov)", _float(1e-6, 10.0)),
     _key("CROP_SIZE", "elasticjob", "0", "Training crop / val center-crop side in pixels (0 = 224 where GPUs train: eks, SageMaker; 32 where this machine trains: local, docker, SageMaker local mode, so the demo takes about a minute)", _int(0, 1024)),
     _key("CHECKPOINT_EVERY", "elasticjob", "10", "Write a checkpoint every N optimizer steps", _int(1, 1000000)),
+    _key("CHECKPOINT_URI", "elasticjob", "", "Where the job's checkpoints go, under <it>/<JOB_NAME>/step-N/ (PyTorch Distributed Checkpoint, `latest` written last): s3://bucket/prefix, or a folder the training processes see (empty = the shared volume's checkpoints/<JOB_NAME>; SageMaker: its checkpoint channel, synced to s3://S3_BUCKET/doeks/<JOB_NAME>/checkpoints). On local and docker s3:// is doeks' moto server (or AWS_ENDPOINT_URL)", _STORE_URI),
+    _key("KEEP_CHECKPOINTS", "elasticjob", "3", "Complete checkpoints kept per job (older ones are removed once a newer one is complete)", _int(1, 1000)),
+    _key("MODEL_URI", "elasticjob", "", "Where the final model goes when the job ends, as <it>/<JOB_NAME>/model.pt: s3://bucket/prefix, or a folder the training processes see (empty = the shared volume's models/<JOB_NAME>; SageMaker: model.tar.gz in its output path)", _STORE_URI),
     _key("DATA_WORKERS", "elasticjob", "auto", "DataLoader worker processes per training process (auto = the node's CPUs / processes per node - 1, at most 16)", _pattern(re.compile(r"auto|[0-9]|[1-5][0-9]|6[0-4]"), "auto or an integer from 0 to 64")),
     _key("DATA_CLASSES", "elasticjob", "4", "Classes (WordNet-id folders) in the generated ImageNet-shaped data set", _int(2, 1000)),
     _key("DATA_TRAIN_PER_CLASS", "elasticjob", "400", "Generated training images per class", _int(1, 100000)),
@@ -496,6 +519,13 @@ class Settings:
         return 32 if cpu or (self.target == "sagemaker" and self.sagemaker_local) else 224
 
     @property
+    def instance_facts_unknown(self) -> bool:
+        """NPROC_PER_NODE or EFA_PER_NODE follow GPU_INSTANCE_TYPE (auto) and EC2 has not been asked about it yet
+        (doeks.instancetypes asks it and caches the answer)."""
+        auto = self._raw["NPROC_PER_NODE"] == "auto" or self._raw["EFA_PER_NODE"] == "auto"
+        return self.target == "eks" and auto and self._values["INSTANCE_FACTS"] != "EC2 DescribeInstanceTypes"
+
+    @property
     def state_dir(self) -> Path:
         path = Path(self._values["STATE_DIR"])
         return path if path.is_absolute() else PROJECT_ROOT / path
@@ -510,7 +540,33 @@ class Settings:
         return [[k.unit, k.name, *shown(k)] for k in KEYS]
 
 
-_DERIVED = {"SAGEMAKER_IMAGE": "from AWS_REGION"}  # empty = derived: `invoke config` shows the value in effect
+_DERIVED = {"SAGEMAKER_IMAGE": "from AWS_REGION", "JOB_NAME": "from TRAIN_SCRIPT"}  # empty = derived: `invoke config` shows the value in effect
+_GENERIC_NAMES = {"train", "training", "main", "run", "__main__", "script", "scripts", "src", "code", "app", "entry",
+                  "launch", "workload", "examples"}
+BUILTIN_JOB_NAME = "imagenet"
+
+
+def job_name_of(train_script: str) -> str:
+    """The job's name when JOB_NAME is empty, from its code (TRAIN_SCRIPT): `imagenet` for the built-in workload;
+    else the script's name, or, for a name that says nothing (train.py, main.py, -m pkg.train), its folder's or
+    package's (examples/ddp-plain/train.py: ddp-plain), as a DNS-1035 label. Two scripts are two jobs: their
+    checkpoints, metrics, models and runs never meet."""
+    raw = train_script.strip()
+    if raw.startswith("-m"):
+        parts = raw[2:].strip().split(".")
+    elif raw:
+        path = Path(raw).expanduser()
+        path = (path if path.is_absolute() else PROJECT_ROOT / path).resolve()
+        if path == PROJECT_ROOT / "doeks" / "workload" / "train.py":
+            return BUILTIN_JOB_NAME
+        parts = [*path.parent.parts, path.stem]
+    else:
+        return BUILTIN_JOB_NAME
+    for part in reversed(parts):
+        name = re.sub(r"^[^a-z]+", "", re.sub(r"[^a-z0-9]+", "-", part.lower()))[:50].strip("-")
+        if name and part.lower() not in _GENERIC_NAMES:
+            return name
+    return "job"
 
 
 def mask_value(key: Key, raw: str) -> str:
@@ -613,11 +669,20 @@ def _validate(raw: dict[str, str], sources: dict[str, str], lenient: bool = Fals
         if not lenient:
             raise SettingsError(f"{error}{_where(str(error), sources)}") from None
         problems[str(error).split("=", 1)[0]] = f"{error}{_where(str(error), sources)}"
-    if values["NPROC_PER_NODE"] == "auto":  # GPUs per node follow the node (doeks.catalog.GPUS)
+    # the GPU node type's GPUs and EFA interfaces: EC2's answer cached by doeks.instancetypes (offline: a table)
+    gpus, efa, facts = _catalog.instance_facts(values["AWS_REGION"], values["GPU_INSTANCE_TYPE"])
+    values["NODE_GPUS"], values["INSTANCE_FACTS"] = gpus, facts
+    if values["EFA_PER_NODE"] == "auto":
+        values["EFA_PER_NODE"] = (efa or 0) if values["GPU_EFA"] else 0
+    elif not values["GPU_EFA"]:
+        values["EFA_PER_NODE"] = 0
+    if values["NPROC_PER_NODE"] == "auto":  # GPUs per node follow the node
         if values["TARGET"] == "eks":
-            values["NPROC_PER_NODE"] = _catalog.GPUS.get(values["GPU_INSTANCE_TYPE"], 2)
+            values["NPROC_PER_NODE"] = gpus or 1
         else:  # kubernetes: KUBE_GPUS per pod when it asks for GPUs; CPU targets: 2 processes
             values["NPROC_PER_NODE"] = values["KUBE_GPUS"] if values["TARGET"] == "kubernetes" and values["KUBE_GPUS"] else 2
+    if not values["JOB_NAME"]:  # derived from the code, shown as such by `invoke config`
+        values["JOB_NAME"] = job_name_of(values["TRAIN_SCRIPT"])
     if not values["SAGEMAKER_IMAGE"]:  # derived from the region (doeks.catalog), shown as such by `invoke config`
         values["SAGEMAKER_IMAGE"] = _catalog.sagemaker_image(values["AWS_REGION"])
     return Settings(values, raw, sources, problems)

@@ -390,16 +390,25 @@ def fsx_delete(settings, runner, force: bool = False, in_use: list[str] | None =
     from . import identity, kube
     from .aws import describe_cluster
 
-    if in_use is None and not runner.dry_run and not force:
-        in_use = pods_using_claim(settings)
+    if in_use is None and not runner.dry_run:
+        try:  # doeks' staging Job first: its Completed pod holds the claim, and a waiting delete would wait for ever
+            kube.release_claim(runner, settings.namespace, settings.shared_pvc)
+        except DoeksError:
+            if not force:
+                raise
+        in_use = [] if force else pods_using_claim(settings)
     if in_use and not force:
         raise DoeksError(f"PVC {settings.shared_pvc} is used by pod(s) {', '.join(in_use[:5])}: delete the job first "
                          f"(invoke elasticjob.delete), or pass --force")
+    if runner.dry_run:
+        kube.release_claim(runner, settings.namespace, settings.shared_pvc)
     cluster = describe_cluster(settings, runner)
     if settings.fsx_import_path:  # only then did deploy make one (unset it only after csi.fsx.delete)
         fsx_dissociate(settings, runner)
     subnet = group = "-"
-    kube.delete(runner, list(reversed(fsx_manifests(settings.with_overrides(fsx_file_system_id=""), subnet, group))))
+    held = [] if runner.dry_run or not force else _held(settings)
+    kube.delete(runner, list(reversed(fsx_manifests(settings.with_overrides(fsx_file_system_id=""), subnet, group))),
+                wait=not held)  # --force with pods holding it: asked to go, not waited for
     if runner.dry_run:
         runner.step(f"wait until the FSx file systems tagged {TAG}={settings.cluster_name} by the CSI driver are deleted", lambda: None)
     else:
@@ -432,8 +441,18 @@ def wait_file_systems_gone(settings, timeout: float = WAIT_TIMEOUT) -> None:
           "(the PV's DeleteVolume); the driver's role and security group are kept until then", timeout=timeout)
 
 
+def _held(settings) -> list[str]:
+    from . import kube
+
+    try:
+        return kube.pods_using_claim(settings.namespace, settings.shared_pvc)
+    except DoeksError:
+        return ["<unknown>"]
+
+
 def pods_using_claim(settings) -> list[str]:
-    """Names of the pods (not finished) that mount the shared claim, from `kubectl get pods -o json`."""
+    """Names of the pods that mount the shared claim and keep it (claim protection: any pod scheduled with it,
+    a Completed one too), from `kubectl get pods -o json`."""
     from . import kube
 
     try:
@@ -447,7 +466,7 @@ def pods_using_claim(settings) -> list[str]:
                          f"`invoke eks.connect` writes the kubeconfig): pass --force to delete anyway")
     users = []
     for pod in pods:
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        if not (pod.get("spec") or {}).get("nodeName") and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         claims = {(v.get("persistentVolumeClaim") or {}).get("claimName") for v in (pod.get("spec") or {}).get("volumes") or []}
         if settings.shared_pvc in claims:
@@ -607,7 +626,8 @@ def stage_job(settings, source: str, relayout_val: bool) -> dict[str, Any]:
         args.append("--relayout-val")
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": f"{s.job_name}-stage", "namespace": s.namespace, "labels": {"app.kubernetes.io/part-of": "doeks"}},
-            "spec": {"backoffLimit": 3, "ttlSecondsAfterFinished": 86400, "template": {"spec": {
+            # `up` deletes it once complete (its finished pod would keep the claim); the TTL is the backstop
+            "spec": {"backoffLimit": 3, "ttlSecondsAfterFinished": 600, "template": {"spec": {
                 "restartPolicy": "OnFailure", "serviceAccountName": identity.get("data-stage").service_account,
                 "containers": [{"name": "stage", "image": image, "command": args,
                                 "env": [{"name": "AWS_REGION", "value": s.aws_region}],
@@ -621,4 +641,8 @@ def stage_on_cluster(settings, runner, source: str, relayout_val: bool) -> None:
     from . import identity, kube
 
     identity.ensure(settings, runner, identity.get("data-stage"))
-    kube.apply(runner, stage_manifests(settings, source, relayout_val))
+    manifests = stage_manifests(settings, source, relayout_val)
+    # a Job's pod template cannot change ("field is immutable"): a previous staging Job (another image after a code
+    # change, another source) is deleted first, with its pods
+    kube.delete(runner, [m for m in manifests if m["kind"] == "Job"])
+    kube.apply(runner, manifests)

@@ -26,8 +26,11 @@ class _Task(Task):
     the wrapper converts them with a one-line error that names the flag."""
 
     def arg_opts(self, name, default, taken_names):
+        # invoke 3.0 gives a flag the first character of its name no other flag took as its short flag, '-' too: a
+        # task with many flags showed `--=STRING, --train-requirements=STRING` (and `--` parsed as that flag)
+        taken_names = set(taken_names) | {"-"}
         if name != "dry_run" and "dry_run" in inspect.signature(self.body).parameters:
-            taken_names = set(taken_names) | {"d"}  # -d is --dry-run in every task that has one
+            taken_names |= {"d"}  # -d is --dry-run in every task that has one
         opts = super().arg_opts(name, default, taken_names)
         validator = getattr(self.body, "doeks_flags", {}).get(name)
         if opts.get("kind") in (int, float):
@@ -112,7 +115,19 @@ def settings(**overrides):
     base = current()
     from . import targets
 
-    targets.get(base).connect()  # kubectl and the Python client of this process talk to the target's cluster
+    if targets.get(base).connect():  # kubectl and the Python client of this process talk to the target's cluster
+        from .settings import reset  # the target set this process's AWS endpoint and credentials (the rehearsal)
+
+        reset()
+        base = current()
+        targets.get(base).connect()
+    if base.instance_facts_unknown:  # NPROC_PER_NODE/EFA_PER_NODE=auto: EC2 says what the GPU node type has, once
+        from . import instancetypes
+        from .settings import reset
+
+        if instancetypes.refresh(base):
+            reset()
+            base = current()
     if not any(v is not None for v in overrides.values()):
         return base
     try:

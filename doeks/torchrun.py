@@ -18,6 +18,7 @@ Standard library and torch only: in the image it runs without the rest of doeks.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -97,13 +98,146 @@ def patch_rendezvous() -> None:
     rendezvous._doeks_recovery = True
 
 
+PERMANENT_EXIT = 2  # the training script's (and argparse's) exit code for an error no restart can fix
+# What the agent says in its log (stderr, in order with the workers' tracebacks): a restart of the node's workers after
+# a failure, once the failed workers are stopped and before the next rendezvous, and when they run again. doeks reads
+# them (doeks.targets.reasons: RESTART_SAID, RESTARTED_SAID) to count restarts and to tell one attempt from the next.
+RESTART_SAID = "doeks: worker group failed"
+RESTARTED_SAID = "doeks: worker group restarted"
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def patch_restarts() -> None:
+    """torchrun's restarts of a node's workers, said in its log and bounded by what can help.
+
+    torch logs a restart at INFO, which torchrun's logging does not print: a restart left no line, so nobody could
+    count them or tell which attempt a traceback belonged to. Here the agent says it on stderr after the failed workers
+    are stopped (every line of theirs is before it) and before the next rendezvous, then again when the workers run.
+    A worker that exits 2 (the training script's code for a permanent error: bad arguments, as argparse exits, missing
+    data, an unusable checkpoint) is not restarted: running the same thing again cannot succeed, so the node fails at
+    once."""
+    try:
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    except ImportError:
+        return
+    if getattr(SimpleElasticAgent, "_doeks_restarts", False):
+        return
+    monitor, initialize = LocalElasticAgent._monitor_workers, SimpleElasticAgent._initialize_workers
+
+    def monitor_workers(self, worker_group):
+        result = monitor(self, worker_group)
+        if result.is_failed():
+            codes = sorted({f.exitcode for f in result.failures.values()})
+            if PERMANENT_EXIT in codes:
+                if self._remaining_restarts:
+                    _say(f"doeks: a worker exited with {PERMANENT_EXIT} (permanent error): not restarting the workers")
+                self._remaining_restarts = 0
+            elif self._remaining_restarts > 0:
+                self._doeks_failed = codes  # torchrun restarts the group next: said once the old workers are gone
+        return result
+
+    def initialize_workers(self, worker_group):
+        failed = getattr(self, "_doeks_failed", None)
+        if failed is not None:
+            drain_relays()  # the stopped workers' last lines (their tracebacks) come before the restart is said
+            spec = worker_group.spec
+            _say(f"{RESTART_SAID} (exit codes {failed}): torchrun restarts it "
+                 f"({spec.max_restarts - self._remaining_restarts} of {spec.max_restarts})")
+        result = initialize(self, worker_group)
+        if failed is not None:
+            self._doeks_failed = None
+            _say(RESTARTED_SAID)
+        return result
+
+    LocalElasticAgent._monitor_workers = monitor_workers
+    SimpleElasticAgent._initialize_workers = initialize_workers
+    SimpleElasticAgent._doeks_restarts = True
+
+
+_RELAYS: list[threading.Thread] = []
+_WRITE = threading.Lock()
+
+
+def drain_relays(timeout: float = 5.0) -> None:
+    """Wait until what the workers that are gone wrote has reached the agent's output."""
+    for relay in list(_RELAYS):
+        relay.join(timeout)
+        if not relay.is_alive():
+            _RELAYS.remove(relay)
+
+
+def patch_whole_lines() -> None:
+    """Each line a worker writes reaches the node's log whole. torchrun starts workers as `python -u script` (every
+    write unbuffered, print's text and its newline two writes) on the agent's own stdout and stderr, so two ranks'
+    lines ran together in a container's log (`cwd=/workspacehello rank=3`). Here a worker torchrun gives no file of
+    its own (no --redirects) writes into pipes the agent reads line by line and writes on, one write per line."""
+    import subprocess
+
+    try:
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+    except ImportError:
+        return
+    handler = subprocess_handler.SubprocessHandler
+    if getattr(handler, "_doeks_lines", False):
+        return
+    popen = handler._popen
+
+    def relay(source, sink) -> None:
+        with source:
+            for line in iter(source.readline, b""):
+                with _WRITE:
+                    sink.write(line)
+                    sink.flush()
+
+    def start(self, args, env):
+        if self._stdout is not None or self._stderr is not None:
+            return popen(self, args, env)
+        process = subprocess.Popen(args=args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   start_new_session=True)
+        for source, sink in ((process.stdout, sys.stdout.buffer), (process.stderr, sys.stderr.buffer)):
+            thread = threading.Thread(target=relay, args=(source, sink), name="doeks-lines", daemon=True)
+            thread.start()
+            _RELAYS.append(thread)
+        return process
+
+    handler._popen = start
+    handler._doeks_lines = True
+
+
+def run_quietly(entry) -> int:
+    """Run torchrun's main, ending in one line where torch ends in a traceback of its own: stopped by a signal (a
+    delete, a scale down, the supervisor: its workers are already stopped; SignalException, ~20 lines per node at every
+    delete), or out of restarts (ChildFailedError's banner, ~25 lines, after the workers' own tracebacks)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        entry()
+    except SignalException as stopped:
+        _say(f"doeks: torchrun stopped by {stopped.sigval.name}: its workers are stopped")
+        sys.stdout.flush()
+        # at once: the interpreter's exit runs weakref finalizers while the rendezvous' keep-alive threads still run
+        # ("Exception ignored in atexit callback ... dictionary changed size during iteration", a traceback per node)
+        os._exit(128 + int(stopped.sigval))
+    except ChildFailedError as failed:  # the workers' own tracebacks are above it in the log
+        rank, failure = failed.get_first_failure()
+        _say(f"doeks: torchrun gives up: rank {rank} exited with {failure.exitcode} and no restart is left")
+        return 1
+    return 0
+
+
 def main() -> int:
     patch_rendezvous()
+    patch_restarts()
+    patch_whole_lines()
     from torch.distributed.run import main as torchrun
 
     sys.argv[0] = "torchrun"
-    torchrun()
-    return 0
+    return run_quietly(torchrun)
 
 
 if __name__ == "__main__":

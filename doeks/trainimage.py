@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -36,8 +37,12 @@ DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile"
 BASE_DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile.torch-cpu"
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
 # At /opt/doeks-stage: the stager, for the cluster's staging Job (`python -m doeks.datastage`, standard library only),
-# and the image's torchrun (`python3 -m doeks.torchrun`: torch's, with its etcd run directory fixed).
-STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py")]
+# the image's torchrun (`python3 -m doeks.torchrun`: torch's, with its etcd run directory fixed), its default command
+# (`doeks-launch`: doeks.launch, the job under torchrun with whatever started the container's settings), and
+# doeks.checkpoints() for a user's script (doeks/workload/checkpoints.py: torch, s3fs, s3torchconnector).
+STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py",
+                                                          "launch.py", "workload/__init__.py",
+                                                          "workload/checkpoints.py")]
 
 
 def _cpu_base() -> str:
@@ -72,7 +77,7 @@ def content_tag(base: str, code=None) -> str:
     else:
         digest.update(b"user-code\0" + code.digest().encode())
     for path in STAGE_FILES:
-        digest.update(b"stage/" + path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(b"stage/" + path.relative_to(PROJECT_ROOT / "doeks").as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]
 
 
@@ -81,15 +86,9 @@ def local_ref(base: str, code=None) -> str:
 
 
 def _credentials_configured(settings) -> bool:
-    """Credentials doeks can see without probing the network (the instance metadata service is not asked)."""
-    env = os.environ
-    if settings.aws_endpoint_url or settings.aws_profile or settings.aws_access_key_id:
-        return True
-    if any(env.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
-                                "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")):
-        return True
-    home = Path(env.get("AWS_SHARED_CREDENTIALS_FILE", Path.home() / ".aws" / "credentials"))
-    return home.is_file() or Path(env.get("AWS_CONFIG_FILE", Path.home() / ".aws" / "config")).is_file()
+    from .aws import credentials_configured
+
+    return credentials_configured(settings)
 
 
 PLACEHOLDER_ACCOUNT = "<account>"
@@ -121,14 +120,15 @@ def require_resolved(ref: str) -> str:
     return ref
 
 
-def reference(settings, on_this_machine: bool) -> str:
+def reference(settings, on_this_machine: bool, code=None) -> str:
     """The image reference a job's manifests name: TRAIN_IMAGE, else the content-tagged training image (in the
-    registry when the image runs elsewhere or REGISTRY is set; a local name only for this machine)."""
+    registry when the image runs elsewhere or REGISTRY is set; a local name only for this machine). `code`: the
+    job's, resolved once by whoever holds the job."""
     from .code import resolve
 
     if settings.train_image:
         return settings.train_image
-    ref = local_ref(base_image(settings, on_this_machine), resolve(settings))
+    ref = local_ref(base_image(settings, on_this_machine), code or resolve(settings))
     if on_this_machine and not settings.registry:
         return ref
     host = registry_host(settings) or f"{PLACEHOLDER_ACCOUNT}.dkr.ecr.{settings.aws_region}.amazonaws.com"
@@ -185,23 +185,24 @@ def build_cpu_base(settings, runner, client) -> str:
     return CPU_BASE
 
 
-def build(settings, runner, on_this_machine: bool) -> str:
+def build(settings, runner, on_this_machine: bool, code=None) -> str:
     """Build the training image (and the CPU base first when it is the base and missing); returns the reference the
     manifests name. Idempotent: an image with the same content tag is not built again."""
     from .code import CODE_DIR, resolve
 
-    code = resolve(settings)
+    code = code or resolve(settings)
     base = base_image(settings, on_this_machine)
     ref = local_ref(base, code)
-    named = reference(settings, on_this_machine) if not settings.train_image else ref
+    named = reference(settings, on_this_machine, code) if not settings.train_image else ref
     workdir = CODE_DIR
     entry = "" if code.module else code.entry
+    script = shlex.join(code.launcher()[1:])  # the image's default command runs it (DOEKS_TRAIN_SCRIPT)
     files = code.files()
     if runner.dry_run:
         if base == CPU_BASE:
             runner.step(f"docker build {CPU_BASE} from {BASE_DOCKERFILE.relative_to(PROJECT_ROOT)} (if missing)", lambda: None)
         runner.step(f"docker build --network host --build-arg TRAIN_BASE_IMAGE={base} --build-arg WORKDIR={workdir} "
-                    f"--build-arg ENTRY={entry} -t {ref}{' -t ' + named if named != ref else ''} "
+                    f"--build-arg ENTRY={entry} --build-arg SCRIPT={shlex.quote(script)} -t {ref}{' -t ' + named if named != ref else ''} "
                     f"({DOCKERFILE.relative_to(PROJECT_ROOT)}, {len(files)} files of {code.source} -> {workdir}/"
                     + (f", pip install -r {code.requirements}" if code.requirements else "") + ")", lambda: None)
         return named
@@ -221,12 +222,14 @@ def build(settings, runner, on_this_machine: bool) -> str:
             shutil.copyfile(path, target)
         (context / "requirements").mkdir()
         (context / "requirements" / "requirements.txt").write_bytes(code.requirements.read_bytes() if code.requirements else b"")
-        (context / "stage" / "doeks").mkdir(parents=True)
         for path in STAGE_FILES:
-            shutil.copyfile(path, context / "stage" / "doeks" / path.name)
+            target = context / "stage" / "doeks" / path.relative_to(PROJECT_ROOT / "doeks")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
         shutil.copyfile(DOCKERFILE, context / "Dockerfile")
         try:
-            stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir, "ENTRY": entry})
+            stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir, "ENTRY": entry,
+                                                 "SCRIPT": script})
         finally:
             shutil.rmtree(context, ignore_errors=True)
         ui.say(f"built training image {ref}")
@@ -235,11 +238,44 @@ def build(settings, runner, on_this_machine: bool) -> str:
     return named
 
 
-def require_image(ref: str) -> str:
-    """A training image a container target runs must be in the local daemon; one line naming the fix otherwise."""
+def require_image(ref: str, settings=None) -> str:
+    """A training image a container target runs must be in the local daemon; one line naming the fix otherwise (the
+    command that builds this very image: the settings a deploy had from its flags and the environment with it)."""
     if not _has_image(_client(), ref):
-        raise DoeksError(f"training image {ref} is not built: run `invoke elasticjob.build`")
+        what = "(TRAIN_IMAGE) is not in this machine's docker: `docker pull` or `docker load` it" if (
+            settings is not None and settings.train_image) else f"is not built: `{command(settings, 'elasticjob.build')}`"
+        raise DoeksError(f"training image {ref} {what}")
     return ref
+
+
+def is_built(ref: str) -> bool | None:
+    """The image (its local tag: a registry's name without the host) is in this machine's docker; None when the
+    daemon cannot be asked."""
+    try:
+        client = _client()
+    except DoeksError:
+        return None
+    try:
+        return _has_image(client, ref) or _has_image(client, ref.rsplit("/", 1)[-1])
+    except Exception:  # noqa: BLE001 - a daemon that stopped answering
+        return None
+
+
+# what decides which image a job's code is in: a command that builds it must carry these as the deploy had them
+IMAGE_KEYS = ("TARGET", "SAGEMAKER_LOCAL", "TRAIN_SCRIPT", "TRAIN_SOURCE", "TRAIN_REQUIREMENTS", "TRAIN_BASE_IMAGE",
+              "REGISTRY", "KUBECONFIG")
+
+
+def command(settings, tasks: str) -> str:
+    """`invoke TASKS` as it must be typed to act on the same image as this job: the keys that decide its code and
+    image, where they came from a flag or the environment (not .env, which every command reads), before it."""
+    import shlex
+
+    if settings is None:
+        return f"invoke {tasks}"
+    given = [f"{key}={shlex.quote(settings.raw(key))}" for key in IMAGE_KEYS
+             if settings.source(key) in ("environment", "flag")]
+    return " ".join(given + ["invoke", tasks])
 
 
 def push(settings, runner, on_this_machine: bool = False) -> str:
@@ -261,12 +297,12 @@ def push(settings, runner, on_this_machine: bool = False) -> str:
     if is_ecr and PLACEHOLDER_ACCOUNT in host:
         runner.step(f"create ECR repository {REPOSITORY} if missing", lambda: None)
     elif is_ecr:
-        ecr = aws_client(settings, "ecr")
-        try:
-            ecr.describe_repositories(repositoryNames=[REPOSITORY])
-        except ecr.exceptions.RepositoryNotFoundException:
-            runner.call(ecr, "create_repository", repositoryName=REPOSITORY, imageTagMutability="IMMUTABLE",
-                        imageScanningConfiguration={"scanOnPush": True}, tags=[{"Key": "doeks", "Value": "true"}])
+        ensure_repository(settings, runner)
+        if in_ecr(settings, ref.split(":", 1)[1]):
+            # the tag is the content's hash: the same tag is the same image, and the repository is IMMUTABLE (a
+            # second push of a tag is refused): nothing to push
+            ui.say(f"{remote} is in ECR already: not pushed again")
+            return remote
     if runner.dry_run:
         runner.step(f"docker tag {ref} {remote} && docker push {remote}", lambda: None)
         return remote
@@ -291,3 +327,69 @@ def push(settings, runner, on_this_machine: bool = False) -> str:
         raise DoeksError(runner.mask(f"push of {remote} failed: {str(error).splitlines()[0]}")) from None
     ui.say(f"pushed {remote}")
     return remote
+
+
+ECR_TAG = "doeks/cluster"  # the repository's cluster: `invoke down` deletes it with the cluster, `invoke audit` lists it
+
+
+def ensure_repository(settings, runner) -> None:
+    """This account's ECR repository for the training image: IMMUTABLE tags (a tag is a content hash), scanned on
+    push, tagged with the cluster it was made for."""
+    from .aws import client as aws_client
+
+    ecr = aws_client(settings, "ecr")
+    try:
+        ecr.describe_repositories(repositoryNames=[REPOSITORY])
+    except ecr.exceptions.RepositoryNotFoundException:
+        runner.call(ecr, "create_repository", repositoryName=REPOSITORY, imageTagMutability="IMMUTABLE",
+                    imageScanningConfiguration={"scanOnPush": True},
+                    tags=[{"Key": "doeks", "Value": "true"}, {"Key": ECR_TAG, "Value": settings.cluster_name}])
+
+
+def in_ecr(settings, tag: str) -> bool:
+    """Whether this account's ECR repository has the image tag already (DescribeImages)."""
+    from .aws import client as aws_client
+
+    ecr = aws_client(settings, "ecr")
+    try:
+        return bool(ecr.describe_images(repositoryName=REPOSITORY, imageIds=[{"imageTag": tag}])["imageDetails"])
+    except (ecr.exceptions.ImageNotFoundException, ecr.exceptions.RepositoryNotFoundException):
+        return False
+
+
+def repository(settings) -> dict | None:
+    """The training image's ECR repository when it is this cluster's (tag doeks/cluster), with its image count."""
+    from .aws import client as aws_client
+
+    ecr = aws_client(settings, "ecr")
+    try:
+        found = ecr.describe_repositories(repositoryNames=[REPOSITORY])["repositories"][0]
+    except ecr.exceptions.RepositoryNotFoundException:
+        return None
+    tags = {t["Key"]: t["Value"] for t in ecr.list_tags_for_resource(resourceArn=found["repositoryArn"]).get("tags", [])}
+    if tags.get(ECR_TAG) != settings.cluster_name:
+        return None
+    images = sum(len(page["imageIds"]) for page in ecr.get_paginator("list_images").paginate(repositoryName=REPOSITORY))
+    return {**found, "images": images}
+
+
+def delete_repository(settings, runner) -> bool:
+    """Delete the training image's ECR repository and its images when this cluster's `up` made it (tag
+    doeks/cluster); another cluster's, or a REGISTRY that is not this account's ECR, is left alone. Safe twice."""
+    from .aws import lookup
+
+    if settings.registry and settings.registry != "default" and ".dkr.ecr." not in settings.registry:
+        return False
+    found = lookup(runner, f"ECR repository {REPOSITORY}", lambda: repository(settings), False)
+    if found is False:  # a dry run without credentials
+        from .aws import client as aws_client
+
+        runner.call(aws_client(settings, "ecr"), "delete_repository", repositoryName=REPOSITORY, force=True)
+        return False
+    if found is None:
+        ui.say(f"no ECR repository {REPOSITORY} of cluster {settings.cluster_name}")
+        return False
+    from .aws import client as aws_client
+
+    runner.call(aws_client(settings, "ecr"), "delete_repository", repositoryName=REPOSITORY, force=True)
+    return True

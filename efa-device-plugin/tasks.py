@@ -44,7 +44,8 @@ def test(c, nodes=None, end=None, dry_run=False):
     target().efa_test(runner(dry_run), nodes, end)
 
 
-@task(help={"require_efa": "exit 1 unless the log shows NCCL used the EFA provider",
+@task(help={"file": "a saved nccl-tests log (all_reduce_perf's output, e.g. `invoke efa.test`'s)",
+            "require_efa": "exit 1 unless the log shows NCCL used the EFA provider",
             "out": "the chart: a .png path, or a folder (default: STATE_DIR/plots); named <FILE's stem>-busbw.png"})
 def report(c, file, require_efa=False, out=None):
     """Parse a saved nccl-tests log into a table and a bus-bandwidth chart (STATE_DIR/plots/<stem>-busbw.png)."""

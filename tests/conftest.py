@@ -11,6 +11,51 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = Path(os.environ.get("DOEKS_SCHEMAS", ROOT.parent / "shared" / "schemas"))
+# Where each schema is in the upstream Go module `invoke setup --kubernetes` downloads (a clone without
+# ../shared/schemas reads them there): (module, version, path in the module)
+UPSTREAM_SCHEMAS = {
+    "eksctl-clusterconfig-v1alpha5.schema.json": ("github.com/weaveworks/eksctl", "v0.215.0",
+                                                  "pkg/apis/eksctl.io/v1alpha5/assets/schema.json"),
+    "kubeflow.org_pytorchjobs.crd.yaml": ("github.com/kubeflow/training-operator", "v1.9.4",
+                                          "manifests/base/crds/kubeflow.org_pytorchjobs.yaml"),
+    "kubeflow.org_mpijobs-v2beta1.crd.yaml": ("github.com/kubeflow/mpi-operator", "v0.8.0",
+                                              "manifests/base/kubeflow.org_mpijobs.yaml"),
+    "trainer.kubeflow.org_trainjobs-v2.3.0.crd.yaml": ("github.com/kubeflow/trainer/v2", "v2.3.0",
+                                                       "manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml"),
+}
+
+
+def shared_fixture(name: str) -> Path:
+    """A recording kept in the project's shared/ folder (../shared/fixtures), not in a clone: skipped with one line
+    where it is missing."""
+    path = SCHEMAS.parent / "fixtures" / name
+    if not path.is_file():
+        pytest.skip(f"{path} missing: a recording from a real run, kept in the project's shared/ folder only")
+    return path
+
+
+def schema_path(name: str) -> Path:
+    """An upstream schema: ../shared/schemas/NAME where the checkout has it, else the same file in its upstream Go
+    module in the module cache (`invoke setup --kubernetes` downloads them; nothing is fetched here); otherwise the
+    test is skipped with one line naming what is missing."""
+    if (SCHEMAS / name).is_file():
+        return SCHEMAS / name
+    module, version, inside = UPSTREAM_SCHEMAS[name]
+    import subprocess
+
+    try:
+        cache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except OSError:
+        cache = ""
+    escaped = "".join(f"!{c.lower()}" if c.isupper() else c for c in module)
+    found = Path(cache) / f"{escaped}@{version}" / inside if cache else None
+    if found is not None and found.is_file():
+        return found
+    if os.environ.get("CI") and module != "github.com/weaveworks/eksctl":
+        pytest.fail(f"schema {name} missing: {SCHEMAS} has none and {module}@{version} is not in the Go module "
+                    "cache (`invoke setup --kubernetes` downloads it)")
+    pytest.skip(f"schema {name} missing: no {SCHEMAS / name} and no {module}@{version} in the Go module cache "
+                f"(`invoke setup --kubernetes` downloads it)")
 
 
 def invoke(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
@@ -83,6 +128,17 @@ def docker_client():
             pytest.fail(f"base image {preflight.BASE_IMAGE} missing: `invoke setup --docker` makes it")
         pytest.skip(f"base image {preflight.BASE_IMAGE} missing (invoke setup --docker)")
     return client
+
+
+@pytest.fixture(autouse=True)
+def no_machine_cluster(request, tmp_path_factory, monkeypatch):
+    """Outside the `kubernetes` mark a test sees no doeks cluster: doeks' own cluster is one per machine, and its
+    folder (doeks.cluster.versions.cluster_dir: certificates, kubeconfig, what `up --dry-run` reads to say what it
+    would keep) points at an empty one of this test run, so a cluster another run or user has up is neither read nor
+    changed (TARGET=kubernetes plans read it: with a job of another run holding the claim they said otherwise)."""
+    if request.node.get_closest_marker("kubernetes") is None:
+        monkeypatch.setenv("DOEKS_CLUSTER_DIR", str(tmp_path_factory.getbasetemp() / "no-cluster"))
+    yield
 
 
 @pytest.fixture

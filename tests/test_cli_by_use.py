@@ -79,7 +79,7 @@ def test_status_step_is_the_last_step_the_script_named(tmp_path):
     log.write_text(NODE0_LOG)
     assert last_progress(log) == {"step": 3, "epoch": 0, "loss": 1.352, "samples_per_s": 96.9, "world": 4}
     finished = ("22:10:50.672 [rank 3] training already finished at step=3 epoch=1: val_acc=0.3000 "
-                "(recorded in /x/checkpoints/imagenet/checkpoint.pt)\n")
+                "(recorded in /x/checkpoints/imagenet/step-3)\n")
     assert parse_progress(finished) == {"step": 3}
     assert parse_progress(NODE0_LOG.splitlines(keepends=True)[1])["step"] == 1
     assert parse_progress("22:10:04 [rank 0] start host=vm world_size=4\n") is None

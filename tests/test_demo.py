@@ -47,7 +47,7 @@ def test_demo_dry_run_prints_the_plan_and_changes_nothing(state_dir):
 
     result = invoke("demo", "--dry-run")
     assert result.returncode == 0, result.stderr
-    assert [d["kind"] for d in yaml.safe_load_all(result.stdout)] == ["Deployment", "Service", "PyTorchJob"]
+    assert list(yaml.safe_load_all(result.stdout)) == []  # the local plan: processes and folders, no cluster manifest
     assert "would generate synthetic data" in result.stderr and "would start node 1:" in result.stderr
     assert not state_dir.exists()
 

@@ -116,7 +116,7 @@ def test_a_killed_container_is_restarted_and_the_job_finishes(client, job_env, s
     assert invoke("elasticjob.data").returncode == 0
     started = invoke("elasticjob.deploy", "--fresh", "--train-args", "--step-delay 0.5 --log-every 1")
     assert started.returncode == 0, started.stderr[-2000:]
-    checkpoint = state_dir / "volumes" / "fsx-pvc" / "checkpoints" / "dockerjob" / "checkpoint.pt"
+    checkpoint = state_dir / "volumes" / "fsx-pvc" / "checkpoints" / "dockerjob" / "latest"
     wait_for(checkpoint.exists, 300, "a first checkpoint")
     victim = next(c for c in labelled(client, "dockerjob") if c.labels["doeks/replica"] == "1")
     victim.reload()

@@ -68,7 +68,9 @@ def test_eks_credentials_cluster_context_and_tools(state_dir, tmp_path, tools):
                        aws_secret_access_key="testing")
     cluster = eks.create_cluster(name="train-1", roleArn="arn:aws:iam::123456789012:role/eks",
                                  resourcesVpcConfig={"subnetIds": ["subnet-1"]})["cluster"]
-    kubeconfig = tmp_path / "kubeconfig"
+    # what doeks reads on TARGET=eks: the kubeconfig `eks.connect` writes for CLUSTER_NAME/AWS_REGION alone
+    kubeconfig = state_dir / "kube" / "eks-train-1.us-west-2.kubeconfig"
+    kubeconfig.parent.mkdir(parents=True)
 
     def write_kubeconfig(server: str) -> None:  # as `eksctl utils write-kubeconfig` names things
         name = "train-1.us-west-2.eksctl.io"

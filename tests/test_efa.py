@@ -10,15 +10,16 @@ import pytest
 from doeks import efa, nccl
 from doeks import settings as S
 
-from .conftest import ROOT, SCHEMAS, invoke
+from .conftest import ROOT, invoke, shared_fixture
 from .test_jobspec import crd_schema, k8s_validate
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SEED_LOG = SCHEMAS.parent / "fixtures" / "nccl-tests-p4d-efa4.txt"
+def seed_log():
+    return shared_fixture("nccl-tests-p4d-efa4.txt")
 
 
 def test_parses_the_seed_log_with_efa():
-    report = nccl.parse(SEED_LOG.read_text())
+    report = nccl.parse(seed_log().read_text())
     assert report.transport == "efa" and report.efa
     assert len(report.rows) == 28
     assert report.rows[0].size == 8 and report.rows[-1].size == 1073741824
@@ -42,7 +43,7 @@ def test_parses_new_efa_provider_line_and_na_cells():
 
 
 def test_report_require_efa_exit_codes(tmp_path, state_dir):
-    ok = invoke("efa.report", str(SEED_LOG), "--require-efa", "--out", str(tmp_path))
+    ok = invoke("efa.report", str(seed_log()), "--require-efa", "--out", str(tmp_path))
     assert ok.returncode == 0, ok.stderr
     assert (tmp_path / "nccl-tests-p4d-efa4-busbw.png").stat().st_size > 5000  # --out: a folder, named after the input
     assert "max 42.04 GB/s" in ok.stderr

@@ -2,6 +2,7 @@
 server process; the eksctl boundary through a recorded-argv stand-in (eksctl itself cannot run here)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -16,9 +17,11 @@ from doeks import settings as S
 from doeks.local import services
 
 from . import moto_eks
-from .conftest import ROOT, SCHEMAS, invoke
+from .conftest import ROOT, invoke, schema_path
 
-SCHEMA = json.loads((SCHEMAS / "eksctl-clusterconfig-v1alpha5.schema.json").read_text())
+@functools.lru_cache(maxsize=1)
+def schema():
+    return json.loads(schema_path("eksctl-clusterconfig-v1alpha5.schema.json").read_text())
 
 
 def render(**env):
@@ -28,7 +31,7 @@ def render(**env):
 
 
 def validate(config):
-    jsonschema.Draft7Validator(SCHEMA).validate(config)
+    jsonschema.Draft7Validator(schema()).validate(config)
 
 
 @pytest.mark.parametrize("env", [

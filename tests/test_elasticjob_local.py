@@ -72,7 +72,7 @@ def test_uninterrupted_then_killed_worker_and_node_finish_with_the_same_accuracy
 
     # 2. the same job, with a worker SIGKILLed and then a whole node killed
     deploy(s, ["--step-delay", "0.25"])
-    wait_for(lambda: (elastic.checkpoint_dir(s) / "checkpoint.pt").exists() and max_step(s) >= 6, 240, "a checkpoint")
+    wait_for(lambda: (elastic.checkpoint_dir(s) / "latest").exists() and max_step(s) >= 6, 240, "a checkpoint")
     victim = wait_for(lambda: workers_of(s, 1), 30, "a worker of node 1")[0]
     parent = open(f"/proc/{victim}/stat").read().rsplit(")", 1)[1].split()[1]
     assert open(f"/proc/{parent}/cmdline").read().startswith("doeks-zygote")  # workers are forks of a preloaded zygote
@@ -138,7 +138,7 @@ def test_scale_up_then_down_within_min_max(small, state_dir):
     assert invoke("elasticjob.delete").returncode == 0
     assert invoke("elasticjob.delete").returncode == 0  # idempotent
     assert not jobs.is_active(elastic.home(s))
-    assert (elastic.checkpoint_dir(s) / "checkpoint.pt").exists()  # checkpoints are kept
+    assert (elastic.checkpoint_dir(s) / "latest").exists()  # checkpoints are kept
     assert invoke("eks.delete").returncode == 0  # stops etcd
     assert leftover_processes(state_dir) == []
 

@@ -366,7 +366,7 @@ def test_up_dry_run_on_a_fresh_clone_names_every_first_run_step(state_dir):
     gpu = next(g for g in config["managedNodeGroups"] if g["name"] == "gpu")
     assert gpu["availabilityZones"] != ["us-west-2a"] and "zones of us-west-2 where p4d.24xlarge is offered" in err
     steps = ["eksctl create cluster", f"TRAIN_BASE_IMAGE={trainimage.DLC_BASE}", "docker push",
-             "training data under s3://doeks-training/data/imagenet/train/", "job/imagenet-stage", "PyTorchJob/imagenet"]
+             "training data under s3://doeks-training/data/imagenet/train/", "wait for Job default/imagenet-stage", "PyTorchJob/imagenet"]
     at = [err.find(step) for step in steps]
     assert all(i >= 0 for i in at) and at == sorted(at), dict(zip(steps, at))
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -11,7 +10,7 @@ from doeks import gpumetrics
 from doeks import settings as S
 from doeks.local import services
 
-from .conftest import ROOT, invoke
+from .conftest import ROOT, invoke, wait_for
 from .test_jobspec import k8s_validate
 
 
@@ -53,7 +52,10 @@ def test_local_sampler_puts_metrics_that_show_reads_back_and_plots(state_dir, tm
     assert deployed.returncode == 0, deployed.stderr
     sampler = services.gpu_sampler(state_dir)
     assert sampler.info() is not None
-    time.sleep(3)
+    heartbeat = state_dir / "services" / "gpu-metrics" / "heartbeat"  # rewritten after each put (doeks.gpumetrics)
+    puts = set()  # the heartbeat's times (a read between its truncation and its write finds it empty)
+    wait_for(lambda: puts.update({heartbeat.read_text()} - {""}) or len(puts) >= 3, 120, "three samples put by the sampler",
+             poll=0.2)
     shown = invoke("gpu-metrics.show", "--since", "10m", "--out", str(tmp_path), env={"COLUMNS": "200"})
     assert shown.returncode == 0, shown.stderr
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))

@@ -16,7 +16,7 @@ import yaml
 
 from doeks import efa, kube, kubeflow
 
-from .conftest import ROOT, SCHEMAS, invoke
+from .conftest import ROOT, invoke, schema_path
 
 FACTS = yaml.safe_load((ROOT / "tests" / "fixtures" / "kubeflow-upstream-facts.yaml").read_text())
 MIRRORS = Path(os.environ.get("DOEKS_UPSTREAM_MIRRORS", "/work/.mirror"))
@@ -168,5 +168,5 @@ def test_platform_and_trainer_facts_match_upstream():
     assert rjob["name"] == facts["replicated_job"] and rjob["template"]["metadata"]["labels"] == facts["ancestor_label"]
     assert rjob["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == facts["container"]
     crd = yaml.safe_load(show(trainer, facts["ref"], "manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml"))
-    shared = yaml.safe_load((SCHEMAS / "trainer.kubeflow.org_trainjobs-v2.3.0.crd.yaml").read_text())
+    shared = yaml.safe_load(schema_path("trainer.kubeflow.org_trainjobs-v2.3.0.crd.yaml").read_text())
     assert crd["spec"]["versions"] == shared["spec"]["versions"]

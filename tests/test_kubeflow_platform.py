@@ -83,9 +83,12 @@ def test_second_deploy_sees_its_own_istio(cluster, state_dir, tmp_path, monkeypa
 def test_deploy_refuses_before_changing_anything(cluster, state_dir):
     fake, path = cluster
     fake.storage_classes()
-    result = invoke("kubeflow.deploy", env={"TARGET": "eks", "KUBECONFIG": str(path)})
+    pinned = state_dir / "kube" / "eks-doeks.us-west-2.kubeconfig"  # what `eks.connect` writes for CLUSTER_NAME
+    pinned.parent.mkdir(parents=True)
+    pinned.write_text(path.read_text())
+    result = invoke("kubeflow.deploy", env={"TARGET": "eks", "CLUSTER_NAME": "doeks", "AWS_REGION": "us-west-2"})
     assert result.returncode == 1 and "prerequisites not met: no default StorageClass" in result.stderr
-    assert "Traceback" not in result.stderr and not (state_dir / "kubeflow").exists()
+    assert "Traceback" not in result.stderr and not (state_dir / "kubeflow").exists(), result.stderr
 
 
 def test_password_is_generated_privately_hashed_and_never_printed(release, state_dir):

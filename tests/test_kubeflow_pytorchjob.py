@@ -15,7 +15,7 @@ from doeks import jobspec
 from doeks import settings as S
 
 from .conftest import ROOT, invoke
-from .test_jobspec import crd_schema
+from .test_jobspec import assert_shm_in_memory, crd_schema
 
 
 def operator_env(job: dict, rtype: str, index: int) -> dict[str, str]:
@@ -57,6 +57,7 @@ def test_fixed_size_job_has_a_master_and_distinct_ranks(replicas, state_dir):
     for rtype, index in pods:
         container = job["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"]["containers"][0]
         assert container["name"] == "pytorch" and container["image"] == trainimage.reference(s, False)
+        assert_shm_in_memory(job["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"])
         views.append(torchrun_view(container, operator_env(job, rtype, index)))
     assert {v["master_addr"] for v in views} == {f"{s.job_name}-master-0"}
     assert sorted(int(v["node_rank"]) for v in views) == list(range(replicas))

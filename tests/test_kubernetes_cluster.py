@@ -63,6 +63,23 @@ def kubectl(env, *args: str, input: str | None = None) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=120, input=input)
 
 
+def trainer_client():
+    """Kubeflow's SDK (kubeflow 0.5.0) on doeks' cluster, as a user makes it: KUBECONFIG, namespace default."""
+    from doeks.cluster import versions
+    from kubeflow.common.types import KubernetesBackendConfig
+    from kubeflow.trainer import TrainerClient
+
+    return TrainerClient(KubernetesBackendConfig(config_file=str(versions.kubeconfig()), namespace="default"))
+
+
+def training_client():
+    """The training operator's SDK (kubeflow-training 1.9.4) on doeks' cluster."""
+    from doeks.cluster import versions
+    from kubeflow.training import TrainingClient
+
+    return TrainingClient(config_file=str(versions.kubeconfig()), namespace="default")
+
+
 def holder_pod(claim: str) -> str:
     """A pod that is not doeks', mounting `claim` and sleeping (as a user's notebook would hold the shared volume)."""
     from doeks.cluster import operators
@@ -109,6 +126,16 @@ def test_the_job_trains_to_the_end_in_pods_of_the_training_image(env):
         # a healthy run logs no traceback (the image's torchrun: no etcd lease thread dying in every pod)
         log = kubectl(env, "logs", "-n", "default", pod["metadata"]["name"]).stdout
         assert "step=" in log and "Traceback" not in log and "Exception in thread" not in log
+    # the training operator's own SDK (kubeflow-training 1.9.4) reads the job as upstream documents it (issue 35)
+    client = training_client()
+    job = client.wait_for_job_conditions(JOB, wait_timeout=60, polling_interval=2)
+    assert client.is_job_succeeded(JOB) and job.spec.elastic_policy.max_replicas == 3
+    assert "Succeeded" in [c.type for c in client.get_job_conditions(JOB) if c.status == "True"]
+    assert JOB in [j.metadata.name for j in client.list_jobs()]
+    names = sorted(client.get_job_pod_names(JOB))
+    assert names == sorted(p["metadata"]["name"] for p in workers)
+    logs, _ = client.get_job_logs(JOB, is_master=False)  # Workers only: the elastic job has no Master
+    assert sorted(logs) == names and all("step=" in text for text in logs.values()), list(logs)
 
 
 def _wait_for(env, kind: str, name: str, done: str, timeout: int = 900, stuck=None) -> dict:
@@ -202,6 +229,14 @@ def test_a_trainjob_runs_to_completion_on_trainer_v2_3_and_jobset_twice(env):
         said = _said(logs)  # every line of every pod: the script's first line too
         assert logs.returncode == 0 and "[pod/trainjob1-node-0-" in said and "start host=" in said, said[-2000:]
         assert "step=" in said and "done final_val_acc=" in said, said[-2000:]
+        if not again:  # Kubeflow's own SDK (kubeflow 0.5.0) reads doeks' TrainJob as upstream documents it (issue 35)
+            client = trainer_client()
+            read = client.get_job("trainjob1")
+            assert read.status == "Complete" and read.runtime.name == "torch-distributed" and read.num_nodes == 2
+            assert sorted(step.name for step in read.steps) == ["node-0", "node-1"]
+            assert "trainjob1" in [j.name for j in client.list_jobs()]
+            assert "done final_val_acc=" in "\n".join(client.get_job_logs("trainjob1"))
+            assert any(e.involved_object_kind == "Pod" for e in client.get_job_events("trainjob1"))
         for _ in range(2):
             deleted = invoke("kubeflow.trainjob.delete", env=values, timeout=300)
             assert deleted.returncode == 0, deleted.stderr[-2000:]

@@ -50,3 +50,16 @@ def test_the_docs_table_of_local_images_is_in_step():
 
     text = (ROOT / "docs" / "kubernetes.md").read_text()
     assert images.render_table() in text
+
+
+def test_outside_the_kubernetes_mark_no_cluster_of_the_machine_is_seen():
+    """conftest's no_machine_cluster: the cluster folder is the test run's own, empty one, not the machine's
+    (~/.local/share/doeks/cluster: the plan above read its pid files and, with a cluster up, its claim's state)."""
+    import os
+    from pathlib import Path
+
+    from doeks.cluster import node, versions
+
+    machine = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "doeks" / "cluster"
+    assert versions.cluster_dir() != machine and not versions.cluster_dir().exists()
+    assert not any(node.running().values())

@@ -11,9 +11,10 @@ import pytest
 from doeks import elastic, gpumetrics, nccl, plots
 from doeks import settings as S
 
-from .conftest import ROOT, SCHEMAS, invoke
+from .conftest import ROOT, invoke, shared_fixture
 
-SEED_LOG = SCHEMAS.parent / "fixtures" / "nccl-tests-p4d-efa4.txt"  # all_reduce_perf, 2 x p4d.24xlarge, EFA
+def seed_log():  # all_reduce_perf, 2 x p4d.24xlarge, EFA
+    return shared_fixture("nccl-tests-p4d-efa4.txt")
 # the header rank 0 writes (doeks/workload/train.py, _Metrics.FIELDS); val rows leave world_size empty, as there
 HEADER = "time,kind,step,epoch,loss,accuracy,samples_per_s,world_size"
 
@@ -24,7 +25,7 @@ def _legend(ax) -> list[str]:
 
 
 def test_busbw_chart_is_log_log_in_bytes_and_gbps_and_small_messages_are_not_zero():
-    report = nccl.parse(SEED_LOG.read_text())
+    report = nccl.parse(seed_log().read_text())
     # the real log prints 0.00 GB/s for every message up to 1 KiB (two decimals): the chart derives them from time
     assert [r.oop_busbw for r in report.rows[:8]] == [0.0] * 8
     points = dict(nccl.busbw_points(report))
@@ -77,7 +78,7 @@ def test_efa_report_writes_under_state_dir_named_after_its_input(state_dir, tmp_
     inputs = tmp_path / "logs"
     inputs.mkdir()
     log = inputs / "p4d-run-3.txt"
-    shutil.copy(SEED_LOG, log)
+    shutil.copy(seed_log(), log)
     result = invoke("efa.report", str(log), env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     png = state_dir / "plots" / "p4d-run-3-busbw.png"

@@ -127,6 +127,22 @@ def test_slow_down_answers_are_retried(endpoint, tmp_path):
     assert_identical(tmp_path / "d", store())
 
 
+@pytest.mark.parametrize("endpoint", [["--reset-every", "9"]], indirect=True)
+def test_connections_reset_mid_request_are_retried_and_the_files_are_identical(endpoint, tmp_path):
+    """Every 9th request's connection reset (TCP RST), half of them after the answer's head and half its body: the
+    stage retries each on a new connection, writes no half file, and ends with every file byte for byte."""
+    url, log = endpoint
+    dest = tmp_path / "d"
+    result = datastage.stage("s3://bench/imagenet", dest, region="us-east-1",
+                             credentials={"aws_access_key_id": "testing", "aws_secret_access_key": "testing"},
+                             endpoint_url=url, concurrency=16)
+    resets = [line for line in log.read_text().splitlines() if line.startswith("RESET ")]
+    assert len(resets) >= FILES // 9  # (the log has one line per request, and one more per reset)
+    assert result.downloaded == FILES and result.retries >= len(resets)
+    assert not [p for p in dest.rglob("*") if p.name.endswith(datastage.PART)]
+    assert_identical(dest, store())
+
+
 def test_bad_bucket_and_empty_prefix_are_one_line_errors(endpoint, tmp_path):
     url, _ = endpoint
     for source, message in (("s3://nobucket/x", "error: S3 answered 404 NoSuchBucket"), ("s3://bench/nothing", "error: nothing under")):

@@ -68,6 +68,24 @@ def test_a_crash_loop_without_a_known_cause_names_the_last_error(world):  # noqa
     assert status.reason.startswith("crash loop") and "RuntimeError: boom" in status.reason
 
 
+def test_the_scripts_own_exception_in_a_pod_is_the_reason_with_its_line_and_one_restart_count(world):  # noqa: F811
+    """A RuntimeError at step 2 (it was "crash loop: 13 restarts, last error: ... RendezvousClosedError"): the pod's
+    log as torch's excepthook writes it, after doeks' torchrun restarted the workers once; torchrun's restart counts
+    with the pod's, the same number in the table and the job's count."""
+    s = settings_for("eks")
+    traceback = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "/workspace/fit.py", line 57, in main',
+                 '[rank1]:     raise RuntimeError("boom at step 2")', "[rank1]: RuntimeError: boom at step 2"]
+    logs = [*traceback, "doeks: worker group failed (exit codes [1]): torchrun restarts it (1 of 10)",
+            "doeks: worker group restarted", "doeks: step=2 loss=0.1", *traceback,
+            "torch.distributed.elastic.rendezvous.api.RendezvousClosedError"]
+    script(world, [crashed_pod("imagenet-worker-0", 1, 1, "Error")], [],
+           logs="".join(f"[pod/imagenet-worker-0/pytorch] {line}\n" for line in logs))
+    status = targets.get(s).describe()
+    assert status.permanent and status.reason == "the script raised RuntimeError: boom at step 2 (fit.py, line 57, in main)"
+    assert status.replicas[0].restarts == 2 and status.restarts == 2  # the pod's 1 + torchrun's 1
+    assert "invoke elasticjob.logs --errors" in status.fix
+
+
 def test_healthy_job_has_no_reason_and_reads_no_events(world):  # noqa: F811
     s = settings_for("eks")
     script(world, [pod("imagenet-worker-0", "Running")], [event("imagenet-worker-0", "OOMKilled", "old")])
@@ -91,7 +109,10 @@ def test_a_run_on_eks_is_recorded_and_its_end_seen_by_history(world):  # noqa: F
 
     world["script"].write_text(json.dumps([{"match": ["apply"], "stdout": "pytorchjob.kubeflow.org/imagenet serverside-applied\n"},
                                            {"match": ["get"], "stdout": ""}]))
-    assert invoke("elasticjob.deploy", env={"TARGET": "eks"}).returncode == 0
+    # a prebuilt image (doeks' own content-tagged one must be in ECR first: tests/test_eks_user_script.py)
+    image = "123456789012.dkr.ecr.us-west-2.amazonaws.com/doeks-train:prebuilt"
+    deployed = invoke("elasticjob.deploy", env={"TARGET": "eks", "TRAIN_IMAGE": image})
+    assert deployed.returncode == 0, deployed.stderr
     applied = [json.loads(line) for line in world["record"].read_text().splitlines() if "apply" in line][-1]
     job = list(yaml.safe_load_all(applied["stdin"]))[-1]
     run = job["spec"]["elasticPolicy"]["rdzvId"]

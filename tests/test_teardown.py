@@ -85,9 +85,14 @@ def test_up_down_audit_is_zero_and_down_twice_too(account):
     assert up.returncode == 0, up.stderr[-3000:]
     extras(account)
     fs = simulate_driver_file_system(account)
+    # what `up` makes when it pushes the training image itself (no TRAIN_IMAGE): this cluster's ECR repository
+    from doeks import trainimage
+
+    trainimage.ensure_repository(S.load(environ=env, path=ROOT / ".env"), Runner(echo=False))
     left = audit(account)
     assert left.returncode == 1
-    for expected in ("eks cluster", "fsx lustre", fs, "efs", "vpc endpoint", "iam role", "security group", "pod identity"):
+    for expected in ("eks cluster", "fsx lustre", fs, "efs", "vpc endpoint", "iam role", "security group", "pod identity",
+                     "ecr repository", "doeks-train", "log group", "/aws/containerinsights/doeks/performance"):
         assert expected in left.stdout + left.stderr, expected
     assert "$0.345" in left.stdout + left.stderr  # 1200 GiB PERSISTENT_2/250 at $0.21 per GB-month; priced where known (cluster, FSx per TiB, nodes)
 

@@ -112,7 +112,8 @@ def test_trainjob_from_settings(env, state_dir):
     assert trainer["numNodes"] == s.replicas and trainer["numProcPerNode"] == s.nproc_per_node
     limits = trainer["resourcesPerNode"]["limits"]
     assert limits["nvidia.com/gpu"] == s.nproc_per_node
-    efa = {"p4d.24xlarge": 4, "p5.48xlarge": 32}.get(s.gpu_instance_type) if s.gpu_efa else None
+    # every EFA adapter of the node type (EC2's DescribeInstanceTypes: g5.12xlarge has one)
+    efa = {"p4d.24xlarge": 4, "p5.48xlarge": 32, "g5.12xlarge": 1}.get(s.gpu_instance_type) if s.gpu_efa else None
     assert limits.get("vpc.amazonaws.com/efa") == efa
     pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert {"name": "shared", "persistentVolumeClaim": {"claimName": s.shared_pvc}} in pod["volumes"]

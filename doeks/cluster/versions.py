@@ -23,6 +23,9 @@ PAUSE = "3.10.1"
 # Images the cluster itself names (the kubelet's sandbox, the DNS Deployment): built here, imported under these names.
 PAUSE_IMAGE = f"registry.k8s.io/pause:{PAUSE}"
 COREDNS_IMAGE = f"registry.k8s.io/coredns/coredns:v{COREDNS}"
+# What Kubeflow Trainer v2.3.0's torch-distributed runtime names (manifests/base/runtimes/torch_distributed.yaml): made
+# here from doeks' CPU torch base, whose torch is the same 2.13.0 (doeks.cluster.runtimes).
+TORCH_RUNTIME_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
 
 # Addresses: all private, all on this machine (the bridge doeks makes), guarded from leaving by the default route.
 BRIDGE = "doeks0"

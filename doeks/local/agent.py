@@ -12,9 +12,9 @@ only make sense when every node is a process on this machine:
 - etcd rendezvous: the join window ("last call") stays open until every node the local supervisor runs has joined
   (up to JOIN_WAIT s), then closes at once: torch closes it 1 s after the first node, so a node slower than that to
   start rendezvoused the others without it, and they re-rendezvoused when it came;
-- a worker that exits with 2 (the training script's code for a permanent error: bad arguments, as argparse exits, missing
-  data, an unusable checkpoint) is not restarted: running the same thing again cannot succeed, so the node fails at
-  once and the supervisor (doeks.local.jobs) fails the job with the reason it reads from the log;
+- as the training image's torchrun (doeks.torchrun): a restart of the workers is said in the log, a worker that exits
+  with 2 (the training script's code for a permanent error) is not restarted, and a stop or the end of the restarts is
+  one line, not a traceback; the supervisor (doeks.local.jobs) fails the job with the reason it reads from the log;
 - the run's etcd directory lives 7 days instead of 2 h, and nobody tries to renew it: torch renews it as if it were
   a file, which etcd refuses (a traceback in every log and no renewal at all); the same fix as the training image's
   torchrun (doeks.torchrun). The local etcd and its run ids are the toolkit's own: a new deploy makes a new run id,
@@ -32,6 +32,7 @@ from torch.distributed.elastic.rendezvous import etcd_rendezvous
 from torch.distributed.run import main
 
 from ..torchrun import patch_rendezvous as patch_torchrun
+from ..torchrun import patch_restarts, patch_whole_lines, run_quietly
 from . import zygote as zygote_module
 
 LAST_CALL_POLL = 0.2
@@ -87,33 +88,6 @@ def patch_rendezvous() -> None:
 
     rendezvous.handle_join_last_call = close_when_all_joined
 
-PERMANENT_EXIT = 2
-
-
-def patch_permanent_exit() -> None:
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-    monitor = LocalElasticAgent._monitor_workers
-
-    def monitor_workers(self, worker_group):
-        result = monitor(self, worker_group)
-        if result.is_failed():
-            codes = sorted({f.exitcode for f in result.failures.values()})
-            if PERMANENT_EXIT in codes:
-                if self._remaining_restarts:
-                    print(f"doeks: a worker exited with {PERMANENT_EXIT} (permanent error): not restarting the workers",
-                          flush=True)
-                self._remaining_restarts = 0
-            elif self._remaining_restarts > 0:
-                # torchrun's own line for this is INFO, which its logging setup does not show: doeks.local.jobs
-                # counts these as the node's restarts
-                print(f"doeks: worker group failed (exit codes {codes}): torchrun restarts it, "
-                      f"{self._remaining_restarts}/{worker_group.spec.max_restarts} attempts left", flush=True)
-        return result
-
-    LocalElasticAgent._monitor_workers = monitor_workers
-
-
 def patch_worker_start(zygote: zygote_module.Zygote) -> None:
     handler = subprocess_handler.SubprocessHandler
     popen = handler._popen
@@ -130,8 +104,9 @@ def patch_worker_start(zygote: zygote_module.Zygote) -> None:
 
 
 if __name__ == "__main__":
+    patch_whole_lines()  # a worker the zygote cannot start is started the usual way, its lines whole
     if os.environ.get("DOEKS_PRELOAD", "1") != "0":
         patch_worker_start(zygote_module.start())  # in a worker, start() runs the script and exits
     patch_rendezvous()
-    patch_permanent_exit()
-    sys.exit(main())
+    patch_restarts()
+    sys.exit(run_quietly(main))

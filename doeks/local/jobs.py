@@ -103,7 +103,7 @@ def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str,
 
 
 def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str, preload: bool = True,
-           run: str = "", source: Path = WORKLOAD) -> int:
+           run: str = "", source: Path = WORKLOAD, extra_env: dict[str, str] | None = None) -> int:
     """Write the job and start its supervisor; returns the supervisor's pid. The agents run in `source` (the
     container's working directory, the code's folder), as the pods do."""
     import subprocess
@@ -111,6 +111,7 @@ def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: st
     if is_active(home):
         raise DoeksError(f"job {job['metadata']['name']} is already running: see `invoke elasticjob.status`, or `invoke elasticjob.delete` first")
     argv, env = replica_command(job, volumes_dir, rdzv_endpoint, preload, source)
+    env.update(extra_env or {})  # what the target adds on this machine (the S3 endpoint of CHECKPOINT_URI)
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
     elastic = job["spec"]["elasticPolicy"]
     home.mkdir(parents=True, exist_ok=True)
@@ -119,6 +120,7 @@ def launch(home: Path, job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: st
     spec = {"name": job["metadata"]["name"], "argv": argv, "env": env, "replicas": worker["replicas"],
             "min": elastic["minReplicas"], "max": elastic["maxReplicas"],
             "backoff_limit": job["spec"].get("runPolicy", {}).get("backoffLimit", 10), "created": time.time(),
+            "max_restarts": int(elastic.get("maxRestarts", 3)),
             "run": run, "cwd": str(source), "hosts": [f"{job['metadata']['name']}-worker-{i}" for i in range(elastic["maxReplicas"])]}
     (home / "job.json").write_text(json.dumps(spec, indent=2))
     (home / "pytorchjob.json").write_text(json.dumps(job, indent=2))
@@ -261,29 +263,42 @@ def kill_tree(pid: int, grace: float = 5.0) -> None:
 
 
 # -- reading what the replicas log -------------------------------------------------------------------------------
-# torchrun's agent logs this each time it restarts a node's failed workers (torch/distributed/elastic/agent/server/
-# api.py, SimpleElasticAgent._invoke_run, torch 2.13): "[default] Worker group FAILED. 3/10 attempts left; will restart
-# worker group" -- at INFO, which torchrun's logging does not print, so doeks.local.agent prints its own line.
-# A membership change ("Detected 1 new nodes ... will restart worker group") is no failure.
-WORKER_RESTART = re.compile(r"Worker group (FAILED|UNHEALTHY)\. \d+/\d+ attempts left|^doeks: worker group failed ")
-# torch/distributed/elastic/multiprocessing/api.py (PContext wait, torch 2.13) logs, at ERROR, one line per failed
-# worker group: "failed (exitcode: -9) local_rank: 0 (pid: 123) of binary: ..."
+# Restarts of a node's workers by torchrun (doeks.torchrun says each one), and of the node by the supervisor: the
+# taxonomy's markers (doeks.targets.reasons). torch/distributed/elastic/multiprocessing/api.py (PContext wait, torch 2.13)
+# logs, at ERROR, one line per failed worker group: "failed (exitcode: -9) local_rank: 0 (pid: 123) of binary: ..."
+from ..targets import reasons  # noqa: E402
+from ..targets.reasons import NODE_RESTART, WORKER_RESTART, WORKER_RESTARTED  # noqa: E402
+
 GROUP_FAILED = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: \d+\)")
-NODE_RESTART = re.compile(r"^==== doeks: replica \d+ start #[1-9]")
+
+
+def restarting(lines: list[str]) -> bool:
+    """A node's log says torchrun is restarting its workers: a restart said, and neither "restarted" nor a training
+    step after it."""
+    for line in reversed(lines):
+        text = reasons.split_prefix(line)[2]
+        if WORKER_RESTART.search(text):
+            return True
+        if WORKER_RESTARTED.search(text) or STEP_LINE.search(line):
+            return False
+    return False
 
 
 class LogScanner:
-    """Reads each replica's log as it grows: worker-group restarts (torchrun's own, inside a node), the lines since
-    the last training step (what a reason is read from) and the first permanent error."""
+    """Reads each replica's log as it grows: worker-group restarts (torchrun's own, inside a node) and whether one is
+    under way, the lines since the last training step (what a transient reason is read from), and every traceback
+    (`reasons.Tracebacks`: an error of the script's own code ends the job, whichever step it came at)."""
 
-    def __init__(self):
+    def __init__(self, roots=()):
         self.offsets: dict[Path, int] = {}
         self.worker_restarts: dict[str, int] = {}
+        self.restarting: dict[str, bool] = {}
         self.since_step: dict[str, list[str]] = {}
+        self.roots = tuple(roots)
+        self.tracebacks = reasons.Tracebacks()
         self.permanent = None
 
     def scan(self, key: str, log: Path) -> None:
-        from ..targets import reasons
         from ..targets.follow import new_lines
 
         try:
@@ -291,29 +306,37 @@ class LogScanner:
         except OSError:
             return
         recent = self.since_step.setdefault(key, [])
+        raised = False
         for line in lines:
             if WORKER_RESTART.search(line):
                 self.worker_restarts[key] = self.worker_restarts.get(key, 0) + 1
+                self.restarting[key] = True
+            elif WORKER_RESTARTED.search(line) or NODE_RESTART.search(line):
+                self.restarting[key] = False
+            raised = self.tracebacks.feed(f"[node-{key}] {line}") is not None or raised
             if STEP_LINE.search(line):
+                self.restarting[key] = False
                 recent.clear()
                 continue
             recent.append(line)
             if self.permanent is None and ("error" in line or "Error" in line):
-                found = reasons.from_lines(recent[-80:])  # with the traceback before it (whose code raised)
+                found = reasons.from_lines(recent[-80:], self.roots)
                 if found is not None and found.permanent:
                     self.permanent = found
+        if raised and self.permanent is None:
+            self.permanent = self.tracebacks.permanent(self.roots)
         del recent[:-400]
 
-    def reason(self, exit_codes=(), failed: bool = False):
-        """Why the job is not training: read from the lines since each replica's last step (an error that training
-        went on after is no reason), with the restarts among them (torchrun's and the supervisor's)."""
-        from ..targets import reasons
-
+    def reason(self, exit_codes=(), failed: bool = False, total: int | None = None):
+        """Why the job is not training: an error of the script's code, else what the lines since each replica's last
+        step show (an error that training went on after is no reason), with the restarts among them (torchrun's and
+        the supervisor's); `total` is the job's restarts, the number the reason says."""
         if self.permanent is not None:
             return self.permanent
-        lines = [line for key in sorted(self.since_step) for line in self.since_step[key]]
-        restarts = sum(1 for line in lines if WORKER_RESTART.search(line) or NODE_RESTART.search(line))
-        return reasons.classify(lines, exit_codes, restarts=restarts, failed=failed)
+        lines = [f"[node-{key}] {line}" for key in sorted(self.since_step) for line in self.since_step[key]]
+        restarts = sum(1 for line in lines if WORKER_RESTART.search(reasons.split_prefix(line)[2])
+                       or NODE_RESTART.search(reasons.split_prefix(line)[2]))
+        return reasons.classify(lines, exit_codes, restarts=restarts, failed=failed, total=total, roots=self.roots)
 
 
 def reason_record(reason) -> dict[str, Any] | None:
@@ -324,39 +347,58 @@ def reason_record(reason) -> dict[str, Any] | None:
 
 # -- the supervisor -----------------------------------------------------------------------------------------------
 class Supervisor:
+    """Kubernetes and the training operator for the job's "pods": start each replica's agent, restart one that failed
+    (restartPolicy OnFailure, up to runPolicy.backoffLimit for the job), follow `scale` requests, end the job when a
+    reason is permanent (doeks.targets.reasons) or a node has used its MAX_RESTARTS (elasticPolicy.maxRestarts: the
+    node's restarts, torchrun's of its workers and the supervisor's of its agent together: each agent gets what is left
+    as its --max-restarts)."""
+
     def __init__(self, home: Path):
         self.home = home
         self.spec = json.loads((home / "job.json").read_text())
         self.desired = self.spec["replicas"]
+        self.max_restarts = int(self.spec.get("max_restarts", self.spec["env"].get("PET_MAX_RESTARTS", 3)))
         self.agents: dict[int, int] = {}  # replica -> pid
         self.replicas: dict[int, dict[str, Any]] = {}
-        self.restarts_total = 0
+        self.restarts_total = 0  # the supervisor's restarts of agents, for the job's backoff limit
         self.state = "Running"
         self.finished_at: float | None = None
         self.stopping = False
         self.run_dir = run_dir(home, self.spec.get("run", ""))
-        self.scanner = LogScanner()
+        self.scanner = LogScanner([self.spec["cwd"]] if self.spec.get("cwd") else [])
         self.reason = None
+        self.final_reason = None  # decided by the supervisor itself (a restart limit): no later scan replaces it
         self.scanned_at = 0.0
 
     def _log(self, message: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
 
-    def start_replica(self, index: int) -> None:
+    def node_restarts(self, index: int) -> int:
+        """A node's restarts: the supervisor's of its agent after a failure, and torchrun's of its workers."""
+        record = self.replicas.get(index, {})
+        return record.get("restarts", 0) + self.scanner.worker_restarts.get(str(index), 0)
+
+    def total_restarts(self) -> int:
+        return sum(self.node_restarts(index) for index in self.replicas)
+
+    def start_replica(self, index: int, restart: bool = False) -> None:
         import subprocess
 
-        record = self.replicas.setdefault(index, {"restarts": -1, "state": "Pending", "exit_code": None})
-        record["restarts"] += 1
+        record = self.replicas.setdefault(index, {"restarts": 0, "starts": 0, "state": "Pending", "exit_code": None})
+        record["restarts"] += 1 if restart else 0
         folder = self.run_dir / "replicas" / str(index)
         folder.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec["env"], "DOEKS_REPLICA": str(index), "DOEKS_JOB_HOME": str(self.home),
                "SM_CURRENT_HOST": self.spec.get("hosts", [])[index] if index < len(self.spec.get("hosts", [])) else f"node-{index}",
                # torchrun's --log-dir (its error files): unset, every node start left a /tmp/torchelastic_* folder
                # (torch/distributed/elastic/multiprocessing/api.py DefaultLogsSpecs: tempfile.mkdtemp when empty)
-               "PET_LOG_DIR": str(folder / "torchelastic")}
+               "PET_LOG_DIR": str(folder / "torchelastic"),
+               # what is left of the node's MAX_RESTARTS: torchrun restarts its workers at most that often
+               "PET_MAX_RESTARTS": str(max(0, self.max_restarts - self.node_restarts(index)))}
         log = open(folder / "agent.log", "ab")
-        log.write(f"==== doeks: replica {index} start #{record['restarts']} at {time.strftime('%H:%M:%S')}\n".encode())
+        log.write(f"==== doeks: replica {index} start #{record['starts']} at {time.strftime('%H:%M:%S')}\n".encode())
         log.flush()
+        record["starts"] += 1
         process = subprocess.Popen(self.spec["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=env, cwd=self.spec.get("cwd") or PROJECT_ROOT, start_new_session=True)
         log.close()
@@ -386,9 +428,11 @@ class Supervisor:
             record["replica"] = index
             record["progress"] = last_progress(self.run_dir / "replicas" / str(index) / "agent.log")
             record["worker_restarts"] = self.scanner.worker_restarts.get(str(index), 0)
+            if record["state"] == "Running" and self.scanner.restarting.get(str(index)):
+                record["state"] = "Restarting"  # torchrun restarts its workers: stopped, not yet running again
             replicas.append(record)
         status = {"name": self.spec["name"], "state": self.state, "desired": self.desired, "min": self.spec["min"],
-                  "max": self.spec["max"], "restarts": self.restarts_total + sum(self.scanner.worker_restarts.values()),
+                  "max": self.spec["max"], "restarts": self.total_restarts(), "max_restarts": self.max_restarts,
                   "node_restarts": self.restarts_total, "replicas": replicas, "run": self.spec.get("run", ""),
                   "reason": reason_record(self.reason), "updated": time.time()}
         tmp = self.home / ".status.json.tmp"
@@ -396,8 +440,9 @@ class Supervisor:
         os.replace(tmp, self.home / "status.json")
 
     def _scan(self) -> None:
-        """Read the replicas' new log lines: a permanent error (bad arguments, missing data, an import error) fails
-        the job now, without the restarts that cannot help; otherwise the reason, if the job is not training."""
+        """Read the replicas' new log lines: a permanent reason (an error of the script's code, bad arguments, missing
+        data, an import error, a closed rendezvous) fails the job now, without the restarts that cannot help;
+        otherwise the reason, if the job is not training."""
         self.scanned_at = time.time()
         for index in sorted(self.replicas):
             before = self.scanner.worker_restarts.get(str(index), 0)
@@ -406,10 +451,11 @@ class Supervisor:
             if after > before:  # an event for `describe`, as the node's own restarts are: status counts them both
                 self._log(f"replica {index} workers restarted by torchrun ({after} so far)")
         codes = [r.get("exit_code") for r in self.replicas.values()]
-        self.reason = self.scanner.reason(codes, failed=self.state == "Failed")
-        if self.scanner.permanent is not None and self.state == "Running" and self.finished_at is None:
+        self.reason = self.final_reason or self.scanner.reason(codes, failed=self.state == "Failed",
+                                                               total=self.total_restarts())
+        if self.reason is not None and self.reason.permanent and self.state == "Running" and self.finished_at is None:
             self.state = "Failed"
-            self._log(f"permanent error, no restarts: {self.scanner.permanent.text}")
+            self._log(f"permanent error, no restarts: {self.reason.text}")
             for index in list(self.agents):
                 self.stop_replica(index, "Failed")
 
@@ -421,6 +467,36 @@ class Supervisor:
         if wanted != self.desired:
             self._log(f"scale {self.desired} -> {wanted}")
             self.desired = wanted
+
+    def _failed(self, index: int, code: int, pending_restart: dict[int, float]) -> None:
+        """A replica's agent exited non-zero while the job runs: restart it like a pod, unless the reason is
+        permanent, its node has no restarts left, or the job's backoff limit is reached."""
+        record = self.replicas[index]
+        self._scan()  # what it logged before it died: a permanent error fails the job, no restart
+        if self.state == "Failed":
+            record["state"] = "Failed"
+            return
+        used = self.node_restarts(index)
+        if used >= self.max_restarts:
+            record["state"] = "Failed"
+            self.state = "Failed"
+            last = reasons.last_error([f"[node-{index}] {line}" for line in self.scanner.since_step.get(str(index), [])],
+                                      self.scanner.roots) or self.scanner.tracebacks.last(self.scanner.roots)
+            cause = self.scanner.reason([code], failed=True, total=self.total_restarts())
+            # a known cause (the rendezvous server gone, out of memory) is the reason, with its own fix; else the limit
+            self.final_reason = self.reason = cause if cause is not None and cause.code not in reasons.GENERIC else \
+                reasons.restart_limit(f"node-{index}", used, self.max_restarts, last)
+            self._log(f"replica {index} failed (exit {code}): {self.reason.text}")
+            return
+        self.restarts_total += 1
+        if self.restarts_total > self.spec["backoff_limit"]:
+            record["state"] = "Failed"
+            self.state = "Failed"
+            self._log(f"replica {index} failed (exit {code}); backoff limit reached")
+            return
+        record["state"] = "Restarting"
+        pending_restart[index] = time.time() + RESTART_DELAY
+        self._log(f"replica {index} exited with {code}: restarting like a pod (OnFailure)")
 
     def run(self) -> int:
         try:  # PR_SET_CHILD_SUBREAPER
@@ -452,19 +528,7 @@ class Supervisor:
                     self.finished_at = self.finished_at or time.time()
                     self._log(f"replica {index} succeeded")
                 elif index < self.desired and self.finished_at is None:
-                    self._scan()  # what it logged before it died: a permanent error fails the job, no restart
-                    if self.state == "Failed":
-                        record["state"] = "Failed"
-                        continue
-                    self.restarts_total += 1
-                    if self.restarts_total > self.spec["backoff_limit"]:
-                        record["state"] = "Failed"
-                        self.state = "Failed"
-                        self._log(f"replica {index} failed (exit {code}); backoff limit reached")
-                    else:
-                        record["state"] = "Restarting"
-                        pending_restart[index] = time.time() + RESTART_DELAY
-                        self._log(f"replica {index} exited with {code}: restarting like a pod (OnFailure)")
+                    self._failed(index, code, pending_restart)
                 else:
                     record["state"] = "Failed" if code else "Stopped"
             self._kill_orphans()
@@ -477,10 +541,10 @@ class Supervisor:
             if self.finished_at is None:
                 for index in range(self.desired):  # scale up / restart lost replicas
                     if index not in self.agents and self.replicas.get(index, {}).get("state") != "Succeeded":
-                        due = pending_restart.get(index, 0)
-                        if time.time() >= due:
+                        due = pending_restart.get(index)
+                        if due is None or time.time() >= due:
                             pending_restart.pop(index, None)
-                            self.start_replica(index)
+                            self.start_replica(index, restart=due is not None)
                 for index in [i for i in self.agents if i >= self.desired]:  # scale down
                     self.stop_replica(index, "Removed")
             elif not self.agents or time.time() - self.finished_at > FINISH_GRACE:

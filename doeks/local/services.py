@@ -84,6 +84,8 @@ class Service:
     state_dir: Path
     command: Callable[[int, Path], list[str]]  # (port, data dir) -> argv
     ready: Callable[[int], bool]
+    host: str = "127.0.0.1"  # where it listens: loopback, or doeks' bridge address for what pods must reach
+    env: dict | None = None  # more environment for the process
 
     @property
     def home(self) -> Path:
@@ -106,22 +108,25 @@ class Service:
 
     def endpoint(self) -> str | None:
         info = self.info()
-        return f"http://127.0.0.1:{info['port']}" if info else None
+        return f"http://{info.get('host', '127.0.0.1')}:{info['port']}" if info else None
 
-    def start(self, port: int | None = None, timeout: float = 30.0) -> dict:
+    def start(self, port: int | None = None, timeout: float = 120.0) -> dict:
+        """Start the server and wait until it answers (the wait ends when it does: the limit is for one that hangs,
+        and is wide enough for a moto or etcd starting on a 2-core machine that other work keeps busy)."""
         existing = self.info()
         if existing:
             return existing
-        if port is not None and port_open(port):
-            raise DoeksError(f"port {port} for {self.name} is already taken on 127.0.0.1: choose another port or stop what uses it")
+        if port is not None and port_open(port, self.host):
+            raise DoeksError(f"port {port} for {self.name} is already taken on {self.host}: choose another port or stop what uses it")
         port = port or free_port()
         data = self.home / "data"
         data.mkdir(parents=True, exist_ok=True)
         argv = self.command(port, data)
         with open(self.log_file, "ab") as log:
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True, cwd=self.home)
-        info = {"pid": process.pid, "port": port, "argv": argv, "started": time.time()}
+                                       start_new_session=True, cwd=self.home,
+                                       env={**os.environ, **self.env} if self.env else None)
+        info = {"pid": process.pid, "port": port, "argv": argv, "started": time.time(), "host": self.host}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -195,6 +200,19 @@ def moto(state_dir: Path) -> Service:
         return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
 
     return Service("moto", state_dir, command, lambda port: _http_ok(f"http://127.0.0.1:{port}/moto-api/"))
+
+
+def moto_eks(state_dir: Path, host: str = "127.0.0.1", env: dict | None = None) -> Service:
+    """doeks' moto server (doeks.local.motoserver): moto with the EKS operations it lacks (add-ons, Pod Identity,
+    EKS Auth), under the same name and folder as the plain one."""
+    def command(port: int, data: Path) -> list[str]:
+        return [sys.executable, "-m", "doeks.local.motoserver", "-H", host, "-p", str(port)]
+
+    from ..settings import PROJECT_ROOT
+
+    return Service("moto", state_dir, command, lambda port: _http_ok(f"http://{host}:{port}/moto-api/"), host=host,
+                   env={"PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
+                        **(env or {})})
 
 
 def services(state_dir: Path) -> list[Service]:

@@ -215,6 +215,7 @@ def _redirect(path: str | None, fd: int) -> None:
 
 def _become_worker(request: dict[str, Any]) -> None:
     """Turn this fresh fork into `python -u script args...` as torchrun asked, then run the script."""
+    import io
     import runpy
 
     os.setsid()  # torchrun starts workers in a session of their own and signals the group
@@ -226,8 +227,11 @@ def _become_worker(request: dict[str, Any]) -> None:
     os.chdir(request["cwd"])
     _redirect(request["stdout"], 1)
     _redirect(request["stderr"], 2)
-    for stream in (sys.stdout, sys.stderr):  # -u
-        stream.reconfigure(line_buffering=True, write_through=True)
+    # as `python -u`, every line out at once, but each line in one write: unbuffered, print's text and its newline are
+    # two writes, and two ranks' lines ran together in the node's log
+    sys.stdout, sys.stderr = (io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False)), encoding=stream.encoding,
+                                               errors=stream.errors, line_buffering=True)
+                              for fd, stream in ((1, sys.stdout), (2, sys.stderr)))
     numpy = sys.modules.get("numpy")
     if numpy is not None:  # a fresh interpreter seeds numpy's global generator from the OS; forks would all share one
         numpy.random.seed()
@@ -236,5 +240,13 @@ def _become_worker(request: dict[str, Any]) -> None:
     _title(" ".join(args))
     sys.argv = [script] + args[3:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except Exception as error:  # noqa: BLE001 - shown as `python script.py` shows it, then exit 1 as it does
+        trace = error.__traceback__
+        while trace is not None and trace.tb_frame.f_code.co_filename != script:
+            trace = trace.tb_next  # the zygote's and runpy's frames are doeks' own, not the script's
+        error = error.with_traceback(trace or error.__traceback__)  # Python prints the exception's own traceback
+        sys.excepthook(type(error), error, error.__traceback__)  # torch's, once the script made its process group
+        sys.exit(1)
     sys.exit(0)

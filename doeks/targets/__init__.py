@@ -1,7 +1,7 @@
 """Where a job runs: one interface (`base.Target`), one class per TARGET, looked up by name.
 
     target = targets.get(settings)          # chosen once, from TARGET
-    plan = target.plan(targets.Job(settings, train_args, fresh))
+    plan = target.plan(target.job(train_args, fresh))  # the job as one value, resolved once
     plan.show(runner)                       # the dry run
     target.submit(plan, runner)             # the run
     target.describe() / logs() / scale(n) / cancel() / artifacts()
@@ -12,7 +12,7 @@ verbs and the units' (see `base.Target`); nothing else lists it.
 """
 from __future__ import annotations
 
-from .base import (COLUMNS, FINAL, STATES, Job, JobStatus, NotSupported, Plan, ReplicaStatus, Step, Target)
+from .base import (COLUMNS, FINAL, STATES, Job, JobStatus, NotSupported, Plan, ReplicaStatus, Step, Target, World)
 
 # The KFP pipeline's training_runtime values (the seed's kubernetes and sagemaker, and doeks' own) -> targets.
 RUNTIMES = {"kubernetes": "eks", "eks": "eks", "sagemaker": "sagemaker", "local": "local", "docker": "docker"}
@@ -38,6 +38,8 @@ def get(settings, name: str | None = None) -> Target:
     if name not in found:
         raise DoeksError(f"TARGET={name!r}: expected one of {', '.join(names())}")
     module, cls = found[name]
+    if name == "eks" and getattr(settings, "eks_rehearsal", False):  # EKS_REHEARSAL: the eks target on this machine
+        module, cls = "doeks.targets.rehearsal", "RehearsalTarget"
     return getattr(importlib.import_module(module), cls)(settings)
 
 
@@ -50,5 +52,5 @@ def for_runtime(settings, runtime: str) -> Target:
     return get(settings.with_overrides(target=RUNTIMES[runtime]))
 
 
-__all__ = ["COLUMNS", "FINAL", "STATES", "Job", "JobStatus", "NotSupported", "Plan", "ReplicaStatus", "Step", "Target",
+__all__ = ["COLUMNS", "FINAL", "STATES", "World", "Job", "JobStatus", "NotSupported", "Plan", "ReplicaStatus", "Step", "Target",
            "RUNTIMES", "VERBS", "get", "for_runtime", "names"]

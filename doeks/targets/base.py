@@ -28,27 +28,60 @@ class NotSupported(DoeksError):
         super().__init__(f"{verb} is not supported on TARGET={target}" + (f": {hint}" if hint else ""))
 
 
+@dataclass(frozen=True)
+class World:
+    """How many processes a job starts with: nodes x processes per node, and why it is not REPLICAS x
+    NPROC_PER_NODE where a target counts otherwise (SageMaker: its instances, one process per GPU)."""
+
+    nodes: int
+    nproc: int
+    why: str = ""
+
+    @property
+    def size(self) -> int:
+        return self.nodes * self.nproc
+
+    def line(self) -> str:
+        return f"world {self.size} = {self.nodes} nodes x {self.nproc} processes" + (f" ({self.why})" if self.why else "")
+
+
 @dataclass
 class Job:
-    """What the user asks for: the validated settings (flags applied), extra script arguments, and whether to start
-    from scratch. `run` names this submission (a fresh rendezvous id per deploy); a plan that is only shown
-    (`dry_run`) names it DRY_RUN_ID, so the same inputs print the same plan."""
+    """The job as one value, resolved once (`Target.job`) and handed to the target's verbs: its settings (flags
+    applied, its name among them), its code (doeks.code.resolve: the script, its folder, TRAIN_ARGS), the extra
+    script arguments, the image its processes run, its world, and whether to start from scratch. `run` names this
+    submission (a fresh rendezvous id per deploy); a plan that is only shown (`dry_run`) names it DRY_RUN_ID, so the
+    same inputs print the same plan."""
 
     settings: Any
     train_args: list[str] = field(default_factory=list)
     fresh: bool = False
     run: str = ""
     dry_run: bool = False
+    code: Any = None      # doeks.code.Code
+    image: str = ""       # the training image, as this target names it ("" until a target resolves it)
+    world: World | None = None
 
     def __post_init__(self):
         if not self.run:
             from ..jobspec import run_id
 
             self.run = DRY_RUN_ID if self.dry_run else run_id()
+        if self.code is None:
+            from ..code import resolve
+
+            self.code = resolve(self.settings)
 
     @property
     def name(self) -> str:
         return self.settings.job_name
+
+    @property
+    def args(self) -> list[str]:
+        """The script's arguments: the built-in workload's flags (only for it), TRAIN_ARGS, then --train-args."""
+        from ..jobspec import train_args
+
+        return train_args(self.settings, code=self.code) + list(self.train_args)
 
 
 @dataclass
@@ -71,6 +104,15 @@ class Plan:
     image: str = ""
     context: dict[str, Any] = field(default_factory=dict)   # what steps hand on to later steps at run time
     warnings: list[str] = field(default_factory=list)       # shown before the steps, by a dry run and a submission
+    interprets: bool = False  # the target runs the manifests itself (local, docker): its steps are the plan to show
+    world: World | None = None
+
+    @property
+    def shown_manifests(self) -> list[dict[str, Any]]:
+        """What a dry run and a submission print on stdout: the manifests a cluster gets; none where the target
+        interprets them on this machine (the cluster's GPUs, EFA and node types do not apply: its steps say what
+        runs, and `TARGET=kubernetes invoke elasticjob.deploy --dry-run` prints the manifests)."""
+        return [] if self.interprets else self.manifests
 
     def warn(self) -> None:
         from .. import ui
@@ -86,12 +128,14 @@ class Plan:
         """Print the plan: manifests as one YAML stream and requests as JSON on stdout, each step on stderr."""
         import json
 
-        if self.manifests:
-            runner.emit(self.manifests)
+        if self.shown_manifests:
+            runner.emit(self.shown_manifests)
         for request in self.requests:
             sys.stdout.write(runner.mask(json.dumps(request, indent=2, default=str)) + "\n")
         sys.stdout.flush()
         self.warn()
+        if self.world is not None:
+            runner.note(self.world.line())
         for step in self.steps:
             runner.step(step.what, lambda: None)
 
@@ -149,6 +193,7 @@ class Target:
     name = "?"
     on_this_machine = False       # the job's containers/processes run here (local image name, CPU base)
     builds_image = False          # it runs containers of the training image built here (`up` builds it first)
+    interprets = False            # it runs the job's manifests itself, as processes or containers here
     asks_before_down = False      # `down` deletes something that costs money: it asks once (or --yes)
     pod_identity = False          # pods get AWS roles through EKS Pod Identity
 
@@ -283,6 +328,16 @@ class Target:
         self.nothing("no queue (Kueue runs on a cluster)")
 
     # -- unit elasticjob: what the job needs before it is deployed ---------------------------------------------------
+    def image_push(self, runner, build: bool = True) -> str:
+        """The training image built (unless `build` is False: elasticjob.push) for where the cluster runs it and
+        pushed to REGISTRY or this account's ECR (`up`'s elasticjob step on a cluster); returns the reference the
+        manifests name."""
+        from .. import trainimage
+
+        if build:
+            trainimage.build(self.settings, runner, on_this_machine=False)
+        return trainimage.push(self.settings, runner, on_this_machine=False)
+
     def job_needs(self, build: Callable[[], Any], data: Callable[[], Any], cluster: Callable[[], Any]) -> None:
         """`up`'s elasticjob step before the deploy: `build()` the training image where this target runs it, then
         the data where the job reads it: `data()` (made if missing) on this machine's volume, else `cluster()` (the
@@ -300,8 +355,39 @@ class Target:
         raise NotSupported(self.name, "checks")
 
     # -- submission -------------------------------------------------------------------------------------------------
+    def job(self, train_args=(), fresh: bool = False, dry_run: bool = False, run: str = "") -> Job:
+        """The job as one value, resolved once, here: its code, the image this target runs it in, its world. Every
+        verb after this one reads it from the Job, none resolves it again."""
+        from .. import trainimage
+        from ..code import resolve
+
+        code = resolve(self.settings)
+        return Job(self.settings, list(train_args), fresh, run, dry_run, code=code,
+                   image=trainimage.reference(self.settings, self.on_this_machine, code), world=self.world())
+
+    def world(self) -> World:
+        """Nodes x processes the job starts with on this target (REPLICAS x NPROC_PER_NODE)."""
+        return World(self.settings.replicas, self.settings.nproc_per_node)
+
     def plan(self, job: Job) -> Plan:
         raise NotSupported(self.name, "plan")
+
+    def image_step(self, job: Job) -> Step | None:
+        """Where this target runs the training image built on this machine (docker, doeks' own cluster, SageMaker
+        local mode): a step that builds it when none is built for the job's code, saying so (a deploy of a script
+        named by a flag said "not built: run `invoke elasticjob.build`", and that command, without the flag, found
+        another image up to date). None when it is there, or is TRAIN_IMAGE (never built here)."""
+        from .. import trainimage
+        from ..runner import Runner
+
+        if not (self.builds_image and self.on_this_machine) or job.settings.train_image:
+            return None
+        if trainimage.is_built(job.image) is not False:
+            return None
+        s = job.settings
+        return Step(f"build the training image {job.image}: none is built for this code ({job.code.shown()}); as "
+                    f"`{trainimage.command(s, 'elasticjob.build')}` does (the first build makes the CPU torch base "
+                    "too: minutes)", lambda: trainimage.build(s, Runner(secrets=s.secrets()), True, job.code))
 
     def manifests(self, job: Job) -> list[dict]:
         """The job's Kubernetes manifests (etcd, PyTorchJob) naming the training image as this target pulls it: from
@@ -310,19 +396,20 @@ class Target:
         from .. import jobspec, trainimage
 
         return jobspec.manifests(job.settings, job.train_args, job.run,
-                                 image=trainimage.reference(job.settings, self.on_this_machine),
-                                 placement=self.placement())
+                                 image=job.image or trainimage.reference(job.settings, self.on_this_machine, job.code),
+                                 placement=self.placement(), code=job.code)
 
     def manifest_plan(self, job: Job) -> Plan:
         """A plan's start for the targets that run the manifests (eks) or interpret them (local, docker): the training
         arguments checked against the script's own parser, the manifests, and the image their workers run."""
-        from .. import code, jobspec
+        from .. import jobspec
         from .reasons import check_train_args
 
-        if code.resolve(job.settings).builtin:  # a user's script parses its own arguments
+        if job.code.builtin:  # a user's script parses its own arguments
             check_train_args(job.train_args)
         manifests = self.manifests(job)
-        plan = Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(manifests[-1])["containers"][0]["image"])
+        plan = Plan(self.name, job, manifests=manifests, image=jobspec.worker_pod(manifests[-1])["containers"][0]["image"],
+                    interprets=self.interprets, world=job.world or self.world())
         warning = "" if self.on_this_machine else jobspec.idle_gpus_warning(job.settings)
         if warning:  # GPUs per node follow the node: a setting that leaves some idle is a warning in the plan
             plan.warnings.append(warning)
@@ -348,7 +435,8 @@ class Target:
         the demo, the scaling runs, the pipeline."""
         from . import runs
 
-        runs.start(plan.job.settings, self.name, self.run_name(plan), plan.job.train_args)
+        self.submitted = plan.job  # what `wait` follows
+        runs.start(plan.job.settings, self.name, self.run_name(plan), plan.job.train_args, code=plan.job.code)
 
     def run_name(self, plan: Plan) -> str:
         """The id describe() will report for this submission's run (the rendezvous id; SageMaker: the job's name)."""
@@ -383,6 +471,11 @@ class Target:
     def cancel(self, runner) -> bool:
         """Stop the job and everything it started; True if something was running. Safe to call twice."""
         raise NotSupported(self.name, "cancel")
+
+    def end_failed(self, runner) -> None:
+        """End a job whose reason is permanent (`--follow` does, as the local supervisor does by itself): nothing of it
+        runs after, and what says why stays for `status` and `logs` where the target can keep it."""
+        self.cancel(runner)
 
     def artifacts(self) -> dict[str, str]:
         """Where the job's outputs live: metrics, checkpoints, model (paths, s3:// or pvc:// URIs)."""

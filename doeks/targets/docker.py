@@ -16,10 +16,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from .. import elastic, jobspec, trainimage
+from .. import elastic, jobpaths, jobspec, trainimage
 from ..errors import DoeksError
 from ..local import runtime
-from ..local.jobs import GROUP_FAILED, parse_progress
+from ..local.jobs import GROUP_FAILED, parse_progress, restarting
 from ..local.services import etcd, free_port
 from ..runner import to_yaml_stream
 from .local import OnThisMachine
@@ -39,11 +39,16 @@ def container_name(job_name: str, replica: int) -> str:
 
 
 def _restart_policy(pytorchjob: dict[str, Any]) -> dict[str, Any]:
+    """docker's restart policy for a Worker: OnFailure as `on-failure`, retried up to runPolicy.backoffLimit, and no
+    more often than the node may restart (elasticPolicy.maxRestarts, MAX_RESTARTS: torchrun's restarts of its workers
+    count too, which `describe` adds up); 0 is `no` (docker's `on-failure:0` retries for ever)."""
     worker = pytorchjob["spec"]["pytorchReplicaSpecs"]["Worker"]
     policy = worker.get("restartPolicy", "OnFailure")
-    limit = pytorchjob["spec"].get("runPolicy", {}).get("backoffLimit", 6)
+    limit = int(pytorchjob["spec"].get("runPolicy", {}).get("backoffLimit", 6))
+    node = pytorchjob["spec"].get("elasticPolicy", {}).get("maxRestarts")
+    limit = min(limit, int(node)) if node is not None else limit
     if policy in ("OnFailure", "ExitCode"):
-        return {"Name": "on-failure", "MaximumRetryCount": int(limit)}
+        return {"Name": "on-failure", "MaximumRetryCount": limit} if limit > 0 else {"Name": "no"}
     if policy == "Always":
         return {"Name": "always"}
     return {"Name": "no"}
@@ -116,6 +121,7 @@ class DockerTarget(OnThisMachine, Target):
     name = "docker"
     on_this_machine = True
     builds_image = True
+    interprets = True
 
     def checks(self):
         from ..preflight import local_checks
@@ -138,8 +144,12 @@ class DockerTarget(OnThisMachine, Target):
         pytorchjob = plan.manifests[-1]
         ctx: dict[str, Any] = {"endpoint": None, "started_etcd": False}
         plan.context = ctx
+        build = self.image_step(job)
+        if build is not None:
+            ctx["builds"] = True
+            plan.steps.append(build)
         plan.steps.append(Step(f"check: docker daemon, image {plan.image}, job {s.job_name} not running, data in "
-                               f"{elastic.data_root(s)}", lambda: self._check(s, plan.image)))
+                               f"{elastic.data_root(s)}", lambda: self._check(s, plan.image, job.code)))
         if s.rdzv_backend.startswith("etcd"):
             server = etcd(s.state_dir)
             what = (f"use etcd at {s.etcd_endpoint}" if s.etcd_endpoint else
@@ -149,10 +159,13 @@ class DockerTarget(OnThisMachine, Target):
             shown = "127.0.0.1:ETCD_PORT"
         else:
             ctx["endpoint"] = shown = f"127.0.0.1:{free_port()}"
+        if jobpaths.in_s3(s):  # checkpoints or model in S3: doeks' moto server (or AWS_ENDPOINT_URL), host network
+            plan.steps.append(Step(f"S3 for {', '.join(jobpaths.in_s3(s))}: {s.aws_endpoint_url or 'doeks moto server (started if need be; the bucket made there)'}",
+                                   lambda: ctx.update(s3_env=elastic.prepare_s3(s))))
         if job.fresh:
             plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: elastic.clear_outputs(s)))
         plan.steps.append(Step(f"record the manifests in {self.home / 'manifests.yaml'}",
-                               lambda: self._record(plan.manifests, job.run)))
+                               lambda: self._record(plan.manifests, job.run, ctx.get("s3_env"))))
         volumes = runtime.volumes_dir(s)
         for replica in range(s.replicas):
             spec = container_spec(pytorchjob, replica, shown, volumes, job.run, state_label(s))
@@ -167,17 +180,18 @@ class DockerTarget(OnThisMachine, Target):
                              "`invoke elasticjob.status`, or `invoke elasticjob.delete` first")
 
     def refuse(self, plan: Plan) -> None:
-        trainimage.require_image(plan.image)
+        if not plan.context.get("builds"):
+            trainimage.require_image(plan.image, plan.job.settings)
         self.refuse_if_running()
-        elastic.check_job_data(plan.job.settings)  # a user's script gets its data folder as it is
+        elastic.check_job_data(plan.job.settings, plan.job.code)  # a user's script gets its data folder as it is
 
-    def _check(self, s, image: str) -> None:
-        trainimage.require_image(image)
+    def _check(self, s, image: str, code=None) -> None:
+        trainimage.require_image(image, s)
         self.refuse_if_running()
         for stale in self.containers():
             self._archive(stale)
             stale.remove(force=True)
-        elastic.check_job_data(s)
+        elastic.check_job_data(s, code)
 
     def _archive(self, container) -> None:
         """Keep a finished run's logs (STATE_DIR/docker/<job>/runs/<run>/node-N.log) before its container goes."""
@@ -189,11 +203,11 @@ class DockerTarget(OnThisMachine, Target):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"node-{container.labels.get(REPLICA)}.log").write_bytes(data)
 
-    def _record(self, manifests, run) -> None:
+    def _record(self, manifests, run, s3_env=None) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "manifests.yaml").write_text(to_yaml_stream(manifests))
         (self.home / "pytorchjob.json").write_text(json.dumps(manifests[-1], indent=2))
-        (self.home / "run.json").write_text(json.dumps({"run": run, "endpoint": None}))
+        (self.home / "run.json").write_text(json.dumps({"run": run, "endpoint": None, "s3_env": s3_env or {}}))
 
     def _start(self, pytorchjob, replica: int, endpoint: str, run: str):
         record = json.loads((self.home / "run.json").read_text())
@@ -202,6 +216,7 @@ class DockerTarget(OnThisMachine, Target):
             (self.home / "run.json").write_text(json.dumps(record))
         spec = container_spec(pytorchjob, replica, endpoint, runtime.volumes_dir(self.settings), run,
                               state_label(self.settings))
+        spec["environment"].update(record.get("s3_env") or {})  # the S3 of CHECKPOINT_URI / MODEL_URI on this machine
         for folder in spec["volumes"]:
             Path(folder).mkdir(parents=True, exist_ok=True)
         return client().containers.run(**spec)
@@ -228,7 +243,15 @@ class DockerTarget(OnThisMachine, Target):
         s = self.settings
         run = self._record_read().get("run", "")
         return container_job_status(self.name, s.job_name, run, self.containers(),
-                                    lambda c: f"node-{c.labels.get(REPLICA)}")
+                                    lambda c: f"node-{c.labels.get(REPLICA)}", self._max_restarts())
+
+    def _max_restarts(self) -> int | None:
+        """The run's MAX_RESTARTS, as its PyTorchJob says (elasticPolicy.maxRestarts)."""
+        try:
+            job = json.loads((self.home / "pytorchjob.json").read_text())
+            return int(job["spec"]["elasticPolicy"]["maxRestarts"])
+        except (OSError, ValueError, KeyError):
+            return None
 
     def _cursor(self, replica: int | None = None) -> ContainerCursor:
         return ContainerCursor(self.containers, lambda c: f"node-{c.labels.get(REPLICA)}",
@@ -302,19 +325,30 @@ class DockerTarget(OnThisMachine, Target):
             runner.step(f"docker rm -f {c.name}", c.remove, force=True)
         return bool(running)
 
+    def end_failed(self, runner) -> None:
+        stop_containers(self.containers(), runner)
+
     def artifacts(self) -> dict[str, str]:
         s = self.settings
-        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
+        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": elastic.checkpoint_uri(s),
+                "model": elastic.model_uri(s) + "/model.pt",
                 "final": str(elastic.metrics_dir(s) / "final.json"), "manifests": str(self.home / "manifests.yaml")}
+
+
+def stop_containers(containers, runner) -> None:
+    """Stop a failed job's containers for good (docker does not restart a container stopped by hand) and keep them:
+    their states and logs are what `status`, `describe` and `logs --errors` read; the next deploy or `delete` removes
+    them."""
+    for c in containers:
+        if c.status in ("running", "restarting", "created"):
+            runner.step(f"docker stop {c.name}", c.stop, timeout=5)
 
 
 def read_replica(container, name: str, seen: dict | None = None) -> ReplicaStatus | None:
     """One container as a replica: its state in the targets' vocabulary, its restarts (docker's restarts of the
     container plus torchrun's of its workers, from the logs), its last step; None when it was removed meanwhile (a
-    scale down, a delete from another shell). `seen` collects the lines since its last step (for the reason)."""
+    scale down, a delete from another shell). `seen` collects its log lines, every start of it in order."""
     import docker as sdk
-
-    from ..local.jobs import STEP_LINE, WORKER_RESTART
 
     try:
         container.reload()
@@ -322,18 +356,19 @@ def read_replica(container, name: str, seen: dict | None = None) -> ReplicaStatu
     except sdk.errors.NotFound:
         return None
     lines = text.splitlines()
-    # stock torchrun in the image: each failed worker group logs one GROUP_FAILED line; the one that ended a
-    # container's life is docker's restart (RestartCount) or its final exit, the others were torchrun's restarts
     state = container.attrs["State"]
-    node_failures = int(container.attrs.get("RestartCount", 0)) + (0 if state.get("Running") or not state.get("ExitCode") else 1)
-    worker_restarts = max(0, sum(1 for line in lines if GROUP_FAILED.search(line)) - node_failures) + sum(
-        1 for line in lines if WORKER_RESTART.search(line))
-    last_step = max((i for i, line in enumerate(lines) if STEP_LINE.search(line)), default=-1)
+    said = [i for i, line in enumerate(lines) if reasons.WORKER_RESTART.search(line)]
+    if said:  # doeks' torchrun (the training image's) says each restart of the workers
+        worker_restarts = len(said)
+    else:  # a stock torchrun (TRAIN_IMAGE): each failed worker group logs one GROUP_FAILED line; the one that ended a
+        # container's life is docker's restart (RestartCount) or its final exit, the others were torchrun's restarts
+        node_failures = int(container.attrs.get("RestartCount", 0)) + (0 if state.get("Running") or not state.get("ExitCode") else 1)
+        worker_restarts = max(0, sum(1 for line in lines if GROUP_FAILED.search(line)) - node_failures)
     if seen is not None:
-        seen[name] = lines[last_step + 1:][-400:]
+        seen[name] = lines
     tail = "\n".join(lines[-200:])
-    if state.get("Restarting"):
-        replica_state = RESTARTING
+    if state.get("Restarting") or (state.get("Running") and restarting(lines)):
+        replica_state = RESTARTING  # docker restarts the container, or torchrun its workers
     elif state.get("Running"):
         replica_state = RUNNING
     elif state.get("Status") == "created":
@@ -348,9 +383,20 @@ def read_replica(container, name: str, seen: dict | None = None) -> ReplicaStatu
                          progress.get("total"))
 
 
-def container_job_status(target: str, job_name: str, run: str, containers: list, name_of) -> JobStatus:
-    """A job whose replicas are containers: Running while any runs (or restarts), Succeeded when all exited 0,
-    Failed otherwise, with the first failed container as the reason; Stopped when there are none."""
+def since_last_step(lines: list[str]) -> list[str]:
+    """A replica's lines since its last training step: an error that training went on after is no reason."""
+    from ..local.jobs import STEP_LINE
+
+    last = max((i for i, line in enumerate(lines) if STEP_LINE.search(line)), default=-1)
+    return lines[last + 1:][-400:]
+
+
+def container_job_status(target: str, job_name: str, run: str, containers: list, name_of,
+                         max_restarts: int | None = None) -> JobStatus:
+    """A job whose replicas are containers: Running while any runs (Restarting while one restarts), Succeeded when
+    all exited 0, Failed otherwise; the reason: an error of the script's code in any log, a replica over
+    `max_restarts` (MAX_RESTARTS: docker's restarts of it and torchrun's of its workers together), else what the lines
+    since each replica's last step show. A permanent reason fails the job (`--follow` removes its containers)."""
     if not containers:
         return JobStatus(target, job_name, STOPPED, run=run, reason="no containers (not deployed, or deleted)")
     seen: dict[str, list[str]] = {}
@@ -360,9 +406,10 @@ def container_job_status(target: str, job_name: str, run: str, containers: list,
     if not replicas:
         return JobStatus(target, job_name, STOPPED, run=run, reason="its containers were removed")
     states = [r.state for r in replicas]
+    total = sum(r.restarts for r in replicas)
     reason = ""
     if any(x in (RUNNING, RESTARTING, PENDING) for x in states):
-        job_state = RUNNING
+        job_state = RESTARTING if RESTARTING in states else RUNNING
     elif all(x == SUCCEEDED for x in states):
         job_state = SUCCEEDED
     else:
@@ -372,15 +419,21 @@ def container_job_status(target: str, job_name: str, run: str, containers: list,
                   f"{failed.attrs.get('RestartCount', 0)} restarts")
     fix, permanent = "", False
     if job_state != SUCCEEDED:
-        lines = [line for name in sorted(seen) for line in seen[name]]
-        restarts = sum(1 for line in lines if GROUP_FAILED.search(line))  # since each replica's last step
+        everything = [f"[{name}] {line}" for name in sorted(seen) for line in seen[name]]
+        lines = [f"[{name}] {line}" for name in sorted(seen) for line in since_last_step(seen[name])]
+        loop = sum(1 for line in lines if reasons.WORKER_RESTART.search(reasons.split_prefix(line)[2])
+                   or GROUP_FAILED.search(line))
         events = ["OOMKilled" for c, _ in read if c.attrs["State"].get("OOMKilled")]
-        found = reasons.classify(lines, [c.attrs["State"].get("ExitCode") for c, r in read if r.state == FAILED],
-                                 events, restarts, failed=job_state == FAILED)
+        found = reasons.tracebacks(everything).permanent()
+        over = [r for r in replicas if max_restarts is not None and r.restarts > max_restarts]
+        found = found or reasons.classify(lines, [c.attrs["State"].get("ExitCode") for c, r in read if r.state == FAILED],
+                                          events, loop, failed=job_state == FAILED or bool(over), total=total)
+        if over and (found is None or found.code in reasons.GENERIC):  # no cause of its own: the limit is the reason
+            found = reasons.restart_limit(over[0].name, over[0].restarts, max_restarts, reasons.last_error(everything))
         if found is not None:
             reason, fix, permanent = found.text, found.fix, found.permanent
     return JobStatus(target, job_name, job_state, run=run, replicas=replicas, desired=len(replicas),
-                     restarts=sum(r.restarts for r in replicas), reason=reason, fix=fix, permanent=permanent)
+                     restarts=total, reason=reason, fix=fix, permanent=permanent)
 
 
 def container_events(containers) -> list[str]:

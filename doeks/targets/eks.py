@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .. import trainimage
+from .. import kube, trainimage
 from ..errors import DoeksError
 from .kubernetes import KubernetesTarget
 
@@ -22,7 +22,9 @@ class OnAws:
     asks_before_down = True
 
     def connect(self) -> None:
-        """kubectl uses the kubeconfig `eks.connect` wrote (the user's own, untouched)."""
+        """kubectl uses the kubeconfig `eks.connect` wrote for CLUSTER_NAME in AWS_REGION alone (kube.eks_kubeconfig),
+        never the user's current context, which may be another cluster's (the user's own kubeconfig is untouched)."""
+        kube.use_only(kube.eks_kubeconfig(self.settings))
 
     def after_up(self, dry_run: bool) -> None:
         return None
@@ -227,10 +229,27 @@ class EksTarget(OnAws, KubernetesTarget):
         trainimage.require_resolved(image)
 
     def refuse_image(self, image: str) -> None:
+        """The image must name a registry; doeks' own content-tagged image must be in this account's ECR (a code
+        edit is a new tag that no push has made yet: the pods would sit in ImagePullBackOff)."""
         trainimage.require_resolved(image)
+        s = self.settings
+        if s.train_image or ".dkr.ecr." not in image or image.split("/")[0] != trainimage.registry_host(s):
+            return  # a prebuilt image, or another registry: the user's to push
+        if trainimage.in_ecr(s, image.rsplit(":", 1)[1]):
+            return
+        raise DoeksError(f"training image {image} is not in ECR (the code changed since the last push): run "
+                         "`invoke elasticjob.build elasticjob.push` (or `invoke up`), then deploy")
 
     def refuse(self, plan) -> None:
         self.refuse_image(plan.image)  # the cluster is read when the job is applied (a dry run needs no cluster)
+
+    def plan(self, job):
+        plan = super().plan(job)
+        if not job.settings.train_image and trainimage.is_built(plan.image) is False:
+            plan.warnings.append(f"warning: training image {plan.image} (this code's) is not built on this machine; "
+                                 "unless it is in the registry already, the pods cannot pull it: "
+                                 f"`{trainimage.command(job.settings, 'elasticjob.build elasticjob.push')}`")
+        return plan
 
     def artifacts(self) -> dict[str, str]:
         found = super().artifacts()

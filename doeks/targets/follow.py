@@ -159,7 +159,8 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
     settings = target.settings
     # the built-in workload's steps follow from the data and the settings; a user's script says its own (total=) or
     # the bar counts steps without an end (never a made-up total)
-    builtin = resolve(settings).builtin
+    job = getattr(target, "submitted", None)  # the job this process submitted: its code is resolved already
+    builtin = (job.code if job is not None else resolve(settings)).builtin
     total = expected_steps(settings) if builtin else None
     deadline = time.monotonic() + timeout if timeout else None
     with ui.progress() as bar:
@@ -181,7 +182,7 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
                 # a restart cannot help (bad arguments, missing data, an import error): end the job now
                 from ..runner import Runner
 
-                target.cancel(Runner(echo=False))
+                target.end_failed(Runner(echo=False))
                 status.state = "Failed"
             if status.finished:
                 from .runs import settle

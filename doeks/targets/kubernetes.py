@@ -11,7 +11,7 @@ import subprocess
 from typing import Any, Iterator
 
 from .. import jobspec, kube, trainimage
-from ..local.jobs import parse_progress
+from ..local.jobs import parse_progress, restarting
 from ..errors import DoeksError
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
                    Step, Target)
@@ -331,6 +331,10 @@ class KubernetesTarget(Target):
 
     def plan(self, job: Job) -> Plan:
         plan = self.manifest_plan(job)
+        build = self.image_step(job)  # doeks' own cluster: built here, then imported
+        if build is not None:
+            plan.context["builds"] = build
+            plan.steps.append(build)
         if job.fresh and self.on_this_machine:  # doeks' own cluster: the claim's folder is here
             plan.steps.append(self.fresh_step(job.name))
         elif job.fresh:  # the claim is storage of that cluster: nothing here can clear it
@@ -349,10 +353,13 @@ class KubernetesTarget(Target):
     def submit(self, plan: Plan, runner) -> None:
         from ..runner import to_yaml_stream
 
+        build = plan.context.get("builds")
+        if build is not None:  # before the image is imported into the cluster
+            runner.step(build.what, build.run)
         self.check_image(plan.image, runner)
         self._replace_previous(plan, runner)
         for step in plan.steps:
-            if step.run is not None:
+            if step.run is not None and step is not build:
                 runner.step(step.what, step.run)
         kube.run(runner, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
                  input=to_yaml_stream(plan.manifests))
@@ -362,7 +369,8 @@ class KubernetesTarget(Target):
     def refuse(self, plan: Plan) -> None:
         """Before anything is printed: the image (doeks' own cluster: built here; eks: resolved to a registry) and a
         job of the same name still running without --fresh."""
-        self.refuse_image(plan.image)
+        if not plan.context.get("builds"):
+            self.refuse_image(plan.image)
         if kube.own_cluster_stopped(self.settings):
             raise DoeksError("doeks' cluster is not running: `TARGET=kubernetes invoke up` starts it")
         from .. import kueue
@@ -372,7 +380,7 @@ class KubernetesTarget(Target):
 
     def refuse_image(self, image: str) -> None:
         if self.on_this_machine:
-            trainimage.require_image(image)
+            trainimage.require_image(image, self.settings)
 
     def _previous(self, plan: Plan) -> str | None:
         """The state of a PyTorchJob of the same name already on the cluster (None: there is none); a running one is
@@ -459,34 +467,48 @@ class KubernetesTarget(Target):
             if waiting in _POD_PROBLEMS:
                 replica_state = RESTARTING if waiting == "CrashLoopBackOff" else PENDING
                 reason = reason or f"{pod['metadata']['name']}: {waiting}"
-            progress = parse_progress("\n".join(by_pod.get(pod["metadata"]["name"], []))) or {}
+            logged = by_pod.get(pod["metadata"]["name"], [])
+            progress = parse_progress("\n".join(logged)) or {}
+            restarts += sum(1 for line in logged if reasons.WORKER_RESTART.search(line))  # torchrun's, in the pod
+            if replica_state == RUNNING and restarting(logged):
+                replica_state = RESTARTING
             replicas.append(ReplicaStatus(pod["metadata"]["name"], replica_state, restarts, step=progress.get("step"),
                                           samples_per_s=progress.get("samples_per_s"), world=progress.get("world"),
                                           detail=pod.get("spec", {}).get("nodeName", ""), total=progress.get("total")))
         desired = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas")
-        restarts = sum(r.restarts for r in replicas)
+        restarts_of_pods = sum(c.get("restartCount", 0) for p in pods for c in p.get("status", {}).get("containerStatuses", []))
         fix, permanent = "", False
         if queued is not None and queued.admitted and state == STOPPED:
             state = PENDING  # admitted: the operator has not yet replaced its Suspended condition
         if queued is not None and not queued.admitted and state not in (SUCCEEDED, FAILED):
             return JobStatus(self.name, s.job_name, PENDING, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
-                             replicas=replicas, desired=desired, restarts=restarts, queue=queued.line(),
+                             replicas=replicas, desired=desired, restarts=sum(r.restarts for r in replicas),
+                             queue=queued.line(),
                              reason=f"waits in queue {queued.queue}" + (f" for {queued.kind}" if queued.kind in
                                                                        ("quota", "topology") else "")
                              + (f": {queued.why}" if queued.why else ""),
                              fix=kueue.waiting_fix(queued))
         recent = _since_last_step(by_pod)
-        said = reasons.from_lines(recent)  # a permanent reason in a running pod: torchrun would only retry it
+        everything = [f"[{pod}] {line}" for pod in sorted(by_pod) for line in by_pod[pod]]
+        said = reasons.tracebacks(everything).permanent() or reasons.from_lines(recent)
+        limit = job["spec"].get("elasticPolicy", {}).get("maxRestarts")
+        over = [r for r in replicas if limit is not None and r.restarts > int(limit)]
+        if over and (said is None or said.code in reasons.GENERIC):  # MAX_RESTARTS: the pod's and torchrun's in it
+            said = reasons.restart_limit(over[0].name, over[0].restarts, int(limit), reasons.last_error(everything))
+        if state == RUNNING and any(r.state == RESTARTING for r in replicas):
+            state = RESTARTING
         if state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals) or (said and said.permanent)):
             # what the kubelet and the operator said, then the pods' last log lines (only when something is wrong)
             events = self._events([p["metadata"]["name"] for p in pods])
             signals += [e.get("reason", "") for e in events]
-            found = reasons.classify(messages + [e.get("message", "") for e in events] + recent,
-                                     exit_codes, signals, restarts, failed=state == FAILED)
+            found = said if said and said.permanent else reasons.classify(
+                messages + [e.get("message", "") for e in events] + recent, exit_codes, signals,
+                sum(1 for line in recent if reasons.WORKER_RESTART.search(line)) + restarts_of_pods,
+                failed=state == FAILED, total=sum(r.restarts for r in replicas))
             if found is not None:
                 reason, fix, permanent = found.text, found.fix, found.permanent
         return JobStatus(self.name, s.job_name, state, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
-                         replicas=replicas, desired=desired, restarts=restarts, reason=reason, fix=fix,
+                         replicas=replicas, desired=desired, restarts=sum(r.restarts for r in replicas), reason=reason, fix=fix,
                          permanent=permanent, queue=queued.line() if queued else "")
 
     def _pods(self, etcd: bool = False) -> list[dict[str, Any]]:
@@ -575,11 +597,14 @@ class KubernetesTarget(Target):
             from .. import elastic
 
             return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
-                    "final": str(elastic.metrics_dir(s) / "final.json"),
+                    "model": elastic.model_uri(s) + "/model.pt", "final": str(elastic.metrics_dir(s) / "final.json"),
                     "volume": f"pvc://{s.namespace}/{s.shared_pvc} (folder {s.state_dir / 'volumes' / s.shared_pvc})"}
+        from ..jobpaths import checkpoint_uri, job_folder, model_uri
+
         base = f"pvc://{s.namespace}/{s.shared_pvc}"
-        return {"metrics": f"{base}/metrics/{s.job_name}", "checkpoints": f"{base}/checkpoints/{s.job_name}",
-                "final": f"{base}/metrics/{s.job_name}/final.json",
+        return {"metrics": job_folder(s, "metrics", base), "checkpoints": checkpoint_uri(s, base),
+                "model": model_uri(s, base) + "/model.pt",
+                "final": f"{job_folder(s, 'metrics', base)}/final.json",
                 "copy": "kubectl cp from a pod that mounts the claim"}
 
 

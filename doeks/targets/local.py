@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .. import code, elastic, ui
+from .. import elastic, jobpaths, ui
 from ..errors import DoeksError
 from ..local import jobs as local_jobs
 from ..local import runtime
 from ..local.services import etcd, free_port
-from .base import FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus, Step, Target
+from .base import FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus, Step, Target
 from .follow import FileCursor, follow_until_done
 from .reasons import Reason
 
@@ -143,6 +143,7 @@ class OnThisMachine:
 class LocalTarget(OnThisMachine, Target):
     name = "local"
     on_this_machine = True
+    interprets = True
 
     def checks(self):
         from ..preflight import local_checks
@@ -159,9 +160,9 @@ class LocalTarget(OnThisMachine, Target):
         pytorchjob = plan.manifests[-1]
         ctx: dict = {"endpoint": None, "started_etcd": False}
         plan.context = ctx
-        source = code.resolve(s).source
+        source = job.code.source
         plan.steps.append(Step(f"check that job {s.job_name} is not running and its data is in {elastic.data_root(s)}",
-                               lambda: self._check(s)))
+                               lambda: self._check(s, job.code)))
         etcd_server = etcd(s.state_dir)
         if s.rdzv_backend.startswith("etcd"):
             if s.etcd_endpoint:
@@ -177,13 +178,18 @@ class LocalTarget(OnThisMachine, Target):
         else:
             ctx["endpoint"] = f"127.0.0.1:{free_port()}"
             shown = "127.0.0.1:PORT" if job.dry_run else ctx["endpoint"]  # a shown plan is the same every time
+        if jobpaths.in_s3(s):  # checkpoints or model in S3: doeks' moto server (or AWS_ENDPOINT_URL) for the processes
+            plan.steps.append(Step(f"S3 for {', '.join(jobpaths.in_s3(s))}: {s.aws_endpoint_url or 'doeks moto server (started if need be; the bucket made there)'}",
+                                   lambda: ctx.update(s3_env=elastic.prepare_s3(s))))
         argv, env = local_jobs.replica_command(pytorchjob, runtime.volumes_dir(s), shown, s.local_preload, source)
         for replica in range(s.replicas):
             line = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + f" DOEKS_REPLICA={replica}"
             plan.steps.append(Step(f"start node {replica}: {line} {shlex.join(argv)} (in {source})"))
         if job.fresh:
             plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: elastic.clear_outputs(s)))
-        plan.steps.append(Step(f"launch job supervisor for {s.job_name} ({s.replicas} nodes x {s.nproc_per_node} processes)",
+        plan.steps.append(Step(f"launch job supervisor for {s.job_name} ({s.replicas} nodes x {s.nproc_per_node} processes; "
+                               f"checkpoints in {elastic.checkpoint_dir(s)}, model in {elastic.model_uri(s)}, "
+                               f"logs in {local_jobs.run_dir(self.home, job.run)})",
                                lambda: self._launch(s, pytorchjob, ctx, job.run, source)))
         return plan
 
@@ -192,16 +198,17 @@ class LocalTarget(OnThisMachine, Target):
             raise DoeksError(f"job {self.settings.job_name} is already running: `invoke elasticjob.status`, or "
                              "`invoke elasticjob.delete` first")
 
-    def _check(self, s) -> None:
+    def _check(self, s, code=None) -> None:
         self.refuse_if_running()
-        elastic.check_job_data(s)
+        elastic.check_job_data(s, code)
 
     def refuse(self, plan: Plan) -> None:
         self.refuse_if_running()
-        elastic.check_job_data(plan.job.settings)
+        elastic.check_job_data(plan.job.settings, plan.job.code)
 
     def _launch(self, s, pytorchjob, ctx, run, source) -> None:
-        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run, source)
+        local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run, source,
+                          extra_env=ctx.get("s3_env"))
 
     def submit(self, plan: Plan, runner) -> None:
         try:
@@ -231,10 +238,12 @@ class LocalTarget(OnThisMachine, Target):
                                           progress.get("step"), progress.get("samples_per_s"), progress.get("world"),
                                           f"pid {r['pid']}" if r.get("pid") else "", progress.get("total")))
         state = state if state in (RUNNING, SUCCEEDED, FAILED, STOPPED) else RUNNING
-        found = status.get("reason") if state in (RUNNING, FAILED) else None
+        if state == RUNNING and any(r.state == RESTARTING for r in replicas):
+            state = RESTARTING  # a node, or torchrun's group in it, is being restarted: not training now
+        found = status.get("reason") if state in (RUNNING, RESTARTING, FAILED) else None
         reason = Reason(found["code"], found["text"], found["fix"], found["permanent"]) if found else None
         return JobStatus(self.name, s.job_name, state, run=status.get("run") or run, replicas=replicas,
-                         desired=status.get("desired"), restarts=status.get("restarts", 0),
+                         desired=status.get("desired"), restarts=sum(r.restarts for r in replicas),
                          reason=reason.text if reason else "", fix=reason.fix if reason else "",
                          permanent=bool(reason and reason.permanent))
 
@@ -291,7 +300,8 @@ class LocalTarget(OnThisMachine, Target):
 
     def artifacts(self) -> dict[str, str]:
         s = self.settings
-        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
+        return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": elastic.checkpoint_uri(s),
+                "model": elastic.model_uri(s) + "/model.pt",
                 "final": str(elastic.metrics_dir(s) / "final.json"), "logs": str(local_jobs.run_dir(self.home) / "replicas")}
 
 

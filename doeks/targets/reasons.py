@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 # Kubernetes' own words (kubernetes/kubernetes, v1.33): "CrashLoopBackOff" pkg/kubelet/container/sync_result.go,
@@ -28,6 +29,14 @@ IMAGE_FIX = "`invoke elasticjob.push`, or set TRAIN_IMAGE to an image the nodes 
 # pkg/constants JobCreationFailedReason; the event's message is the API server's refusal). Permanent: the same
 # template is refused again.
 JOB_CREATION_FAILED = "JobCreationFailed"
+# torch.nn.Module.load_state_dict's message when a state dict has other keys or shapes (torch/nn/modules/module.py)
+STATE_DICT_MISFIT = "Error(s) in loading state_dict"
+CHECKPOINTS = "{checkpoints}"  # the job's checkpoint folder: the target fills it in where it shows the fix
+CHECKPOINT_FIX = (f"{CHECKPOINTS} holds a checkpoint of another model: `invoke elasticjob.deploy --fresh` starts "
+                  "over (or move that folder away, or give this job its own --job-name)")
+IMPORT_FIX = ("the training image lacks a module: add it to TRAIN_REQUIREMENTS (or elasticjob/Dockerfile) and "
+              "`invoke elasticjob.build`")
+MISSING_FIX = "check the paths in --train-args and the shared volume (SHARED_PVC, SHARED_MOUNT)"
 REFUSED_FIX = ("the TrainJob's pod template is invalid (doeks.trainjob: its runtimePatches); `kubectl describe jobset "
                "<name>` shows the refusal")
 
@@ -55,16 +64,9 @@ _LINE_RULES = [
      "data laid out wrong: {m}", "`invoke csi.data.stage --relayout-val`"),
     ("bad-checkpoint", True, re.compile(r"error: (?P<m>checkpoint .+)"),
      "unusable checkpoint: {m}", "move the checkpoint folder away or deploy with --fresh"),
-    ("import-error", True, re.compile(r"(?P<m>(ModuleNotFoundError|ImportError): .+)"),
-     "import error: {m}", "the training image lacks a module: add it to elasticjob/Dockerfile and `invoke elasticjob.build`"),
-    # an exception a script raised that running the same code again cannot cure (a bug, a bad value); others
-    # (RuntimeError: NCCL, a lost peer, OSError) may pass with a restart and end in the crash-loop or failed reason
-    ("exception", True, re.compile(r"^(?:\[[^\]]*\]:?\s*)?(?P<m>(?:NameError|TypeError|AttributeError|ValueError|KeyError|"
-                                   r"IndexError|AssertionError|ZeroDivisionError|NotImplementedError|UnboundLocalError|"
-                                   r"SyntaxError|IndentationError)(?::.*)?)$"),
-     "the script raised {m}", "fix the script (`invoke elasticjob.logs --tail 50` shows the traceback), then deploy again"),
+    ("import-error", True, re.compile(r"(?P<m>(ModuleNotFoundError|ImportError): .+)"), "import error: {m}", IMPORT_FIX),
     ("missing-file", True, re.compile(r"(?P<m>FileNotFoundError: .+|can't open file .+No such file or directory.*)"),
-     "missing file: {m}", "check the paths in --train-args and the shared volume (SHARED_PVC, SHARED_MOUNT)"),
+     "missing file: {m}", MISSING_FIX),
     ("oom", False, re.compile(r"(?P<m>(torch\.)?(cuda\.)?OutOfMemoryError.*|CUDA out of memory.*|Cannot allocate memory.*)"),
      "out of memory: {m}", OOM_FIX),
     # torch.distributed.elastic.rendezvous.etcd_rendezvous / python-etcd when the etcd server is gone
@@ -76,6 +78,11 @@ _LINE_RULES = [
      "once it answers"),
 ]
 
+# torch's etcd rendezvous after a node gave up (its restarts spent) and closed the run's rendezvous: no node of this run
+# can join again (torch/distributed/elastic/rendezvous/etcd_rendezvous.py init_phase, RendezvousClosedError), so a
+# restart cannot help. The first error (the one that spent the restarts) is the reason; this only ends the job.
+RENDEZVOUS_CLOSED = re.compile(r"RendezvousClosedError")
+
 # Kubernetes event / container waiting reasons
 _EVENT_RULES = {
     "OOMKilled": ("oom", False, "out of memory: a container was OOM-killed", OOM_FIX),
@@ -86,15 +93,186 @@ _EVENT_RULES = {
 }
 
 
-def from_lines(lines: Iterable[str]) -> Reason | None:
-    """The reason the log lines show: the first permanent one, else the last transient one."""
+LOGS_FIX = "`invoke elasticjob.logs --errors` shows its traceback"
+# What doeks' torchrun (doeks.torchrun, in the image and on the local agent) says when it restarts a node's workers, and
+# when they run again; torch's own INFO line for the first, where its logging shows INFO; the local supervisor's line
+# when it starts a node again (doeks.local.jobs). Each restart starts a new attempt: a traceback after it is a new one.
+WORKER_RESTART = re.compile(r"Worker group (FAILED|UNHEALTHY)\. \d+/\d+ attempts left|^doeks: worker group failed ")
+WORKER_RESTARTED = re.compile(r"^doeks: worker group restarted")
+NODE_RESTART = re.compile(r"^==== doeks: replica \d+ start #[1-9]")
+# "[node-0] " (a target's log prefix: a replica, a pod, a SageMaker host), then torch's "[rank3]: " (its excepthook
+# prefixes every line of a worker's traceback with the worker's rank, torch/distributed/distributed_c10d.py)
+_PREFIX = re.compile(r"^(?:\[(?P<outer>[^\]\s]+)\] )?(?:\[(?P<rank>rank\d+)\]: ?)?")
+_TRACEBACK = "Traceback (most recent call last):"
+_FRAME_LINE = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+))?$')
+_EXCEPTION_LINE = re.compile(r"^(?P<kind>[A-Za-z_][\w.]*)(?::\s?(?P<message>.*))?$")
+# how a process was stopped, not what went wrong in it
+_NOT_ERRORS = {"KeyboardInterrupt", "SystemExit", "GeneratorExit",
+               "torch.distributed.elastic.multiprocessing.api.SignalException"}
+_DOEKS = str(Path(__file__).resolve().parents[1]) + "/"
+CODE_ROOTS = ("/workspace/", "/opt/ml/code/")  # where the job's code is in the image and in SageMaker's container
+
+
+def split_prefix(line: str) -> tuple[str, str, str]:
+    """(the target's prefix, torch's rank prefix, the text) of a log line."""
+    match = _PREFIX.match(line)
+    return match.group("outer") or "", match.group("rank") or "", line[match.end():]
+
+
+def user_code(path: str) -> bool:
+    """A frame of the job's own code: not the interpreter's (frozen modules, the standard library), an installed
+    package's, or doeks' own runtime (its agent, zygote and torchrun: doeks/workload, the built-in script, is a job's
+    code like any other)."""
+    if path.startswith("<") or "/site-packages/" in path or "/dist-packages/" in path or path.startswith("/opt/doeks-stage/"):
+        return False
+    if re.search(r"/lib/python\d[\d.]*/", path):
+        return False
+    return not (path.startswith(_DOEKS) and not path.startswith(_DOEKS + "workload/"))
+
+
+@dataclass(frozen=True)
+class Raised:
+    """An exception a traceback in a log ended with: its type and message, its frames, which stream wrote it (the
+    target's prefix and torch's rank) and in which attempt (restarts seen before it in that stream)."""
+
+    kind: str
+    message: str
+    frames: tuple[tuple[str, int, str], ...]   # (path, line, function), outermost first
+    stream: str = ""
+    attempt: int = 0
+    lines: tuple[str, ...] = ()                # the traceback as logged, prefixes and all
+
+    @property
+    def frame(self) -> tuple[str, int, str] | None:
+        """The innermost frame in the job's own code."""
+        return next((f for f in reversed(self.frames) if user_code(f[0])), None)
+
+    @property
+    def by_script(self) -> bool:
+        """The job's code raised it (its innermost frame is the script's), rather than a library it called."""
+        return bool(self.frames) and user_code(self.frames[-1][0])
+
+    @property
+    def identity(self) -> tuple:
+        return (self.kind, self.message, self.frame)
+
+    def where(self, roots: Iterable[str] = ()) -> str:
+        """`fit.py, line 57, in main`: the file (relative to the code's folder) and line in the job's code."""
+        if self.frame is None:
+            return ""
+        path, line, function = self.frame
+        for root in sorted([*CODE_ROOTS, *(str(r).rstrip("/") + "/" for r in roots)], key=len, reverse=True):
+            if path.startswith(root):
+                path = path[len(root):]
+                break
+        return f"{path}, line {line}" + (f", in {function}" if function else "")
+
+    def said(self, roots: Iterable[str] = ()) -> str:
+        text = f"{self.kind}: {self.message}" if self.message else self.kind
+        where = self.where(roots)
+        return f"{text[:200]} ({where})" if where else text[:200]
+
+
+class Tracebacks:
+    """Python tracebacks in log lines as they come, several streams interleaved (replicas, ranks): each exception a
+    traceback ended with, in order, with the attempt it belongs to. Restarts (`WORKER_RESTART`, `NODE_RESTART`) start
+    a new attempt of their stream."""
+
+    def __init__(self):
+        self.raised: list[Raised] = []
+        self._open: dict[tuple[str, str], list] = {}
+        self._attempts: dict[str, int] = {}
+
+    def feed(self, line: str) -> Raised | None:
+        outer, rank, text = split_prefix(line)
+        if WORKER_RESTART.search(text) or NODE_RESTART.search(text):
+            self._attempts[outer] = self._attempts.get(outer, 0) + 1
+            return None
+        key = (outer, rank)
+        if text.startswith(_TRACEBACK):
+            self._open[key] = [[], [line]]
+            return None
+        if key not in self._open:
+            return None
+        frames, logged = self._open[key]
+        logged.append(line)
+        frame = _FRAME_LINE.match(text)
+        if frame:
+            frames.append((frame.group("path"), int(frame.group("line")), frame.group("func") or ""))
+            return None
+        if not text.strip() or text[0].isspace():  # the code of a frame, its carets
+            return None
+        del self._open[key]
+        match = _EXCEPTION_LINE.match(text)
+        if match is None or not frames or match.group("kind") in _NOT_ERRORS:
+            return None
+        raised = Raised(match.group("kind"), (match.group("message") or "").strip(), tuple(frames),
+                        f"{outer}/{rank}".strip("/"), self._attempts.get(outer, 0), tuple(logged))
+        self.raised.append(raised)
+        return raised
+
+    def of_script(self) -> list[Raised]:
+        """The exceptions that went through the job's own code (raised by it, or by a library it called)."""
+        return [r for r in self.raised if r.frame is not None]
+
+    def permanent(self, roots: Iterable[str] = ()) -> Reason | None:
+        """A script error no restart can cure: the first exception the job's own code raised (a bug, a bad value,
+        its own `raise`: the same code raises it again), a checkpoint that does not fit the model, or one a library
+        raised in a call from the job's code that came back the same (type, message, place) after a restart of that
+        stream."""
+        mine = self.of_script()
+        raised = next((r for r in mine if r.by_script), None)
+        if raised is not None:
+            return script_reason(raised, roots)
+        misfit = next((r for r in mine if r.message.startswith(STATE_DICT_MISFIT)), None)
+        if misfit is not None:  # torch's load_state_dict: the folder holds another model's checkpoint
+            return Reason("bad-checkpoint", f"a checkpoint that does not fit the model: {misfit.said(roots)}",
+                          CHECKPOINT_FIX, True)
+        first: dict[tuple, dict[str, int]] = {}
+        for r in mine:
+            attempts = first.setdefault(r.identity, {})
+            stream = r.stream.split("/", 1)[0]
+            if stream in attempts and attempts[stream] != r.attempt:
+                return Reason("exception", f"the script failed with {r.said(roots)}, the same after a restart",
+                              f"{LOGS_FIX}; fix what it names, then `invoke elasticjob.deploy`", True)
+            attempts.setdefault(stream, r.attempt)
+        return None
+
+    def last(self, roots: Iterable[str] = ()) -> str:
+        """The last exception that went through the job's code, with its place there; "" when none did."""
+        mine = self.of_script()
+        return mine[-1].said(roots) if mine else ""
+
+
+def script_reason(raised: Raised, roots: Iterable[str] = ()) -> Reason:
+    """The reason an exception the job's code raised gives: its type, message, file and line; permanent."""
+    said = raised.said(roots)
+    if raised.kind in ("ModuleNotFoundError", "ImportError"):
+        return Reason("import-error", f"import error: {said}", IMPORT_FIX, True)
+    if raised.kind == "FileNotFoundError":
+        return Reason("missing-file", f"missing file: {said}", MISSING_FIX, True)
+    return Reason("exception", f"the script raised {said}",
+                  f"{LOGS_FIX}; fix the script, then `invoke elasticjob.deploy`", True)
+
+
+def tracebacks(lines: Iterable[str]) -> Tracebacks:
+    found = Tracebacks()
+    for line in lines:
+        found.feed(line)
+    return found
+
+
+def from_lines(lines: Iterable[str], roots: Iterable[str] = ()) -> Reason | None:
+    """The reason the log lines show: an error of the script's own code first (`Tracebacks.permanent`), then the
+    first permanent line, else the last transient one."""
     transient = None
     lines = list(lines)
-    for index, line in enumerate(lines):
+    script = tracebacks(lines).permanent(roots)
+    if script is not None:
+        return script
+    for line in lines:
         for code, permanent, pattern, text, fix in _LINE_RULES:
             match = pattern.search(line)
-            if match and code == "exception" and not _raised_by_script(lines[max(0, index - 80):index]):
-                continue  # raised inside a library (torch, etcd): not the script's bug
             if match:
                 found = match.groupdict().get("m", "").strip().rstrip('"').strip()[:200]
                 reason = Reason(code, text.format(m=found), fix, permanent)
@@ -105,19 +283,14 @@ def from_lines(lines: Iterable[str]) -> Reason | None:
     return transient
 
 
-_FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+')
+GENERIC = ("crash-loop", "failed")  # reasons that name no cause of their own
 
 
-def _raised_by_script(before: list[str]) -> bool:
-    """The traceback before an exception line ends in a frame of the script's own code, not of the standard library,
-    an installed package or the interpreter's frozen modules."""
-    for line in reversed(before):
-        frame = _FRAME.search(line)
-        if frame:
-            path = frame.group("path")
-            return not ("site-packages" in path or "dist-packages" in path or "/lib/python" in path
-                        or path.startswith("<"))
-    return False
+def restart_limit(replica: str, restarts: int, limit: int, last: str = "") -> Reason:
+    """A node restarted more often than MAX_RESTARTS allows: the job ends."""
+    return Reason("restart-limit", f"restart limit: {replica} restarted {restarts} times (MAX_RESTARTS={limit})"
+                  + (f", last error: {last}" if last else ""),
+                  f"{LOGS_FIX}; fix the cause (or raise MAX_RESTARTS), then `invoke elasticjob.deploy`", True)
 
 
 def from_events(reasons: Iterable[str]) -> Reason | None:
@@ -133,11 +306,14 @@ def from_events(reasons: Iterable[str]) -> Reason | None:
 
 
 def classify(lines: Iterable[str] = (), exit_codes: Iterable[int | None] = (), events: Iterable[str] = (),
-             restarts: int = 0, failed: bool = False) -> Reason | None:
+             restarts: int = 0, failed: bool = False, total: int | None = None, roots: Iterable[str] = ()) -> Reason | None:
     """One reason from everything a target knows; None when nothing is wrong. Permanent beats transient; a log
-    line beats an exit code; many restarts without a known cause is a crash loop."""
+    line beats an exit code; `restarts` (since the last step) without a known cause is a crash loop. `total`: the job's
+    restarts as its status counts them (the number the reason says; `restarts` when not given). `roots`: the code's
+    folders, for the file the script's error names."""
     lines = list(lines)
-    by_line = from_lines(lines)
+    roots = tuple(roots)
+    by_line = from_lines(lines, roots)
     by_event = from_events(events)
     for reason in (by_line, by_event):
         if reason and reason.permanent:
@@ -148,25 +324,35 @@ def classify(lines: Iterable[str] = (), exit_codes: Iterable[int | None] = (), e
     if OOM_EXIT in codes or -9 in codes:
         return Reason("oom", "a process was killed (exit 137, SIGKILL: out of memory, or killed by hand)",
                       "if nobody killed it: " + OOM_FIX, False)
+    said = total if total is not None else restarts
+    if any(RENDEZVOUS_CLOSED.search(line) for line in lines):  # no node of this run can join again
+        last = last_error(lines, roots)
+        return Reason("rendezvous-closed", f"a node gave up after its restarts ({said} in all) and closed the run's "
+                      "rendezvous" + (f", last error: {last}" if last else ""),
+                      f"{LOGS_FIX}; fix the cause, then `invoke elasticjob.deploy`", True)
     if "CrashLoopBackOff" in set(events) or restarts >= CRASH_LOOP_RESTARTS:
-        last = last_error(lines)
-        return Reason("crash-loop", f"crash loop: {restarts} restarts" + (f", last error: {last}" if last else ""),
-                      "read `invoke elasticjob.logs --tail 50`; fix the cause, then `invoke elasticjob.deploy`", False)
+        last = last_error(lines, roots)
+        return Reason("crash-loop", f"crash loop: {said} restarts" + (f", last error: {last}" if last else ""),
+                      f"{LOGS_FIX}; fix the cause, then `invoke elasticjob.deploy`", False)
     if failed:
-        last = last_error(lines)
+        last = last_error(lines, roots)
         code = next((c for c in reversed(codes) if c), None)
         return Reason("failed", "failed" + (f" (exit {code})" if code is not None else "") + (f": {last}" if last else ""),
-                      "read `invoke elasticjob.logs --tail 50`", False)
+                      f"{LOGS_FIX} (`invoke elasticjob.logs --tail 50`: the end of each node's log)", False)
     return None
 
 
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(Error|Exception|Interrupt|Exit)(: .*)?$")
 
 
-def last_error(lines: list[str]) -> str:
-    """The last exception a traceback ended with (`ValueError: ...`), else the last line that names an error; never
-    torchrun's own summary around it (ChildFailedError, the `error_file:` / `traceback:` lines of its table)."""
-    texts = [(line.split("] ", 1)[-1] if line.startswith("[") else line).strip() for line in lines]
+def last_error(lines: list[str], roots: Iterable[str] = ()) -> str:
+    """The last exception that went through the job's code, with its file and line; else the last exception a
+    traceback ended with (`ValueError: ...`), else the last line that names an error; never torchrun's own summary
+    around it (ChildFailedError, the `error_file:` / `traceback:` lines of its table)."""
+    mine = tracebacks(lines).last(roots)
+    if mine:
+        return mine
+    texts = [split_prefix(line)[2].strip() for line in lines]
     for text in reversed(texts):  # the script's own, before torchrun's (a closed rendezvous, a signal) that follow it
         if EXCEPTION_LINE.match(text) and not text.startswith("torch.distributed.elastic."):
             return text[:200]
@@ -178,6 +364,18 @@ def last_error(lines: list[str]) -> str:
                 and not re.match(r"(error_file|traceback|exitcode)\s*:", text)):
             return text[:200]
     return ""
+
+
+def error_blocks(lines: Iterable[str]) -> list[tuple[Raised, int, list[str]]]:
+    """Each distinct exception of the logs (type, message, place), in the order first seen: its first traceback as
+    logged, how often it was seen, and which streams (replicas, ranks) wrote it. What `elasticjob.logs --errors`
+    shows."""
+    found: dict[tuple, tuple[Raised, list]] = {}
+    for raised in tracebacks(lines).raised:
+        key = (raised.kind, raised.message, raised.frames[-1] if raised.frames else None)
+        first, streams = found.setdefault(key, (raised, []))
+        streams.append(raised.stream)
+    return [(first, len(streams), sorted(set(streams))) for first, streams in found.values()]
 
 
 class TrainArgsError(Exception):

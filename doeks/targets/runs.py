@@ -33,7 +33,7 @@ def _write(settings, records: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def start(settings, target: str, run: str, train_args: list[str] | None = None) -> None:
+def start(settings, target: str, run: str, train_args: list[str] | None = None, code=None) -> None:
     """Record a submitted run; any earlier run still open was replaced by it."""
     records = read(settings)
     now = time.time()
@@ -41,8 +41,58 @@ def start(settings, target: str, run: str, train_args: list[str] | None = None) 
         if record.get("end") is None:
             record.update(end=now, result="Replaced", reason=f"run {run} was deployed before its end was seen")
     records.append({"run": run, "target": target, "job": settings.job_name, "start": now, "end": None,
-                    "result": "Running", "reason": "", "train_args": list(train_args or [])})
+                    "result": "Running", "reason": "", "script": script_of(settings, train_args, code),
+                    "code": _code_of(settings, code),
+                    "train_args": list(train_args or [])})
     _write(settings, records)
+
+
+def script_of(settings, train_args=None, code=None) -> str:
+    """The run's code as `history` shows it: the script (relative to the project when inside it, `-m module`, or
+    `built-in`) and its arguments (TRAIN_ARGS, then --train-args)."""
+    import shlex
+
+    from ..code import resolve
+    from ..errors import DoeksError
+    from ..settings import PROJECT_ROOT
+
+    try:
+        code = code or resolve(settings)
+    except DoeksError:
+        return settings.train_script
+    if code.builtin:
+        shown = "built-in (doeks/workload/train.py)"
+    elif code.module:
+        shown = f"-m {code.entry}"
+    else:
+        path = code.source / code.entry
+        shown = str(path.relative_to(PROJECT_ROOT)) if PROJECT_ROOT in path.parents else str(path)
+    args = list(code.args) + list(train_args or [])
+    return shown + (f" {shlex.join(args)}" if args and not code.builtin else "")
+
+
+def _code_of(settings, code=None) -> str:
+    from ..code import resolve
+    from ..errors import DoeksError
+
+    try:
+        return (code or resolve(settings)).shown()
+    except DoeksError:
+        return settings.train_script
+
+
+def refuse_other_code(settings, code, fresh: bool) -> None:
+    """A job's name stands for one script: its checkpoints, metrics and model are that script's. Two scripts named
+    alike (fit.py in two projects) would read each other's state: the second is refused, in one line, unless it
+    starts the name over (--fresh) or takes a name of its own."""
+    from ..errors import DoeksError
+
+    before = next((r.get("code") for r in reversed(read(settings)) if r.get("code")), None)
+    if fresh or before is None or before == code.shown():
+        return
+    raise DoeksError(f"job {settings.job_name} ran {before}, not {code.shown()}: its checkpoints and model are that "
+                     f"script's; deploy this one with --job-name <another name> (or --fresh to start {settings.job_name} "
+                     "over with it)")
 
 
 def settle(settings, status) -> None:
@@ -74,9 +124,9 @@ def rows(settings) -> list[list[str]]:
     out = []
     for r in read(settings):
         took = f"{r['end'] - r['start']:.0f}s" if r.get("end") and r.get("start") else ""
-        out.append([r["run"], r.get("target", ""), when(r.get("start")), when(r.get("end")), took,
+        out.append([r["run"], r.get("target", ""), r.get("script", ""), when(r.get("start")), when(r.get("end")), took,
                     r.get("result", ""), r.get("reason", "")])
     return out
 
 
-COLUMNS = ["run", "target", "start", "end", "took", "result", "reason"]
+COLUMNS = ["run", "target", "script", "start", "end", "took", "result", "reason"]

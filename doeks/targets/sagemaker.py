@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from .. import code, elastic, sagemaker, trainimage
+from .. import elastic, sagemaker, trainimage
 from ..errors import DoeksError
 from ..local.services import free_port
 from .eks import OnAws
@@ -74,7 +74,7 @@ class SageMakerTarget(OnAws, Target):
     def request(self, job: Job, role_arn: str) -> dict[str, Any]:
         s = job.settings
         name = sagemaker.job_name(s)
-        request = sagemaker.training_request(s, role_arn, name)
+        request = sagemaker.training_request(s, role_arn, name, code=job.code)
         request["HyperParameters"].update(hyperparameters_from_args(job.train_args))
         return request
 
@@ -82,29 +82,35 @@ class SageMakerTarget(OnAws, Target):
         s = job.settings
         role = f"arn:aws:iam::<account>:role/{s.sagemaker_role_name}"
         request = self.request(job, role)
-        if code.resolve(s).builtin:  # a user's script parses its own arguments
+        if job.code.builtin:  # a user's script parses its own arguments
             check_train_args(job.train_args)  # after request(): its own one line for arguments that are not pairs
         source = request["HyperParameters"]["sagemaker_submit_directory"]
         bucket, key = source[len("s3://"):].split("/", 1)
-        plan = Plan(self.name, job, requests=[{"service": "sagemaker", "operation": "CreateTrainingJob", "params": request}])
-        ctx: dict[str, Any] = {"request": request}
+        plan = Plan(self.name, job, requests=[{"service": "sagemaker", "operation": "CreateTrainingJob", "params": request}],
+                    world=job.world or self.world())
+        ctx: dict[str, Any] = {"request": request, "world": plan.world}
         plan.context = ctx
         if self.local:
-            image = trainimage.reference(s, on_this_machine=True)
+            image = job.image or trainimage.reference(s, True, job.code)
             plan.image = image
+            build = self.image_step(job)
+            if build is not None:
+                ctx["builds"] = True
+                plan.steps.append(build)
             plan.steps.append(Step(f"check: docker daemon, training image {image}, data in {elastic.data_root(s)}",
-                                   lambda: self._check_local(s, image)))
+                                   lambda: self._check_local(s, image, job.code)))
             for index in range(s.sagemaker_instance_count):
                 plan.steps.append(Step(f"docker run algo-{index + 1} of {s.sagemaker_instance_count}: {image} "
-                                       f"/opt/ml (SageMaker contract) {shlex.join(self._host_command(request, index, 'PORT'))}",
-                                       None if index else (lambda: self._run_local(s, request, image, job.run))))
+                                       f"/opt/ml (SageMaker contract) {shlex.join(self._host_command(request, index, 'PORT', plan.world))}",
+                                       None if index else (lambda: self._run_local(s, request, image, job.run, job.code,
+                                                                                   plan.world))))
             return plan
         plan.image = request["AlgorithmSpecification"]["TrainingImage"]
         if s.efs_file_system_id and not s.sagemaker_subnets:
             raise DoeksError("EFS data needs VPC training: set SAGEMAKER_SUBNETS (and SAGEMAKER_SECURITY_GROUPS)")
         plan.steps.append(Step(f"iam.GetRole {s.sagemaker_role_name} (the execution role's ARN)", lambda: self._role(s, ctx)))
-        plan.steps.append(Step(f"s3.PutObject s3://{bucket}/{key} (sourcedir.tar.gz of {code.resolve(s).source})",
-                               lambda: self._upload(s, bucket, key)))
+        plan.steps.append(Step(f"s3.PutObject s3://{bucket}/{key} (sourcedir.tar.gz of {job.code.source})",
+                               lambda: self._upload(s, bucket, key, job.code)))
         plan.steps.append(Step(f"sagemaker.CreateTrainingJob {request['TrainingJobName']} "
                                f"({s.sagemaker_instance_count} x {s.sagemaker_instance_type})",
                                lambda: self._create(s, ctx, job.run)))
@@ -119,10 +125,10 @@ class SageMakerTarget(OnAws, Target):
         except iam.exceptions.NoSuchEntityException:
             raise DoeksError(f"execution role {s.sagemaker_role_name} does not exist: run `invoke sagemaker.role`") from None
 
-    def _upload(self, s, bucket: str, key: str) -> None:
+    def _upload(self, s, bucket: str, key: str, code=None) -> None:
         from ..aws import client
 
-        client(s, "s3").put_object(Bucket=bucket, Key=key, Body=sagemaker.source_archive(s))
+        client(s, "s3").put_object(Bucket=bucket, Key=key, Body=sagemaker.source_archive(s, code))
 
     def run_name(self, plan: Plan) -> str:
         if self.local or not plan.requests:
@@ -137,13 +143,13 @@ class SageMakerTarget(OnAws, Target):
         (self.home / "job.json").write_text(json.dumps({"name": ctx["request"]["TrainingJobName"], "run": run, "local": False}))
 
     # -- local mode -------------------------------------------------------------------------------------------------
-    def _check_local(self, s, image: str) -> None:
-        trainimage.require_image(image)
+    def _check_local(self, s, image: str, code=None) -> None:
+        trainimage.require_image(image, s)
         if any(c.status in ("running", "created", "restarting") for c in self._containers()):
             raise DoeksError(f"a local SageMaker job of {s.job_name} is running: `invoke elasticjob.delete` first")
         for stale in self._containers():
             stale.remove(force=True)
-        elastic.check_job_data(s)
+        elastic.check_job_data(s, code)
 
     def _containers(self) -> list:
         from .docker import client
@@ -154,20 +160,38 @@ class SageMakerTarget(OnAws, Target):
                                                                       f"doeks/state={state_label(self.settings)}"]})
         return sorted(found, key=lambda c: c.labels.get("doeks/host", ""))
 
-    def _host_command(self, request: dict[str, Any], index: int, port: Any) -> list[str]:
+    def world(self):
+        """SageMaker's world: SAGEMAKER_INSTANCE_COUNT hosts; in local mode NPROC_PER_NODE processes on each (as
+        local and docker run), on SageMaker one per GPU of the instance type (its toolkit's torch_distributed)."""
+        from ..catalog import GPUS
+        from .base import World
+
+        s = self.settings
+        count = s.sagemaker_instance_count
+        hosts = "" if count == s.replicas else (f"SAGEMAKER_INSTANCE_COUNT={count} hosts, where the other targets start "
+                                                f"REPLICAS={s.replicas} nodes")
+        if self.local:
+            return World(count, s.nproc_per_node, hosts)
+        gpus = GPUS.get(s.sagemaker_instance_type.removeprefix("ml."))
+        why = (f"SageMaker runs one process per GPU of {s.sagemaker_instance_type}" if gpus else
+               f"SageMaker runs one process per GPU of {s.sagemaker_instance_type}, a count doeks does not know: 1 shown")
+        return World(count, gpus or 1, "; ".join(x for x in (hosts, why + ", not NPROC_PER_NODE") if x))
+
+    def _host_command(self, request: dict[str, Any], index: int, port: Any, world=None) -> list[str]:
         count = request["ResourceConfig"]["InstanceCount"]
-        return ["torchrun", "--nnodes", str(count), "--nproc_per_node", "1", "--node_rank", str(index),
+        nproc = world.nproc if world is not None else self.settings.nproc_per_node
+        return ["torchrun", "--nnodes", str(count), "--nproc_per_node", str(nproc), "--node_rank", str(index),
                 "--master_addr", "127.0.0.1", "--master_port", str(port),
                 f"/opt/ml/code/{request['HyperParameters']['sagemaker_program']}"] + script_args(request["HyperParameters"])
 
-    def _run_local(self, s, request: dict[str, Any], image: str, run: str) -> None:
+    def _run_local(self, s, request: dict[str, Any], image: str, run: str, job_code=None, world=None) -> None:
         name = request["TrainingJobName"]
         root = self.home / name
         count = request["ResourceConfig"]["InstanceCount"]
         hosts = [f"algo-{i + 1}" for i in range(count)]
         code = root / "code"
         code.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(sagemaker.source_archive(s)), mode="r:gz") as tar:
+        with tarfile.open(fileobj=io.BytesIO(sagemaker.source_archive(s, job_code)), mode="r:gz") as tar:
             tar.extractall(code, filter="data")
         checkpoints = root / "checkpoints"
         checkpoints.mkdir(exist_ok=True)
@@ -176,14 +200,14 @@ class SageMakerTarget(OnAws, Target):
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "job.json").write_text(json.dumps({"name": name, "run": run, "local": True, "root": str(root)}))
         try:
-            self._start_hosts(s, request, image, run, root, hosts, code, checkpoints, data, port)
+            self._start_hosts(s, request, image, run, root, hosts, code, checkpoints, data, port, world)
         except BaseException:
             for c in self._containers():  # a half-started job waits for its missing hosts forever
                 if c.labels.get("doeks/run") == run:
                     c.remove(force=True)
             raise
 
-    def _start_hosts(self, s, request, image, run, root, hosts, code, checkpoints, data, port) -> None:
+    def _start_hosts(self, s, request, image, run, root, hosts, code, checkpoints, data, port, world=None) -> None:
         from .docker import client, state_label
 
         name = request["TrainingJobName"]
@@ -215,7 +239,7 @@ class SageMakerTarget(OnAws, Target):
                        str(ml / "model"): {"bind": "/opt/ml/model", "mode": "rw"},
                        str(ml / "output"): {"bind": "/opt/ml/output", "mode": "rw"},
                        str(checkpoints): {"bind": "/opt/ml/checkpoints", "mode": "rw"}}
-            client().containers.run(image, self._host_command(request, index, port), name=f"{name}-{host}", detach=True,
+            client().containers.run(image, self._host_command(request, index, port, world), name=f"{name}-{host}", detach=True,
                                     environment=env, volumes=volumes, network_mode="host", working_dir="/opt/ml/code",
                                     shm_size="1g", user=f"{os.getuid()}:{os.getgid()}",
                                     labels={"app.kubernetes.io/part-of": "doeks", LABEL: LOCAL_LABEL,
@@ -316,6 +340,13 @@ class SageMakerTarget(OnAws, Target):
             if deadline and time.monotonic() > deadline:
                 raise DoeksError(f"training job still running after {timeout:.0f}s")
             time.sleep(15)
+
+    def end_failed(self, runner) -> None:
+        if not self.local:
+            return super().end_failed(runner)
+        from .docker import stop_containers
+
+        stop_containers(self._containers(), runner)
 
     def scale(self, replicas: int, runner) -> None:
         raise NotSupported(self.name, "scale", "a SageMaker training job keeps its instance count "

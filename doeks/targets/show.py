@@ -29,8 +29,21 @@ def status(target) -> JobStatus:
         ui.say(f"reason: {st.reason}" + (" (permanent: restarts cannot help)" if st.permanent else ""),
                style="red" if st.state == FAILED else "yellow")
     if st.fix:
-        ui.say(f"fix: {st.fix}")
+        ui.say(f"fix: {fix_of(target, st)}")
     return st
+
+
+def fix_of(target, st: JobStatus) -> str:
+    """The status' fix with the job's own folders in it (a reason names the checkpoint folder as CHECKPOINTS)."""
+    from .reasons import CHECKPOINTS
+
+    if CHECKPOINTS not in st.fix:
+        return st.fix
+    try:
+        where = target.artifacts().get("checkpoints") or "the job's checkpoint folder"
+    except Exception:  # noqa: BLE001 - a target that cannot say: the words stand for it
+        where = "the job's checkpoint folder"
+    return st.fix.replace(CHECKPOINTS, where)
 
 
 def _builtin(settings) -> bool:

@@ -8,14 +8,17 @@ _jpegcrop.c against libjpeg-turbo where a compiler is; simplejpeg; torchvision.i
 transforms v2 on uint8 tensors in DataLoader workers; on GPU bf16 autocast and channels_last (optional torch.compile).
 Each logged step says how long it waited for data.
 
-Checkpoints: every --checkpoint-every steps, every epoch and at the end rank 0 writes one (state copied to CPU, written
-atomically on a background thread; the previous one is kept). At start every rank resumes from the newest usable one,
-whatever the new world size; a finished job deployed again reports its recorded result at once; an unusable
-checkpoint is one error line. Rank 0 writes metrics as CSV and TensorBoard events.
+Checkpoints (checkpoints.py: PyTorch Distributed Checkpoint in a folder or under s3://): every --checkpoint-every
+steps, every epoch and at the end every rank saves its part of step-N/ asynchronously (the step stalls only for the
+copy to CPU memory); `latest` moves once step-N/.metadata exists, and a SIGTERM waits for a save in flight. At start
+every rank resumes from the newest complete one, whatever the new world size; a finished job deployed again reports
+its recorded result at once; an unusable checkpoint is one error line. Rank 0 writes metrics as CSV and TensorBoard
+events, and the final model to --model-dir (a folder or s3://).
 
 Reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and SageMaker's (SM_CHANNEL_TRAINING, SM_MODEL_DIR,
-SM_OUTPUT_DATA_DIR, SM_HOSTS, SM_CURRENT_HOST). Self-contained on purpose: it needs torch and torchvision only, so the
-same file is the SageMaker entry point and the container command (simplejpeg and the _jpegcrop module next to it, in
+SM_OUTPUT_DATA_DIR, SM_HOSTS, SM_CURRENT_HOST). Self-contained on purpose: it needs torch and torchvision only (and
+checkpoints.py next to it; s3fs or s3torchconnector for checkpoints in S3), so the same file is the SageMaker entry
+point and the container command (simplejpeg and the _jpegcrop module next to it, in
 the training image, only speed the loader up: without _jpegcrop simplejpeg decodes whole images, without simplejpeg every
 file takes the torchvision.io path).
 """
@@ -34,7 +37,6 @@ from pathlib import Path
 ARCHES = ("resnet18", "resnet34", "resnet50", "efficientnet_b0", "efficientnet_b7", "mobilenet_v3_small")
 MEAN = (0.485, 0.456, 0.406)  # ImageNet mean/std (torchvision's weights, pytorch/examples imagenet/main.py)
 STD = (0.229, 0.224, 0.225)
-CHECKPOINT, PREVIOUS = "checkpoint.pt", "checkpoint-prev.pt"
 
 
 def _workers(raw: str) -> int:
@@ -64,10 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_workers, default="auto", help="DataLoader workers per process ('auto' = the machine's CPUs)")
     p.add_argument("--amp", choices=("auto", "bf16", "off"), default="auto", help="autocast (auto = bf16 on GPU, off on CPU)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--checkpoint-dir", default=env.get("SM_CHECKPOINT_DIR", "/opt/ml/checkpoints" if "SM_MODEL_DIR" in env else "/fsx-shared/checkpoints"))
+    p.add_argument("--checkpoint-dir", default=env.get("DOEKS_CHECKPOINT_URI") or env.get("SM_CHECKPOINT_DIR", "/opt/ml/checkpoints" if "SM_MODEL_DIR" in env else "/fsx-shared/checkpoints"),
+                   help="a folder or s3://bucket/prefix: step-N/ (DCP) per checkpoint and `latest`")
     p.add_argument("--checkpoint-every", type=int, default=10, help="optimizer steps between checkpoints")
+    p.add_argument("--keep-checkpoints", type=int, default=int(env.get("DOEKS_KEEP_CHECKPOINTS", "3") or 3),
+                   help="complete checkpoints kept (older ones are removed)")
+    p.add_argument("--term-grace", type=float, default=25.0,
+                   help="on SIGTERM, seconds to wait for a checkpoint being written before leaving")
     p.add_argument("--metrics-dir", default=env.get("SM_OUTPUT_DATA_DIR", "/fsx-shared/metrics"))
-    p.add_argument("--model-dir", default=env.get("SM_MODEL_DIR", ""), help="where the final model is saved")
+    p.add_argument("--model-dir", default=env.get("DOEKS_MODEL_URI") or env.get("SM_MODEL_DIR", ""),
+                   help="where the final model is saved (a folder or s3://bucket/prefix)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0 = all epochs)")
     p.add_argument("--log-every", type=int, default=5, help="log (and record metrics) every N steps")
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (tests: slow training down)")
@@ -430,114 +438,25 @@ def learning_rate(base_lr: float, global_batch: int, progress: float, epochs: in
     return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, (progress - warmup) / span)))
 
 
-# --- checkpoints ------------------------------------------------------------------------------------------------------
+# --- checkpoints: PyTorch Distributed Checkpoint in a folder or S3 (checkpoints.py, next to this file) -----------------
 
-class CheckpointError(Exception):
-    """A checkpoint that cannot be used: the job stops with this one line."""
+def checkpoints_module():
+    """checkpoints.py next to this file: as doeks.workload.checkpoints, or as `checkpoints` when train.py runs as a
+    script (the container's command, SageMaker's entry point)."""
+    import importlib
 
-
-def atomic_save(obj, path: Path, keep_previous: bool = False) -> None:
-    import torch
-
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    if keep_previous and path.exists():
-        os.replace(path, path.with_name(PREVIOUS))  # a crash right here leaves PREVIOUS only: load falls back to it
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    return importlib.import_module(f"{__package__}.checkpoints" if __package__ else "checkpoints")
 
 
-REQUIRED = ("model", "optimizer", "epoch", "consumed", "step")
+_MISMATCH = ("Missing key", "Size mismatch", "Unexpected key", "size mismatch", "shape")
 
 
-def load_checkpoint(directory: Path):
-    """The newest usable checkpoint, or None when there is none. A partial or corrupt checkpoint.pt falls back to the
-    previous one (kept at each save); when no file is usable, CheckpointError. Leftover temp files of a write that
-    died are ignored (and removed by rank 0 at its next save)."""
-    import torch
-
-    bad = []
-    for name in (CHECKPOINT, PREVIOUS):
-        path = directory / name
-        if not path.exists():
-            continue
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            missing = [key for key in REQUIRED if key not in state]
-            if missing:
-                raise ValueError(f"no {', '.join(missing)}")
-        except Exception as error:  # noqa: BLE001 - truncated zip, not a checkpoint, unpickling refused...
-            bad.append((path, f"{type(error).__name__}: {str(error).splitlines()[0][:80] if str(error) else 'unreadable'}"))
-            continue
-        if bad:
-            log(f"warning: checkpoint {bad[0][0]} ({bad[0][1]}) is partial or corrupt: resuming from {path.name} instead")
-        return state
-    if bad:  # the verdict before the library's words: a reason line keeps the first 200 characters
-        raise CheckpointError(f"checkpoint {bad[0][0]} is partial or corrupt and there is no earlier one "
-                              f"({bad[0][1]}): move {directory} away to start from scratch")
-    return None
-
-
-def _cpu_copy(value):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _cpu_copy(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cpu_copy(v) for v in value)
-    return value
-
-
-class Checkpointer:
-    """Rank 0's checkpoint writer. Training stalls only for a copy of the state to CPU memory; serialising, fsync and
-    the renames run on a background thread (one write in flight at a time). Same idea as
-    torch.distributed.checkpoint.async_save, but one file, since DDP's state is the same on every rank."""
-
-    def __init__(self, directory: Path):
-        import threading
-
-        self.directory, self.thread, self.threading = directory, None, threading
-        self.stalls: list[float] = []
-        self.error: BaseException | None = None
-
-    def save(self, state: dict, background: bool = True) -> float:
-        start = time.perf_counter()
-        self.wait()
-        snapshot = _cpu_copy(state)
-        stall = time.perf_counter() - start
-        self.stalls.append(stall)
-
-        def write():
-            try:
-                for stale in self.directory.glob(f".{CHECKPOINT}.tmp-*"):
-                    stale.unlink(missing_ok=True)
-                atomic_save(snapshot, self.directory / CHECKPOINT, keep_previous=True)
-            except BaseException as error:  # noqa: BLE001 - reported by wait()
-                self.error = error
-
-        if background:
-            self.thread = self.threading.Thread(target=write, name="checkpoint-writer", daemon=True)
-            self.thread.start()
-        else:
-            write()
-        return stall
-
-    def wait(self) -> None:
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    for marker in _MISMATCH:  # DCP wraps every rank's error: the line that says what does not fit
+        if marker in text:
+            return next(line.strip() for line in text.splitlines() if marker in line)[:160]
+    return (text.strip().splitlines() or [type(error).__name__])[0][:160]
 
 
 # --- training -----------------------------------------------------------------------------------------------------------
@@ -570,22 +489,27 @@ def main(argv=None) -> int:
     import torch
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    ckpt_dir = Path(args.checkpoint_dir)
     metrics_dir = Path(args.metrics_dir)
+    ck = checkpoints_module()
+
+    def same_model(name, meta):
+        if meta.get("arch", args.arch) != args.arch:
+            raise ck.CheckpointError(f"checkpoint {store.at.join(name)} is of a {meta['arch']}, this job "
+                                     f"trains a {args.arch}: use another checkpoint folder or move it away")
+
     try:
-        checkpoint = load_checkpoint(ckpt_dir)
-        if checkpoint is not None and checkpoint.get("arch", args.arch) != args.arch:
-            raise CheckpointError(f"checkpoint {ckpt_dir / CHECKPOINT} is of a {checkpoint['arch']}, this job trains a "
-                                  f"{args.arch}: use another checkpoint folder or move it away")
-    except CheckpointError as error:
+        store = ck.Store(args.checkpoint_dir, keep=args.keep_checkpoints, log=log)
+        found = store.newest(same_model)  # (name, meta) of the newest complete checkpoint whose meta reads
+    except ck.CheckpointError as error:
         log(f"error: {error}")
         return 2
+    checkpoint = found[1] if found else None
     if checkpoint is not None and "result" in checkpoint and _nothing_left(args, checkpoint):
-        # deployed again after it finished: the recorded result, at once, no process group, no data loaded
+        # deployed again after it finished: the recorded result, at once, no process group, no tensors, no data
         if rank == 0:
             write_final(metrics_dir, checkpoint["result"])
         log(f"training already finished at step={checkpoint['step']} epoch={checkpoint['epoch']}: "
-            f"val_acc={checkpoint['result']['val_accuracy']:.4f} (recorded in {ckpt_dir / CHECKPOINT})")
+            f"val_acc={checkpoint['result']['val_accuracy']:.4f} (recorded in {store.at.join(found[0])})")
         return 0
 
     import torch.distributed as dist
@@ -615,29 +539,55 @@ def main(argv=None) -> int:
     raw_model = build_model(args.arch, classes).to(device)
     if use_cuda:
         raw_model = raw_model.to(memory_format=torch.channels_last)
-    if checkpoint is not None:
-        try:
-            raw_model.load_state_dict(checkpoint["model"])
-        except RuntimeError as error:
-            log(f"error: checkpoint {ckpt_dir / CHECKPOINT} does not fit this model ({str(error).splitlines()[0][:160]}): "
-                "use another checkpoint folder or move it away")
-            return _leave(distributed, 2)
-    model = DDP(raw_model, device_ids=[local_rank] if use_cuda else None) if distributed else raw_model
-    if args.compile:
-        model = torch.compile(model)
     decay, no_decay = [], []
     for name, param in raw_model.named_parameters():
         (no_decay if param.ndim <= 1 else decay).append(param)  # no weight decay on BN and biases
     optimizer = torch.optim.SGD([{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
                                 lr=args.lr, momentum=0.9, nesterov=True)
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    while checkpoint is not None:  # every rank reads the whole state (DDP's replicated tensors: any world size)
+        resumed = found[0]
+        model_state, optim_state = get_state_dict(raw_model, optimizer)
+        loaded = {"model": model_state, "optimizer": optim_state}
+        try:
+            store.load(loaded, resumed)
+        except ck.errors() as error:  # noqa: BLE001 - DCP raises the same CheckpointException on every rank
+            where = store.at.join(resumed)
+            if any(marker in str(error) for marker in _MISMATCH):
+                log(f"error: checkpoint {where} does not fit this model ({_first_line(error)}): "
+                    "use another checkpoint folder or move it away")
+                return _leave(distributed, 2)
+            earlier = [n for n in store.complete() if ck.order(n) < ck.order(resumed)]
+            if not earlier:
+                log(f"error: checkpoint {where} is partial or corrupt and there is no earlier one ({_first_line(error)}): "
+                    f"move {store.uri} away to start from scratch")
+                return _leave(distributed, 2)
+            log(f"warning: checkpoint {where} ({_first_line(error)}) is partial or corrupt: resuming from "
+                f"{earlier[-1]} instead")
+            try:
+                found = (earlier[-1], store.read_meta(earlier[-1]))
+            except ck.errors() as again:  # noqa: BLE001 - that one is damaged too
+                log(f"error: checkpoint {store.at.join(earlier[-1])} is partial or corrupt too ({_first_line(again)}): "
+                    f"move {store.uri} away to start from scratch")
+                return _leave(distributed, 2)
+            checkpoint = found[1]
+            continue
+        set_state_dict(raw_model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
+        break
+    if rank == 0:  # nothing after the checkpoint resumed from (a save that died, an unusable one): no prefix is reused
+        removed = store.clear_after(found[0] if found else None)
+        if removed:
+            log(f"removed {', '.join(sorted(removed))} from {store.uri}: incomplete or unusable")
+    model = DDP(raw_model, device_ids=[local_rank] if use_cuda else None) if distributed else raw_model
+    if args.compile:
+        model = torch.compile(model)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     if rank == 0:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
         metrics_dir.mkdir(parents=True, exist_ok=True)
     epoch, consumed, step = 0, 0, 0  # consumed: samples of `epoch` already trained on (all ranks together)
     if checkpoint is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
         epoch, consumed, step = checkpoint["epoch"], checkpoint["consumed"], checkpoint["step"]
         was = checkpoint.get("world", world)
         log(f"resumed from checkpoint step={step} epoch={epoch} consumed={consumed}"
@@ -646,7 +596,7 @@ def main(argv=None) -> int:
             epoch, consumed = epoch + 1, 0
 
     writer = _Metrics(metrics_dir) if rank == 0 else None
-    saver = Checkpointer(ckpt_dir) if rank == 0 else None
+    term = _TermGuard(store, args.term_grace)
     global_batch = args.batch_size * world
     workers = args.workers
     loader_options = dict(num_workers=workers, pin_memory=use_cuda, persistent_workers=workers > 0,
@@ -656,16 +606,21 @@ def main(argv=None) -> int:
     val_loader = torch.utils.data.DataLoader(val_set, batch_size=args.batch_size, sampler=list(range(rank, len(val_set), world)),
                                              **loader_options)
 
-    def state(result=None):
-        out = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "consumed": consumed,
-               "step": step, "world": world, "arch": args.arch, "classes": train_set.classes, "time": time.time()}
-        if result is not None:
-            out["result"] = result
-        return out
+    last_saved = [None]
 
     def checkpoint_now(result=None, background=True):
-        stall = saver.save(state(result), background=background)
-        log(f"checkpoint step={step} stall={stall * 1000:.1f}ms")
+        """Every rank, at the same step: step-N/ with DCP (asynchronously), `latest` moved by rank 0 once complete."""
+        model_state, optim_state = get_state_dict(raw_model, optimizer)
+        meta = {"epoch": epoch, "consumed": consumed, "step": step, "world": world, "arch": args.arch,
+                "classes": train_set.classes, "time": time.time()}
+        if result is not None:
+            meta["result"] = result
+        stall = store.save({"model": model_state, "optimizer": optim_state}, step, meta, background=background)
+        last_saved[0] = step
+        if background:
+            term.guard()
+        if rank == 0:
+            log(f"checkpoint step={step} stall={stall * 1000:.1f}ms")
 
     done = bool(args.max_steps and step >= args.max_steps)
     accuracy = top5 = None
@@ -674,7 +629,8 @@ def main(argv=None) -> int:
         model.train()
         window_start, window_samples, window_wait, window_steps = time.perf_counter(), 0, 0.0, 0
         ready = time.perf_counter()
-        for images, labels in loader:
+        last_batch = len(loader) - 1
+        for batch, (images, labels) in enumerate(loader):
             window_wait += time.perf_counter() - ready
             lr = learning_rate(args.lr, global_batch, epoch + (consumed + global_batch) / len(train_set), args.epochs,
                                args.warmup_epochs)
@@ -690,6 +646,7 @@ def main(argv=None) -> int:
             optimizer.step()
             step += 1
             consumed += global_batch
+            term.release_when_saved()
             window_samples += global_batch
             window_steps += 1
             if args.step_delay:
@@ -704,41 +661,96 @@ def main(argv=None) -> int:
                 if writer:
                     writer.train(step, epoch, loss.item(), accuracy_now, rate, world, wait)
                 window_start, window_samples, window_wait, window_steps = time.perf_counter(), 0, 0.0, 0
-            if step % args.checkpoint_every == 0 and saver:
-                checkpoint_now()
             if args.max_steps and step >= args.max_steps:
                 done = True
+            if step % args.checkpoint_every == 0 and not done and not (batch == last_batch and epoch == args.epochs - 1):
+                checkpoint_now()  # (at the very end the final checkpoint, with the result, is the one)
+            if done:
                 break
             ready = time.perf_counter()
         if not done:
             epoch, consumed = epoch + 1, 0
-        accuracy, top5 = evaluate(model, val_loader, device, distributed, amp, use_cuda)
+        accuracy, top5 = evaluate(raw_model, val_loader, device, distributed, amp, use_cuda)
         log(f"epoch={epoch - (0 if done else 1)} val_acc={accuracy:.4f} val_top5={top5:.4f} step={step}")
         if writer:
             writer.evaluation(step, epoch, accuracy)
-        if saver and epoch < args.epochs and not done:
+        if epoch < args.epochs and not done and last_saved[0] != step:  # (a periodic one at this step resumes the same)
             checkpoint_now()
     if accuracy is None:  # a checkpoint with nothing left to train but no recorded result: evaluate it
-        accuracy, top5 = evaluate(model, val_loader, device, distributed, amp, use_cuda)
+        accuracy, top5 = evaluate(raw_model, val_loader, device, distributed, amp, use_cuda)
     result = {"step": step, "epochs": args.epochs, "val_accuracy": accuracy, "val_top5": top5, "arch": args.arch,
               "classes": train_set.classes, "crop_size": args.crop_size}
-    if saver:
-        checkpoint_now(result, background=False)  # the final state, with the result a later deploy reports at once
-        saver.wait()
+    checkpoint_now(result, background=False)  # the final state, with the result a later deploy reports at once
+    if rank == 0:
         write_final(metrics_dir, result)
         if args.model_dir:
-            Path(args.model_dir).mkdir(parents=True, exist_ok=True)
-            atomic_save(raw_model.state_dict(), Path(args.model_dir) / "model.pt")
-        stalls = sorted(saver.stalls)
+            where = ck.save_file(args.model_dir, "model.pt", raw_model.state_dict())
+            log(f"model saved to {where}")
+        stalls = sorted(store.stalls)
         log(f"done final_val_acc={accuracy:.4f} val_top5={top5:.4f} steps={step} "
             f"checkpoint_stall_max={stalls[-1] * 1000 if stalls else 0:.1f}ms")
     if writer:
         writer.close()
+    term.release()
     for each in (loader, val_loader):  # persistent loader workers: stopped now, not left to notice the exit
         iterator = getattr(each, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
     return _leave(distributed, 0)
+
+
+def _on_sigterm(store, grace: float):
+    """SIGTERM (a pod evicted, a node drained, a spot interruption; torchrun passes it on) while a checkpoint is being
+    written: the save gets up to `grace` seconds to finish, which moves `latest` to it; otherwise `latest` stays where
+    it was (it is written last). Then the process leaves with 143, as a SIGTERM'd one would. Returns the handler it
+    replaced (None off the main thread)."""
+    import signal
+
+    def leave(signum, frame):
+        pending = store.in_flight
+        if pending is not None:
+            log(f"SIGTERM: waiting up to {grace:g}s for checkpoint {pending}")
+            try:
+                finished = store.wait(timeout=grace)
+            except BaseException as error:  # noqa: BLE001 - the save failed: latest stays at the previous one
+                finished = False
+                log(f"SIGTERM: checkpoint {pending} failed ({_first_line(error)}): latest is unchanged")
+            else:
+                log(f"SIGTERM: checkpoint {pending} " + ("complete" if finished else "not finished: latest is unchanged"))
+        leave_now(128 + signal.SIGTERM)
+
+    return signal.signal(signal.SIGTERM, leave) if threading_main() else None
+
+
+class _TermGuard:
+    """The SIGTERM handler above, only while a save is in flight. A Python handler runs between bytecodes of the main
+    thread, so a process blocked in a collective would not die on SIGTERM while it is installed: outside saves
+    SIGTERM keeps its default (the process ends at once)."""
+
+    def __init__(self, store, grace: float):
+        self.store, self.grace, self.previous, self.active = store, grace, None, False
+
+    def guard(self) -> None:
+        if not self.active:
+            self.previous = _on_sigterm(self.store, self.grace)
+            self.active = self.previous is not None
+
+    def release_when_saved(self) -> None:
+        if self.active and self.store.in_flight is None:
+            self.release()
+
+    def release(self) -> None:
+        if self.active:
+            import signal
+
+            signal.signal(signal.SIGTERM, self.previous)
+            self.active = False
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def _nothing_left(args, checkpoint) -> bool:
@@ -766,7 +778,10 @@ def leave_now(code: int) -> None:
 
 
 def evaluate(model, loader, device, distributed, amp, channels_last) -> tuple[float, float]:
-    """Top-1 and top-5 accuracy over the whole val set (each rank takes every world-th image)."""
+    """Top-1 and top-5 accuracy over the whole val set (each rank takes every world-th image). `model` is the model
+    itself, not its DDP wrapper: DDP's forward broadcasts the buffers, a collective per batch, and ranks with fewer
+    val batches than others (6 ranks, 4 val images) left the rest waiting in it for ever; the counts are the one
+    collective."""
     import torch
     import torch.distributed as dist
 

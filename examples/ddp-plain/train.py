@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="per process")
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep each step (to watch it)")
-    parser.add_argument("--fail-at", type=int, default=-1, help="raise ValueError at this step (to see a failure)")
+    parser.add_argument("--fail-at", type=int, default=-1, help="raise RuntimeError at this step (to see a failure)")
     parser.add_argument("--note", default="", help="any text; printed back")
     args = parser.parse_args()  # strict: an argument it does not know exits 2
 
@@ -50,11 +50,14 @@ def main() -> None:
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
         print(f"[rank {rank}] resumed from {path} at step {step}", flush=True)
+        if rank == 0:
+            print(f"doeks: step={step} total={args.steps}", flush=True)  # where it stands, for `elasticjob.status`
 
     generator = torch.Generator().manual_seed(1000 * rank + step)
+    loss = None  # a job deployed again after its last step resumes there and trains no step
     while step < args.steps:
         if step == args.fail_at:
-            raise ValueError(f"--fail-at {args.fail_at}: failing on purpose at step {step}")
+            raise RuntimeError(f"--fail-at {args.fail_at}: failing on purpose at step {step}")
         x = torch.randn(args.batch_size, 10, generator=generator).to(device)
         loss = torch.nn.functional.mse_loss(ddp(x), (x @ true_w.to(device)))
         optimizer.zero_grad()
@@ -71,7 +74,8 @@ def main() -> None:
     if rank == 0:
         os.makedirs(model_dir, exist_ok=True)
         torch.save(model.state_dict(), os.path.join(model_dir, "model.pt"))
-        print(f"done steps={step} loss={loss.item():.4f} model={model_dir}/model.pt", flush=True)
+        print(f"done steps={step}" + (f" loss={loss.item():.4f}" if loss is not None else " (resumed at the end)")
+              + f" model={model_dir}/model.pt", flush=True)
     dist.destroy_process_group()
 
 

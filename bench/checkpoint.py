@@ -1,0 +1,241 @@
+"""Checkpoints to S3 vs a folder, in one run: the stall training sees, save and restore throughput.
+
+The built-in job's checkpoints (doeks/workload/checkpoints.py: PyTorch Distributed Checkpoint, step-N/ + `latest`,
+asynchronous save) of two states, each written to and read from
+- S3: bench/s3_endpoint.py on 127.0.0.1, every request answered after --latency-ms (20 ms: S3's typical time to first
+  byte), through s3torchconnector (the client the job uses where the endpoint answers as S3 does), and
+- a folder on this machine's disk (what a shared volume is to the job),
+in the same run, alternating, several rounds, medians:
+- ResNet-50 training (model + SGD momentum, ~205 MB of state) on this machine's CPU, a checkpoint every --every
+  optimizer steps (CHECKPOINT_EVERY's default, 10), the save asynchronous: the stall per checkpoint = the time
+  `save()` blocks the step (the copy to CPU memory) + what the steps during the background write lose to it (their
+  median time over the median time of steps without a write in flight, times their number) + any wait for the write
+  at the next checkpoint; over the --every steps' time that is `checkpoint stall: N% of a step` (the share of every
+  step lost, on average, to checkpointing). Medians of per-step times, so a shared machine's load spikes count little.
+- A ~1 GB state (--big-gb: a stack of Linear layers, parameters + momentum): save and restore throughput.
+Save MB/s: a blocking save (the write the background thread does); restore MB/s: a load into a fresh state.
+
+Prints per model and store, then the ratios:
+  checkpoint stall: N% of a step         (ResNet-50, S3; target <= 5%)
+  save MB/s / restore MB/s
+  restore S3 vs folder: N.NNx             (restore throughput S3 / folder; target >= 0.8x at 20 ms)
+
+Run: python bench/checkpoint.py [--rounds 3] [--latency-ms 20] [--every 10] [--big-gb 1.0] [--batch 8] [--crop 96]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def start_endpoint(latency_ms: float) -> tuple[subprocess.Popen, str]:
+    server = subprocess.Popen([sys.executable, str(ROOT / "bench" / "s3_endpoint.py"), "--files", "0", "--bucket", "bench",
+                               "--latency-ms", str(latency_ms), "--max-seconds", "3600"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    port = int(server.stdout.readline().split()[1])
+    return server, f"http://127.0.0.1:{port}"
+
+
+def state_bytes(state) -> int:
+    import torch
+
+    total = 0
+    for value in state.values():
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif isinstance(value, dict):
+            total += state_bytes(value)
+    return total
+
+
+def resnet50(batch: int, crop: int):
+    import torch
+    import torchvision
+
+    model = torchvision.models.resnet50(num_classes=1000)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
+    images, labels = torch.randn(batch, 3, crop, crop), torch.randint(0, 1000, (batch,))
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(images), labels).backward()
+        optimizer.step()
+
+    step()  # momentum buffers exist
+    return model, optimizer, step
+
+
+def big(gigabytes: float):
+    """Linear layers of 4096 x 4096 (64 MiB each) to half the size, SGD momentum the other half."""
+    import torch
+
+    layers = max(1, round(gigabytes * 1024 / 2 / 64))
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(layers)])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
+    model(torch.randn(2, 4096)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def app_state(model, optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def fresh_like(state):
+    import torch
+
+    return {k: (torch.empty_like(v) if isinstance(v, torch.Tensor) else fresh_like(v) if isinstance(v, dict) else v)
+            for k, v in state.items()}
+
+
+def measure_io(store, state, step: int) -> tuple[float, float]:
+    """(save seconds, restore seconds) of one blocking save and one load into a fresh state."""
+    start = time.perf_counter()
+    store.save(state, step, {"bench": True}, background=False)
+    saved = time.perf_counter() - start
+    target = fresh_like(state)
+    start = time.perf_counter()
+    store.load(target, store.latest())
+    return saved, time.perf_counter() - start
+
+
+def interval(step, every: int, store=None, state_fn=None, at: int = 0) -> tuple[float, list[float], list[float]]:
+    """One checkpoint interval of `every` steps; with a store, an asynchronous save right after the first step.
+    Returns (seconds save() blocked, times of steps while the write was in flight, times of the other steps); the
+    write is waited for at the end (as the next checkpoint would), and that wait counts as blocked."""
+    blocked, during, other = 0.0, [], []
+    for i in range(every):
+        start = time.perf_counter()
+        step()
+        took = time.perf_counter() - start
+        (during if store is not None and store.in_flight is not None else other).append(took)
+        if store is not None and i == 0:
+            blocked += store.save(state_fn(), at, {"bench": True})
+    if store is not None:
+        start = time.perf_counter()
+        store.wait()
+        blocked += time.perf_counter() - start
+    return blocked, during, other
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--every", type=int, default=10, help="steps between checkpoints (CHECKPOINT_EVERY)")
+    parser.add_argument("--big-gb", type=float, default=1.0, help="size of the big state (0 = leave it out)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--crop", type=int, default=96)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from doeks.workload.checkpoints import Store
+
+    server, endpoint = start_endpoint(args.latency_ms)
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_REGION="us-west-2", AWS_ACCESS_KEY_ID="bench",
+                      AWS_SECRET_ACCESS_KEY="bench")
+    folder = Path(tempfile.mkdtemp(prefix="doeks-bench-ckpt-"))
+    results: dict = {}
+    try:
+        stores = {"s3": lambda name: Store(f"s3://bench/{name}", keep=1),
+                  "folder": lambda name: Store(str(folder / name), keep=1)}
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; S3: {endpoint} with {args.latency_ms:g} ms "
+              f"per request; folder: {folder}", flush=True)
+
+        # ResNet-50: stall over a window of --every steps, and I/O
+        model, optimizer, step = resnet50(args.batch, args.crop)
+        state_fn = lambda: app_state(model, optimizer)  # noqa: E731
+        size = state_bytes(state_fn())
+        print(f"resnet50: {size / 1e6:.0f} MB of state, batch {args.batch} at {args.crop}px", flush=True)
+        per = {name: make("resnet50") for name, make in stores.items()}
+        counter = 0
+        quiet: list[float] = []  # step times with no write in flight
+        blocked, during = {k: [] for k in per}, {k: [] for k in per}
+        io = {k: [] for k in per}
+        for round_ in range(args.rounds):
+            quiet += interval(step, args.every)[2]
+            for name, store in per.items():
+                counter += 1
+                stop, busy, other = interval(step, args.every, store, state_fn, counter)
+                blocked[name].append(stop)
+                during[name].append(busy)
+                quiet += other
+                counter += 1
+                io[name].append(measure_io(store, state_fn(), counter))
+            print(f"  round {round_ + 1}: step {statistics.median(quiet):.2f}s; " + ", ".join(
+                f"{n}: save() blocked {blocked[n][-1]:.2f}s, {len(during[n][-1])} steps during the write "
+                f"(median {statistics.median(during[n][-1]) if during[n][-1] else 0:.2f}s), save {io[n][-1][0]:.2f}s, "
+                f"restore {io[n][-1][1]:.2f}s" for n in per), flush=True)
+        step_s = statistics.median(quiet)
+        results["resnet50"] = {"size": size, "step": step_s, "client": per["s3"].at.client}
+        for name in per:
+            lost = []
+            for stop, busy in zip(blocked[name], during[name]):
+                slower = (statistics.median(busy) - step_s) * len(busy) if busy else 0.0
+                lost.append(stop + max(0.0, slower))
+            results["resnet50"][name] = {
+                "stall": statistics.median(lost) / args.every / step_s,
+                "save": size / statistics.median(s for s, _ in io[name]) / 1e6,
+                "restore": size / statistics.median(r for _, r in io[name]) / 1e6}
+        del model, optimizer, step, per
+
+        if args.big_gb > 0:
+            model, optimizer = big(args.big_gb)
+            state = app_state(model, optimizer)
+            size = state_bytes(state)
+            print(f"big: {size / 1e9:.2f} GB of state", flush=True)
+            per = {name: make("big") for name, make in stores.items()}
+            io = {k: [] for k in per}
+            for round_ in range(args.rounds):
+                for name, store in per.items():
+                    counter += 1
+                    io[name].append(measure_io(store, state, counter))
+                print(f"  round {round_ + 1}: " + ", ".join(
+                    f"{n} save {io[n][-1][0]:.2f}s restore {io[n][-1][1]:.2f}s" for n in per), flush=True)
+            results["big"] = {"size": size, "client": per["s3"].at.client}
+            for name in per:
+                results["big"][name] = {"save": size / statistics.median(s for s, _ in io[name]) / 1e6,
+                                        "restore": size / statistics.median(r for _, r in io[name]) / 1e6}
+            del model, optimizer, state, per
+    finally:
+        server.stdin.close()
+        server.wait(30)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    print()
+    for model_name, result in results.items():
+        for name in ("s3", "folder"):
+            line = f"{model_name} {name}: save MB/s: {result[name]['save']:.0f}, restore MB/s: {result[name]['restore']:.0f}"
+            if "stall" in result[name]:
+                line += f", checkpoint stall: {100 * result[name]['stall']:.1f}% of a step"
+            print(line)
+        print(f"{model_name}: restore S3 vs folder: {result['s3']['restore'] / result['folder']['restore']:.2f}x, "
+              f"save S3 vs folder: {result['s3']['save'] / result['folder']['save']:.2f}x (S3 through {result['client']})")
+    r = results["resnet50"]
+    print(f"checkpoint stall: {100 * r['s3']['stall']:.1f}% of a step (ResNet-50, S3, a checkpoint every {args.every} "
+          f"steps of {r['step']:.2f}s; folder {100 * r['folder']['stall']:.1f}%)")
+    print(f"save MB/s: {r['s3']['save']:.0f} (S3), {r['folder']['save']:.0f} (folder)")
+    print(f"restore MB/s: {r['s3']['restore']:.0f} (S3), {r['folder']['restore']:.0f} (folder)")
+    print(f"restore S3 vs folder: {r['s3']['restore'] / r['folder']['restore']:.2f}x (ResNet-50 at {args.latency_ms:g} ms)"
+          + (f", {results['big']['s3']['restore'] / results['big']['folder']['restore']:.2f}x "
+             f"({results['big']['size'] / 1e9:.1f} GB state)" if "big" in results else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

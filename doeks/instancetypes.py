@@ -1,0 +1,71 @@
+"""GPUs and EFA interfaces of the GPU node type, from EC2's DescribeInstanceTypes (GpuInfo.Gpus[].Count,
+NetworkInfo.EfaInfo.MaximumEfaInterfaces), asked once per region and type and kept in the user cache folder
+(doeks.catalog.instance_cache), where settings read it: NPROC_PER_NODE=auto and EFA_PER_NODE=auto follow the type
+(a hand-kept table lags behind what EC2 offers). `.env` overrides either.
+"""
+from __future__ import annotations
+
+import json
+
+from . import ui
+from .catalog import instance_cache
+
+
+def describe(settings, instance: str) -> tuple[int, int] | None:
+    """(GPUs, EFA interfaces) of `instance` as EC2 answers in AWS_REGION; None when EC2 does not know the type."""
+    from .aws import client
+
+    ec2 = client(settings, "ec2")
+    try:
+        found = ec2.describe_instance_types(InstanceTypes=[instance])["InstanceTypes"]
+    except ec2.exceptions.ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("InvalidInstanceType", "InvalidParameterValue"):
+            return None
+        raise
+    if not found:
+        return None
+    info = found[0]
+    gpus = sum(g.get("Count", 0) for g in (info.get("GpuInfo") or {}).get("Gpus", []))
+    network = info.get("NetworkInfo") or {}
+    efa = (network.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0) if network.get("EfaSupported") else 0
+    return gpus, efa
+
+
+def remember(region: str, instance: str, gpus: int, efa: int) -> None:
+    path = instance_cache()
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    known.setdefault(region, {})[instance] = {"gpus": gpus, "efa": efa}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(known, indent=1, sort_keys=True))
+    partial.replace(path)
+
+
+def refresh(settings, runner=None) -> bool:
+    """Ask EC2 about GPU_INSTANCE_TYPE when settings still lack its answer (only with credentials configured: no
+    instance-metadata probe); True when the cache changed (reload the settings). A type EC2 does not offer is one
+    error line; no credentials: the plan says the numbers are unknown and goes on."""
+    from .aws import credentials_configured, lookup
+    from .errors import DoeksError, is_credentials_error
+
+    if not settings.instance_facts_unknown or not credentials_configured(settings):
+        return False
+    instance, region = settings.gpu_instance_type, settings.aws_region
+    try:
+        answer = lookup(runner, f"GPUs and EFA of {instance} (EC2 DescribeInstanceTypes)",
+                        lambda: describe(settings, instance), False)
+    except Exception as error:  # noqa: BLE001 - EC2 out of reach or refusing: settings keep their table, and say so
+        why = "no usable credentials" if is_credentials_error(error) else f"{type(error).__name__}"
+        ui.say(f"GPUs and EFA of {instance}: EC2 not asked ({why}); {settings.instance_facts}", style="dim")
+        return False
+    if answer is False:
+        return False
+    if answer is None:
+        raise DoeksError(f"GPU_INSTANCE_TYPE={instance} is not an instance type EC2 knows in {region}")
+    gpus, efa = answer
+    remember(region, instance, gpus, efa)
+    ui.say(f"{instance}: {gpus} GPUs, {efa} EFA interfaces (EC2 DescribeInstanceTypes, cached in {instance_cache()})")
+    return True

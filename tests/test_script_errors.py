@@ -1,0 +1,117 @@
+"""A user's script fails well: its own exception (any type) with its file and line is the reason, an error of its own
+code ends the job at once, a library's error that comes back after a restart ends it too, a checkpoint of another
+model is named as such, and `elasticjob.logs --errors` shows each traceback once. The lines below are what torch
+2.13's torchrun wrote in real local runs (2026-11-25): torch prefixes a worker's traceback with `[rankN]: `, the
+local target's logs each line with its replica."""
+from __future__ import annotations
+
+from doeks.targets import reasons
+
+# node-0's log of a real run of a script that raises RuntimeError at step 2 (two ranks, the same line), then the line
+# doeks' torchrun says when it restarts the workers, then the same again
+RAISED = [
+    '[rank2]: Traceback (most recent call last):',
+    '[rank2]:   File "/tmp/i32/proj/fit.py", line 79, in <module>',
+    '[rank2]:     main()',
+    '[rank2]:   File "/tmp/i32/proj/fit.py", line 57, in main',
+    '[rank2]:     raise RuntimeError(f"--fail-at {args.fail_at}: failing on purpose at step {step}")',
+    '[rank3]: Traceback (most recent call last):',
+    '[rank2]: RuntimeError: --fail-at 2: failing on purpose at step 2',
+    '[rank3]:   File "/tmp/i32/proj/fit.py", line 79, in <module>',
+    '[rank3]:     main()',
+    '[rank3]:   File "/tmp/i32/proj/fit.py", line 57, in main',
+    '[rank3]:     raise RuntimeError(f"--fail-at {args.fail_at}: failing on purpose at step {step}")',
+    '[rank3]: RuntimeError: --fail-at 2: failing on purpose at step 2',
+    "E1125 21:38:37.336000 10939 site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+    "(exitcode: 1) local_rank: 1 (pid: 11432) of binary: /root/.pyenv/versions/3.11.7/bin/python",
+]
+# a library's error in a call from the script (torch.load of a file that is no checkpoint)
+LIBRARY = [
+    "[rank0]: Traceback (most recent call last):",
+    '[rank0]:   File "/workspace/fit.py", line 44, in main',
+    "[rank0]:     state = torch.load(path, map_location=device)",
+    '[rank0]:   File "/usr/local/lib/python3.11/site-packages/torch/serialization.py", line 1548, in load',
+    "[rank0]:     raise pickle.UnpicklingError(_get_wo_message(str(e))) from None",
+    "[rank0]: _pickle.UnpicklingError: Weights only load failed.",
+]
+MISFIT = [
+    "[rank0]: Traceback (most recent call last):",
+    '[rank0]:   File "/workspace/train.py", line 45, in main',
+    '[rank0]:     model.load_state_dict(state["model"])',
+    '[rank0]:   File "/usr/local/lib/python3.11/site-packages/torch/nn/modules/module.py", line 2635, in load_state_dict',
+    "[rank0]:     raise RuntimeError(",
+    "[rank0]: RuntimeError: Error(s) in loading state_dict for Linear:",
+    '[rank0]: \tMissing key(s) in state_dict: "weight", "bias". ',
+]
+RESTART = "doeks: worker group failed (exit codes [1]): torchrun restarts it (1 of 10)"
+
+
+def test_any_exception_the_script_raises_is_the_reason_with_its_file_and_line_and_ends_the_job():
+    reason = reasons.classify([f"[node-0] {line}" for line in RAISED], [1], restarts=0, roots=["/tmp/i32/proj"])
+    assert reason.code == "exception" and reason.permanent
+    assert reason.text == ("the script raised RuntimeError: --fail-at 2: failing on purpose at step 2 "
+                           "(fit.py, line 57, in main)")
+    assert "invoke elasticjob.logs --errors" in reason.fix
+    # any type, the user's own class too (no list of "bug" types); a path in the image is shown from /workspace
+    mine = ["Traceback (most recent call last):", '  File "/workspace/src/fit.py", line 9, in step',
+            "    raise DivergedLoss(loss)", "DivergedLoss: nan"]
+    assert reasons.from_lines(mine).text == "the script raised DivergedLoss: nan (src/fit.py, line 9, in step)"
+    # a crash loop names the script's error and the job's restart count, the one the state line and table show
+    loop = reasons.classify(LIBRARY + ["ChildFailedError:"], [1], restarts=3, total=7)
+    assert loop.text.startswith("crash loop: 7 restarts, last error: _pickle.UnpicklingError: Weights only load "
+                                "failed. (fit.py, line 44, in main)")
+
+
+def test_a_library_error_is_transient_until_it_comes_back_after_a_restart():
+    assert reasons.from_lines(LIBRARY) is None  # a lost peer, a file system: a restart may cure it
+    again = reasons.from_lines(LIBRARY + [RESTART] + LIBRARY)
+    assert again.permanent and again.text == ("the script failed with _pickle.UnpicklingError: Weights only load "
+                                              "failed. (fit.py, line 44, in main), the same after a restart")
+    # two ranks of one attempt are not a restart; torch's own tracebacks (no frame of the script) are never its error
+    assert reasons.from_lines(LIBRARY + [line.replace("rank0", "rank1") for line in LIBRARY]) is None
+    agent = ["Traceback (most recent call last):",
+             '  File "/usr/lib/python3.11/site-packages/torch/distributed/run.py", line 9, in main',
+             "torch.distributed.elastic.rendezvous.api.RendezvousClosedError"]
+    assert reasons.tracebacks(agent + [RESTART] + agent).permanent() is None
+    closed = reasons.classify(agent, [1], failed=True, total=3)
+    assert closed.code == "rendezvous-closed" and closed.permanent and "(3 in all)" in closed.text
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_named_with_its_folder_and_fresh():
+    reason = reasons.from_lines(MISFIT)
+    assert reason.code == "bad-checkpoint" and reason.permanent
+    assert reason.text.startswith("a checkpoint that does not fit the model: RuntimeError: Error(s) in loading "
+                                  "state_dict for Linear: (train.py, line 45, in main)")
+    assert reasons.CHECKPOINTS in reason.fix and "--fresh" in reason.fix
+
+    class Target:
+        def artifacts(self):
+            return {"checkpoints": "/data/checkpoints/fit"}
+
+    from doeks.targets import base, show
+
+    status = base.JobStatus("local", "fit", "Failed", reason=reason.text, fix=reason.fix)
+    assert show.fix_of(Target(), status).startswith("/data/checkpoints/fit holds a checkpoint of another model: "
+                                                    "`invoke elasticjob.deploy --fresh`")
+
+
+def test_errors_are_each_shown_once_the_scripts_first():
+    blocks = reasons.error_blocks([f"[node-0] {line}" for line in RAISED + [RESTART] + RAISED]
+                                  + [f"[node-1] {line.replace('rank2', 'rank0')}" for line in RAISED])
+    assert len(blocks) == 1
+    raised, count, streams = blocks[0]
+    assert count == 6 and streams == ["node-0/rank2", "node-0/rank3", "node-1/rank0", "node-1/rank3"]
+    assert raised.lines[0] == "[node-0] [rank2]: Traceback (most recent call last):"
+    assert raised.lines[-1] == "[node-0] [rank2]: RuntimeError: --fail-at 2: failing on purpose at step 2"
+
+
+def test_frames_of_doeks_and_installed_packages_are_not_the_scripts():
+    from doeks.settings import PROJECT_ROOT
+
+    assert reasons.user_code("/tmp/me/fit.py") and reasons.user_code("/workspace/train.py")
+    assert reasons.user_code(str(PROJECT_ROOT / "doeks" / "workload" / "train.py"))  # the built-in job is a script
+    assert reasons.user_code(str(PROJECT_ROOT / "examples" / "ddp-plain" / "train.py"))
+    for path in (str(PROJECT_ROOT / "doeks" / "local" / "zygote.py"), "/opt/doeks-stage/doeks/torchrun.py",
+                 "<frozen runpy>", "/usr/lib/python3.11/json/decoder.py",
+                 "/home/me/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py"):
+        assert not reasons.user_code(path), path
