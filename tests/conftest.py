@@ -138,6 +138,12 @@ def no_machine_cluster(request, tmp_path_factory, monkeypatch):
     changed (TARGET=kubernetes plans read it: with a job of another run holding the claim they said otherwise)."""
     if request.node.get_closest_marker("kubernetes") is None:
         monkeypatch.setenv("DOEKS_CLUSTER_DIR", str(tmp_path_factory.getbasetemp() / "no-cluster"))
+        # a target's connect run in this process points KUBECONFIG at its cluster (doeks.kube.use/use_only): undone
+        # after the test, or the next one's commands carry that test's kubeconfig (KUBECONFIG decides the image)
+        before = os.environ.get("KUBECONFIG")
+        monkeypatch.setenv("KUBECONFIG", before or "")
+        if before is None:
+            monkeypatch.delenv("KUBECONFIG")
     yield
 
 

@@ -59,8 +59,10 @@ def dockerfile_installs() -> set[str]:
 
 def imported_modules() -> dict[str, set[str]]:
     """Top-level third-party module -> files importing it (function-level imports included)."""
-    # doeks/torchrun.py runs only in the training image (its torchrun) and under the local agent: never a task's import
-    files = [ROOT / f for f in TASK_FILES] + [p for p in (ROOT / "doeks").glob("*.py") if p.name != "torchrun.py"]
+    # doeks/torchrun.py runs only in the training image (its torchrun) and under the local agent, doeks/launch.py only
+    # in the training image (its default command): never a task's import
+    files = [ROOT / f for f in TASK_FILES] + [p for p in (ROOT / "doeks").glob("*.py")
+                                             if p.name not in ("torchrun.py", "launch.py")]
     found: dict[str, set[str]] = {}
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):

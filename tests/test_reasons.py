@@ -23,6 +23,7 @@ from doeks.targets import reasons
 from .test_targets import STANDIN, TINY, settings_for
 
 LOGS = Path(__file__).parent / "fixtures" / "reasons"
+TRACEBACK = "Traceback (most recent call last):"  # what Python writes first: a traceback is read from it on
 # torch's words for a CUDA out-of-memory error (c10/cuda/CUDACachingAllocator.cpp, torch 2.13): no GPU here to make one
 CUDA_OOM = ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
             "79.19 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 78.12 GiB memory in use."]
@@ -47,13 +48,17 @@ LINE_CASES = [
      "(RuntimeError: Missing key in checkpoint state_dict: doeks_meta.): move /tmp/capture/ck away to start from scratch",
      "--fresh"),
     ("import-error", "import-error", True,
-     "import error: ModuleNotFoundError: No module named 'doeks_no_such_module'", "elasticjob/Dockerfile"),
+     "import error: ModuleNotFoundError: No module named 'doeks_no_such_module' (/tmp/capture/uses_timm.py, line 2, "
+     "in <module>)", "elasticjob/Dockerfile"),
     ("missing-file", "missing-file", True,
-     "missing file: FileNotFoundError: [Errno 2] No such file or directory: '/fsx-shared/data/labels.json'", "SHARED_MOUNT"),
+     "missing file: FileNotFoundError: [Errno 2] No such file or directory: '/fsx-shared/data/labels.json' "
+     "(/tmp/capture/reads.py, line 1, in <module>)", "SHARED_MOUNT"),
     ("no-script", "missing-file", True,
      "missing file: can't open file '/tmp/capture/not-there.py': [Errno 2] No such file or directory", "--train-args"),
-    ("exception-in-script", "exception", True, "the script raised ValueError: lr must be positive, got -1", "fix the script"),
-    ("worker-failed-under-torchrun", "exception", True, "the script raised ValueError: lr must be positive, got -1",
+    ("exception-in-script", "exception", True,
+     "the script raised ValueError: lr must be positive, got -1 (/tmp/capture/mine.py, line 3, in check)", "fix the script"),
+    ("worker-failed-under-torchrun", "exception", True,
+     "the script raised ValueError: lr must be positive, got -1 (/tmp/capture/mine.py, line 3, in check)",
      "elasticjob.logs"),
     ("no-memory", "oom", False, "out of memory: Cannot allocate memory", "BATCH_SIZE"),
     ("etcd-unreachable", "rendezvous", False, "rendezvous server unreachable", "invoke eks.create"),
@@ -73,6 +78,10 @@ def test_a_cuda_out_of_memory_error_is_transient():
     found = reasons.from_lines(CUDA_OOM)
     assert (found.code, found.permanent) == ("oom", False) and found.fix == reasons.OOM_FIX
     assert found.text == "out of memory: " + CUDA_OOM[0][:200]  # a reason line keeps the first 200 characters
+    # raised through the script's own frames (its forward pass), still memory, not the script's bug (issue 32's
+    # reading of the script's exceptions made every traceback permanent)
+    raised = reasons.from_lines([TRACEBACK, '  File "/workspace/fit.py", line 40, in main', "    out = model(x)"] + CUDA_OOM)
+    assert (raised.code, raised.permanent) == ("oom", False)
 
 
 def test_every_rule_has_a_case_here():
@@ -107,24 +116,25 @@ def test_an_exception_a_library_raised_is_not_the_scripts_bug():
     assert reasons.from_lines(lines) is None
     failed = reasons.classify(lines, [1], failed=True)
     assert (failed.code, failed.permanent) == ("failed", False)
-    assert failed.text == "failed (exit 1): ValueError: Invalid literal for Fraction: 'one half'"
+    assert failed.text == "failed (exit 1): ValueError: Invalid literal for Fraction: 'one half' (/tmp/capture/lib.py, line 2, in <module>)"
     # a frame of an installed package, of the interpreter's frozen modules: not the script's either
     for frame in ('  File "/usr/lib/python3/dist-packages/x.py", line 1, in f', '  File "<frozen runpy>", line 88, in _run_code'):
         assert reasons.from_lines([frame, "ValueError: boom"]) is None
     assert reasons.from_lines(["ValueError: boom"]) is None  # no traceback at all: no frame of the script's
-    assert reasons.from_lines(['  File "/opt/ml/code/mine.py", line 3', "ValueError: boom"]).permanent
+    assert reasons.from_lines([TRACEBACK, '  File "/opt/ml/code/mine.py", line 3', "ValueError: boom"]).permanent
     # Fedora's and RHEL's interpreter keeps installed packages in lib64 (no "/lib/python" in the path)
     assert reasons.from_lines(['  File "/usr/lib64/python3.11/site-packages/x.py", line 1, in f', "ValueError: b"]) is None
-    # the traceback is read 80 lines back: a frame further up is not this exception's
-    deep = ['  File "/opt/ml/code/mine.py", line 3'] + ["    helper()"] * 80 + ["ValueError: boom"]
-    assert reasons.from_lines(deep) is None and reasons.from_lines(deep[:1] + deep[2:]).permanent
+    # a traceback is read from its first line on (issue 32's reading): frames without it are no exception's
+    assert reasons.from_lines(['  File "/opt/ml/code/mine.py", line 3', "ValueError: boom"]) is None
 
 
 def test_a_permanent_line_wins_over_transient_ones_wherever_it_is():
     for lines in (log("etcd-lost-mid-job") + log("bad-arguments"), log("bad-arguments") + log("etcd-lost-mid-job")):
         assert reasons.from_lines(lines).code == "bad-arguments"
-    # the first permanent one
-    assert reasons.from_lines(log("data-missing") + log("import-error")).code == "data-missing"
+    # the script's own exception before any line rule (issue 32: it is what the user must fix), else the first one
+    for lines in (log("data-missing") + log("import-error"), log("import-error") + log("data-missing")):
+        assert reasons.from_lines(lines).code == "import-error"
+    assert reasons.from_lines(log("data-missing") + log("no-script")).code == "data-missing"
     # of transient ones, the last
     assert reasons.from_lines(log("no-memory") + log("etcd-unreachable")).code == "rendezvous"
     assert reasons.from_lines(log("etcd-unreachable") + log("no-memory")).code == "oom"
@@ -170,16 +180,19 @@ def test_exit_codes_restarts_and_failure_without_a_known_cause():
     assert reasons.classify(lines, [1], restarts=reasons.CRASH_LOOP_RESTARTS - 1) is None
     loop = reasons.classify(lines, [1], restarts=reasons.CRASH_LOOP_RESTARTS)
     assert (loop.code, loop.permanent) == ("crash-loop", False)
-    assert loop.text == "crash loop: 3 restarts, last error: ValueError: Invalid literal for Fraction: 'one half'"
-    assert loop.fix == "read `invoke elasticjob.logs --tail 50`; fix the cause, then `invoke elasticjob.deploy`"
+    assert loop.text == "crash loop: 3 restarts, last error: ValueError: Invalid literal for Fraction: 'one half' " \
+        "(/tmp/capture/lib.py, line 2, in <module>)"
+    assert loop.fix == f"{reasons.LOGS_FIX}; fix the cause, then `invoke elasticjob.deploy`"
     assert reasons.classify([], events=["CrashLoopBackOff"]).text == "crash loop: 0 restarts"
     failed = reasons.classify([], [None, 0, 2], failed=True)
-    assert (failed.text, failed.fix) == ("failed (exit 2)", "read `invoke elasticjob.logs --tail 50`")
+    assert (failed.text, failed.fix) == \
+        ("failed (exit 2)", f"{reasons.LOGS_FIX} (`invoke elasticjob.logs --tail 50`: the end of each node's log)")
     assert reasons.classify([], [], failed=True).text == "failed"
 
 
 def test_the_last_error_is_the_scripts_not_torchruns_summary():
-    assert reasons.last_error(log("worker-failed-under-torchrun")) == "ValueError: lr must be positive, got -1"
+    assert reasons.last_error(log("worker-failed-under-torchrun")) == \
+        "ValueError: lr must be positive, got -1 (/tmp/capture/mine.py, line 3, in check)"
     # (python-etcd's EtcdConnectionFailed does not end in Error: the last line that does is urllib3's)
     assert reasons.last_error(log("etcd-lost-mid-job")).startswith("urllib3.exceptions.MaxRetryError: HTTPConnectionPool")
     # torchrun's own exception only when there is no other; then a line naming an error, never its table's lines

@@ -102,7 +102,7 @@ WORKER_RESTARTED = re.compile(r"^doeks: worker group restarted")
 NODE_RESTART = re.compile(r"^==== doeks: replica \d+ start #[1-9]")
 # "[node-0] " (a target's log prefix: a replica, a pod, a SageMaker host), then torch's "[rank3]: " (its excepthook
 # prefixes every line of a worker's traceback with the worker's rank, torch/distributed/distributed_c10d.py)
-_PREFIX = re.compile(r"^(?:\[(?P<outer>[^\]\s]+)\] )?(?:\[(?P<rank>rank\d+)\]: ?)?")
+_PREFIX = re.compile(r"^(?:\[(?P<outer>[^\]]+)\] )?(?:\[(?P<rank>rank\d+)\]: ?)?")
 _TRACEBACK = "Traceback (most recent call last):"
 _FRAME_LINE = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+))?$')
 _EXCEPTION_LINE = re.compile(r"^(?P<kind>[A-Za-z_][\w.]*)(?::\s?(?P<message>.*))?$")
@@ -151,6 +151,13 @@ class Raised:
     def by_script(self) -> bool:
         """The job's code raised it (its innermost frame is the script's), rather than a library it called."""
         return bool(self.frames) and user_code(self.frames[-1][0])
+
+    @property
+    def out_of_memory(self) -> bool:
+        """Memory ran out (MemoryError, torch's OutOfMemoryError, ENOMEM): a smaller batch or a larger node cures it,
+        not a change of the script, so the line rule's transient "out of memory" stands, wherever it was raised."""
+        return self.kind.rsplit(".", 1)[-1] in ("MemoryError", "OutOfMemoryError") or \
+            "Cannot allocate memory" in self.message or "out of memory" in self.message
 
     @property
     def identity(self) -> tuple:
@@ -220,7 +227,7 @@ class Tracebacks:
         its own `raise`: the same code raises it again), a checkpoint that does not fit the model, or one a library
         raised in a call from the job's code that came back the same (type, message, place) after a restart of that
         stream."""
-        mine = self.of_script()
+        mine = [r for r in self.of_script() if not r.out_of_memory]
         raised = next((r for r in mine if r.by_script), None)
         if raised is not None:
             return script_reason(raised, roots)
