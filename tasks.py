@@ -14,7 +14,7 @@ from doeks.taskkit import runner, settings, target, task
 ROOT = Path(__file__).resolve().parent
 UNIT_FILES = {"eks": "eks/tasks.py", "csi": "csi/tasks.py", "efa": "efa-device-plugin/tasks.py",
               "gpu-metrics": "gpu-metrics/tasks.py", "kubeflow": "kubeflow/tasks.py", "sagemaker": "kubeflow/sagemaker.py",
-              "elasticjob": "elasticjob/tasks.py", "dev": "dev/tasks.py"}
+              "kueue": "kueue/tasks.py", "elasticjob": "elasticjob/tasks.py", "dev": "dev/tasks.py"}
 
 
 def _load_unit(name, path):
@@ -199,12 +199,13 @@ def _settings_problems(s) -> None:
 @task(help={"docker": "also install and start a local docker daemon (Debian docker.io) and make a base image",
             "kubernetes": "also build doeks' own single-node Kubernetes (once per version, cached outside the repo; "
                           "implies --docker) and its images",
+            "kueue": "also build Kueue and kwok for doeks' cluster (the kueue unit, KUBE_SIM_NODES; implies --kubernetes)",
             "dry_run": "print what would be installed and built"})
-def setup(c, docker=False, kubernetes=False, dry_run=False):
+def setup(c, docker=False, kubernetes=False, kueue=False, dry_run=False):
     """Install what pip cannot (torchvision CPU shim, etcd check, optional docker daemon, optional cluster); idempotent."""
     from doeks import preflight
 
-    preflight.setup(runner(dry_run), docker=docker or kubernetes, kubernetes=kubernetes)
+    preflight.setup(runner(dry_run), docker=docker or kubernetes or kueue, kubernetes=kubernetes or kueue, kueue=kueue)
 
 
 @task

@@ -37,6 +37,26 @@ def labels(settings) -> dict[str, str]:
     return {"app.kubernetes.io/part-of": "doeks", "doeks/job": settings.job_name}
 
 
+# Kueue (doeks.kueue): the label that sends a job to a LocalQueue, and the pod-template annotations of its Topology
+# Aware Scheduling asking for every pod of the job in one block of EKS' network topology (the layer-3 network node)
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+TOPOLOGY_ANNOTATIONS = {"required": "kueue.x-k8s.io/podset-required-topology",
+                        "preferred": "kueue.x-k8s.io/podset-preferred-topology"}
+BLOCK = "topology.k8s.aws/network-node-layer-3"
+
+
+def queue_labels(settings) -> dict[str, str]:
+    """QUEUE set: the label that sends the job to that LocalQueue (Kueue holds it until all its pods fit)."""
+    return {QUEUE_LABEL: settings.queue} if settings.queue else {}
+
+
+def topology_annotations(settings) -> dict[str, str]:
+    """TOPOLOGY=required|preferred with a QUEUE: all the job's pods in one layer-3 block (Kueue places them)."""
+    if not settings.queue or not settings.topology:
+        return {}
+    return {TOPOLOGY_ANNOTATIONS[settings.topology]: BLOCK}
+
+
 def etcd_manifests(settings) -> list[dict[str, Any]]:
     """etcd for torch's etcd rendezvous: pinned image, v2 API on, one replica, a ClusterIP Service `etcd-service`.
 
@@ -198,7 +218,8 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": {"name": settings.job_name, "namespace": settings.namespace, "labels": labels(settings)},
+        "metadata": {"name": settings.job_name, "namespace": settings.namespace,
+                     "labels": {**labels(settings), **queue_labels(settings)}},
         "spec": {
             "elasticPolicy": elastic,
             "nprocPerNode": str(settings.nproc_per_node),
@@ -207,11 +228,18 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
                 "Worker": {
                     "replicas": settings.replicas,
                     "restartPolicy": "OnFailure",
-                    "template": {"metadata": {"labels": labels(settings)}, "spec": pod_spec},
+                    "template": {"metadata": _pod_metadata(settings), "spec": pod_spec},
                 },
             },
         },
     }
+
+
+def _pod_metadata(settings) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": labels(settings)}
+    if topology_annotations(settings):
+        meta["annotations"] = topology_annotations(settings)
+    return meta
 
 
 def _cluster_image(settings, code=None) -> str:

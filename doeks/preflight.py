@@ -42,7 +42,7 @@ def docker_reachable() -> bool:
         return False
 
 
-def setup(runner, docker: bool = False, kubernetes: bool = False) -> None:
+def setup(runner, docker: bool = False, kubernetes: bool = False, kueue: bool = False) -> None:
     from .local import torchvision_shim
 
     result = runner.step("torchvision CPU shim (CUDA stub libraries + rpath)", torchvision_shim.ensure)
@@ -59,8 +59,10 @@ def setup(runner, docker: bool = False, kubernetes: bool = False) -> None:
     if docker:
         ensure_docker(runner)
         ensure_base_image(runner)
-    if kubernetes:
+    if kubernetes or kueue:
         setup_kubernetes(runner)
+    if kueue:
+        setup_kueue(runner)
 
 
 def ensure_jpegcrop(runner) -> str:
@@ -127,6 +129,25 @@ def setup_kubernetes(runner) -> None:
         eksctl.module()
     if not runner.dry_run:
         ui.say(f"doeks' cluster is built ({time.monotonic() - started:.0f}s this time; cached in {build.versions.cache_dir()})")
+
+
+def setup_kueue(runner) -> None:
+    """Kueue (with Trainer's library v2.3.0) and kwok built from the Go module proxy, once, in the user cache folder:
+    the kueue unit on doeks' own cluster and its simulated nodes (KUBE_SIM_NODES) need them."""
+    import time
+
+    from .cluster import operators
+
+    started = time.monotonic()
+    for op in operators.QUEUE_BUILDS.values():
+        if operators.binary(op).exists():
+            ui.say(f"{op.name} {op.build_id}: already built in {operators.binary(op).parent}")
+        elif runner.dry_run:
+            runner.step(f"build {op.name} {op.build_id} from the Go module proxy ({op.module}/{op.package})", lambda: None)
+        else:
+            operators.build_binary(op)
+    if not runner.dry_run:
+        ui.say(f"Kueue and kwok are built ({time.monotonic() - started:.0f}s this time)")
 
 
 def _apt(runner, packages: list[str]) -> None:
@@ -484,6 +505,11 @@ def kubernetes_checks(settings) -> list[Check]:
     rows.append(("training operator webhook serving", bool(served), ", ".join(sorted(set(served))) if served else
                  "no ready endpoint behind a kubeflow webhook with a CA bundle: `invoke kubeflow.training-operator.deploy`",
                  True))
+    from . import kueue
+
+    agree = kueue.check(settings, library=kueue.TRAINER_LIBRARY if own else "")
+    if agree is not None:
+        rows.append(agree)
     if own:
         from .cluster import images
         from .trainimage import reference

@@ -256,6 +256,34 @@ def _memory(raw: str) -> str:
 _MEMORY = (_memory, "a memory size such as 512Mi or 16Gi (or empty)")
 
 
+def _quantity(raw: str) -> str:
+    """A CPU quantity as Kubernetes writes one: whole CPUs (64) or millicores (500m)."""
+    if not re.fullmatch(r"[1-9]\d{0,6}m?|0", raw):
+        raise _Bad("a number of CPUs such as 64, or millicores such as 500m")
+    return raw
+
+
+_QUANTITY = (_quantity, "a number of CPUs such as 64, or millicores such as 500m")
+
+
+def _memory_quota(raw: str) -> str:
+    if not re.fullmatch(r"[1-9]\d*(Ki|Mi|Gi|Ti|K|M|G|T)|0", raw):
+        raise _Bad("a memory size such as 512Mi or 16Ti")
+    return raw
+
+
+_MEMORY_QUOTA = (_memory_quota, "a memory size such as 512Mi or 16Ti")
+
+
+def _topology(raw: str) -> str:
+    if raw.lower() not in ("", "required", "preferred"):
+        raise _Bad("empty, required or preferred")
+    return raw.lower()
+
+
+_TOPOLOGY = (_topology, "empty, required or preferred")
+
+
 def _text(raw: str) -> str:
     if "\n" in raw or "\x00" in raw:
         raise _Bad("one line of text")
@@ -312,6 +340,8 @@ KEYS: tuple[Key, ...] = (
     _key("STORAGE_CLASS", "kubernetes", "", "StorageClass of SHARED_PVC on TARGET=kubernetes (empty = on doeks' cluster a volume in a folder of this machine; elsewhere the cluster's default class)", _text),
     _key("KUBE_GPUS", "kubernetes", "0", "nvidia.com/gpu each training pod asks for on TARGET=kubernetes (0 = train on CPU)", _int(0, 64)),
     _key("KUBE_MEMORY", "kubernetes", "", "Memory limit of each training pod on TARGET=kubernetes, also its request (empty = no limit); a pod over it is OOM-killed", _MEMORY),
+    _key("KUBE_SIM_NODES", "kubernetes", "0", "Simulated nodes added to doeks' own cluster (kwok: nodes and pods that exist only in the API server), labelled and sized as EKS labels a KUBE_SIM_NODE_TYPE node; tainted so only jobs that tolerate them go there (0 = none; `down` removes them)", _int(0, 1000)),
+    _key("KUBE_SIM_NODE_TYPE", "kubernetes", "", "Instance type of the simulated nodes: its GPUs, EFA adapters, CPUs and memory, and EKS' labels (empty = GPU_INSTANCE_TYPE)", _pattern(_INSTANCE_TYPE, "an EC2 instance type such as p5.48xlarge", optional=True)),
     _key("CLUSTER_NAME", "eks", "doeks", "EKS cluster name", _pattern(_CLUSTER_NAME, "a cluster name: a letter, then letters, digits and '-', at most 100")),
     _key("EKS_VERSION", "eks", "1.35", "Kubernetes version of the cluster (default: the newest in EKS standard support; older ones cost 6x in extended support)", _EKS_VERSION),
     _key("EKS_ZONES", "eks", "", "Availability zones for the cluster (empty = eksctl picks)", _zones),
@@ -404,6 +434,13 @@ KEYS: tuple[Key, ...] = (
     _key("KFP_NAMESPACE", "kubeflow", "kubeflow-user-example-com", "Kubeflow profile namespace the pipeline runs in; its kubernetes branch creates the job there (the profile of user@example.com in the platform's example)", _dns_label()),
     _key("KFP_SERVICE_ACCOUNT", "kubeflow", "default-editor", "Service account of the pipeline's pods in KFP_NAMESPACE (multi-user KFP runs them as default-editor); kubeflow.pipeline.deploy gives it RBAC on PyTorchJobs/TrainJobs and a Pod Identity role for SageMaker", _dns_label()),
     _key("PIPELINE_JOB_KIND", "kubeflow", "trainjob", "What the pipeline's kubernetes branch submits: a Trainer v2 TrainJob or a fixed-size PyTorchJob (training operator v1)", _choice(("trainjob", "pytorchjob"))),
+    # kueue (queues, quotas, topology)
+    _key("QUEUE", "kueue", "", "Kueue LocalQueue the jobs go to (elasticjob.deploy, kubeflow.trainjob.submit, kubeflow.pytorchjob.submit): they carry the label kueue.x-k8s.io/queue-name and wait until Kueue admits all their pods at once (empty = no queue: they start at once); `invoke kueue.deploy` makes this queue (empty: one named doeks)", _pattern(_DNS1123_LABEL, "a Kubernetes name: lower-case letters, digits and '-'", optional=True)),
+    _key("QUEUE_CPU", "kueue", "1000", "CPUs the queue's ClusterQueue may use on each node type (its nominal quota per ResourceFlavor)", _QUANTITY),
+    _key("QUEUE_MEMORY", "kueue", "8Ti", "Memory the queue's ClusterQueue may use on each node type", _MEMORY_QUOTA),
+    _key("QUEUE_GPUS", "kueue", "64", "nvidia.com/gpu the queue's ClusterQueue may use on each node type that has GPUs (0 on one without)", _int(0, 100000)),
+    _key("QUEUE_EFA", "kueue", "256", "vpc.amazonaws.com/efa adapters the queue's ClusterQueue may use on each node type that has EFA (0 on one without)", _int(0, 100000)),
+    _key("TOPOLOGY", "kueue", "", "Put all of a queued job's pods in one network block (EKS' topology.k8s.aws/network-node-layer-3): required (wait until one block has room) or preferred (one block when one has room; empty = anywhere)", _TOPOLOGY),
     # secrets (masked in every output)
     _key("AWS_ACCESS_KEY_ID", "secrets", "", "Access key id (empty = default credentials chain)", _text),
     _key("AWS_SECRET_ACCESS_KEY", "secrets", "", "Secret access key (masked in all output)", _text),

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import trainimage
 from .errors import DoeksError
-from .jobspec import Placement, labels, node_type_placement, train_args
+from .jobspec import Placement, labels, node_type_placement, queue_labels, topology_annotations, train_args
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 TRAINER_VERSION = "v2.3.0"
@@ -58,10 +58,13 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
         "containers": [{"name": CONTAINER, "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
                                                             {"name": "dshm", "mountPath": "/dev/shm"}]}],
     }
+    pod_template: dict[str, Any] = {"spec": pod_spec}
+    if topology_annotations(settings):  # Kueue reads it on the JobSet's pod template, which the runtime patch makes
+        pod_template["metadata"] = {"annotations": topology_annotations(settings)}
     return {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
-        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels(settings)},
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": {**labels(settings), **queue_labels(settings)}},
         "spec": {
             "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": RUNTIME_KIND, "name": RUNTIME},
             "trainer": {
@@ -77,7 +80,7 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
                 "manager": MANAGER,
                 "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
                     "name": REPLICATED_JOB,
-                    "template": {"spec": {"template": {"spec": pod_spec}}},
+                    "template": {"spec": {"template": pod_template}},
                 }]}}},
             }],
         },

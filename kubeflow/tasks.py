@@ -42,6 +42,9 @@ def submit(c, elastic=True, replicas=None, fresh=False, dry_run=False):
     where = target(s)
     if not dry_run:
         where.require_cluster("PyTorchJobs", "use `invoke elasticjob.deploy`")
+        from doeks import kueue
+
+        kueue.require_local_queue(s)  # QUEUE set: the job waits in that queue, which must exist
     placement = where.placement()
     job = jobspec.pytorchjob(s, placement=placement) if elastic else jobspec.pytorchjob_fixed(s, placement=placement)
     _start_over(where, fresh, dry_run)
@@ -133,6 +136,9 @@ def trainjob_submit(c, replicas=None, fresh=False, dry_run=False):
     where = target(s)
     if not dry_run:
         where.require_cluster("TrainJobs", "use `invoke elasticjob.deploy`")
+        from doeks import kueue
+
+        kueue.require_local_queue(s)  # QUEUE set: the job waits in that queue, which must exist
     from doeks import jobspec, ui
 
     if jobspec.idle_gpus_warning(s):  # GPUs per node follow the node
@@ -153,6 +159,15 @@ def trainjob_status(c):
     s = settings()
     kube.show(runner(), ["trainjob", s.job_name, "-n", s.namespace, "-o", "wide"])
     kube.show(runner(), ["pods", "-n", s.namespace, "-l", trainjob.selector(s.job_name), "-o", "wide"])
+    from doeks import kueue, ui
+
+    job = kube.get_json(["trainjob", s.job_name, "-n", s.namespace])
+    queued = kueue.admission(job) if job else None
+    if queued is not None:  # a job of a queue: admitted, or why it waits (Kueue's Workload)
+        ui.say(queued.line(), style=None if queued.admitted else "yellow")
+        if not queued.admitted:
+            ui.say(f"fix: {kueue.waiting_fix(queued)}")
+            return
     found = trainjob.diagnose(s)
     if found is not None:
         from doeks import ui

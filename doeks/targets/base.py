@@ -164,6 +164,7 @@ class JobStatus:
     reason: str = ""       # why it is not training (doeks.targets.reasons), "" when nothing is wrong
     fix: str = ""          # what to do about it
     permanent: bool = False  # a restart cannot help (bad arguments, missing data, import error)
+    queue: str = ""        # a queued job: its queue and admission, as Kueue says (doeks.kueue.Admission.line)
 
     @property
     def finished(self) -> bool:
@@ -184,9 +185,10 @@ class Target:
     Two kinds of verbs. The job's (plan, submit, describe, logs, scale, cancel, artifacts, wait) and the units': what
     each unit folder's tasks do on this target (`eks/`: the cluster; `csi/`: the shared volume and data; `efa-device-
     plugin/`: EFA and the MPI operator; `gpu-metrics/`: the metrics agent; `kubeflow/`: the operators on the cluster;
-    `elasticjob/`: what the job needs before it is deployed). A unit task parses its flags, asks the target and shows
-    or runs what it answers; nothing outside doeks.targets asks which target it is on. The base answers the units'
-    verbs with one line saying there is nothing to do here, so a new target overrides only what it has."""
+    `kueue/`: queues and quotas; `elasticjob/`: what the job needs before it is deployed). A unit task parses its
+    flags, asks the target and shows or runs what it answers; nothing outside doeks.targets asks which target it is
+    on. The base answers the units' verbs with one line saying there is nothing to do here, so a new target overrides
+    only what it has."""
 
     name = "?"
     on_this_machine = False       # the job's containers/processes run here (local image name, CPU base)
@@ -314,6 +316,16 @@ class Target:
 
     def identity_remove(self, runner, workload: str) -> None:
         """Remove what identity_ensure made (nothing where there is no Pod Identity)."""
+
+    # -- unit kueue: queues, quotas, topology ------------------------------------------------------------------------
+    def queue_deploy(self, runner) -> None:
+        self.nothing("no cluster for Kueue: jobs here start at once, with no queue")
+
+    def queue_delete(self, runner) -> None:
+        self.nothing("no Kueue was deployed; nothing to delete")
+
+    def queue_status(self) -> None:
+        self.nothing("no queue (Kueue runs on a cluster)")
 
     # -- unit elasticjob: what the job needs before it is deployed ---------------------------------------------------
     def image_push(self, runner, build: bool = True) -> str:

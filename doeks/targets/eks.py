@@ -168,6 +168,25 @@ class OnAws:
 
         kube.show(Runner(), ["daemonset", "-n", gpumetrics.K8S_NAMESPACE, "-o", "wide"])  # add-on's and agent's
 
+    # kueue
+    def queue_deploy(self, runner) -> None:
+        """Kueue's release manifests (v0.19.2, with doeks' Configuration) and the queue: a ResourceFlavor of the GPU
+        node group's type (EKS' network-topology labels where the type has them), the ClusterQueue's quotas."""
+        from .. import kueue
+
+        s = self.settings
+        kueue.deploy(s, runner, kueue.RELEASE_MANIFESTS, [kueue.node_type_flavor(s.gpu_instance_type)], own=False)
+
+    def queue_delete(self, runner) -> None:
+        from .. import kueue
+
+        kueue.delete(self.settings, runner, kueue.RELEASE_MANIFESTS, own=False)
+
+    def queue_status(self) -> None:
+        from .. import kueue
+
+        kueue.status_tables(self.settings)
+
     # kubeflow
     def on_cluster(self, step: Callable, here: str, runner) -> None:
         step(self.settings, runner)

@@ -60,7 +60,11 @@ class KubernetesTarget(Target):
             self.say(f"TARGET=kubernetes, KUBECONFIG empty: {'the plan for' if runner.dry_run else 'starting'} doeks' "
                      f"own single-node cluster (Kubernetes v{versions.KUBERNETES})")
             path = lifecycle.up(runner)
+            self.sim_nodes(runner)
         else:
+            if s.kube_sim_nodes:
+                raise DoeksError(f"KUBE_SIM_NODES={s.kube_sim_nodes}: simulated nodes are added to doeks' own cluster "
+                                 "only (KUBECONFIG is set): set KUBE_SIM_NODES=0 or KUBECONFIG empty")
             path = kube.kubeconfig_path(s)
             self.say(f"TARGET=kubernetes: using the cluster in {s.kubeconfig}"
                      + (f" (context {s.kube_context})" if s.kube_context else "") + "; nothing to create")
@@ -71,6 +75,21 @@ class KubernetesTarget(Target):
             self.say(f"kubeconfig: {path}")   # stdout stays the plan's YAML stream
         else:
             print(f"export KUBECONFIG={path}")
+
+    def sim_type(self) -> str:
+        return self.settings.kube_sim_node_type or self.settings.gpu_instance_type
+
+    def sim_nodes(self, runner) -> None:
+        """KUBE_SIM_NODES simulated nodes of KUBE_SIM_NODE_TYPE (doeks.cluster.simnodes), in the zone EKS would put a
+        GPU node group (EKS_ZONES' first, else the region's a); none beyond them."""
+        from ..cluster import simnodes
+
+        s = self.settings
+        if runner.dry_run and not s.kube_sim_nodes:
+            return
+        zone = s.eks_zones[0] if s.eks_zones else f"{s.aws_region}a"
+        simnodes.ensure(runner, s.kube_sim_nodes, self.sim_type(), s.aws_region, zone,
+                        seed=f"{s.cluster_name}/{self.sim_type()}")
 
     def cluster_delete(self, runner, yes: bool = False) -> None:
         from ..cluster import lifecycle
@@ -192,6 +211,80 @@ class KubernetesTarget(Target):
     def metrics_status(self) -> None:
         self.nothing("no GPU-metrics agent (CloudWatch is AWS's)")
 
+    def queue_flavors(self) -> list:
+        """The node types of this cluster as Kueue flavors: doeks' own node (CPU only) and, with KUBE_SIM_NODES, the
+        simulated type (its GPUs, EFA and EKS' topology labels, no CPU or memory quota; Kueue adds the toleration of
+        their taint to the pods it places there); a user's cluster as one flavor of every node (GPU quota when
+        KUBE_GPUS asks for GPUs)."""
+        from .. import kueue
+
+        s = self.settings
+        if not self.own:
+            return [kueue.Flavor("default", {}, gpus=s.kube_gpus)]
+        from ..cluster import simnodes, versions
+
+        flavors = [kueue.Flavor("doeks-node", {kueue.HOSTNAME: versions.NODE_NAME})]
+        if s.kube_sim_nodes:
+            simulated = kueue.node_type_flavor(self.sim_type(), tolerations=[simnodes.TOLERATION])
+            # a job that asks for CPU or memory (this cluster's placement: it trains here) never goes to nodes that
+            # run nothing; EKS' node-type placement asks for GPUs and EFA only, and fits there
+            simulated.cpu_memory = False
+            if simulated.topology:  # Kueue: jobs without a topology request use TAS flavors only in a TAS-only queue
+                flavors[0].topology = kueue.NODE_TOPOLOGY
+            flavors.append(simulated)
+        return flavors
+
+    def queue_base(self, runner) -> str | None:
+        """Kueue's manifests: on doeks' own cluster the module's config/default (its image built and imported here;
+        None when Kueue is not built), else the release's manifests.yaml."""
+        from .. import kueue
+
+        if not self.own:
+            return kueue.RELEASE_MANIFESTS
+        from ..cluster import operators
+
+        if not runner.dry_run and not operators.binary(operators.KUEUE).exists():
+            return None
+        return str(operators.module_dir(operators.KUEUE) / operators.KUEUE.overlay)
+
+    def queue_deploy(self, runner) -> None:
+        from .. import kueue
+
+        if self.own and not runner.dry_run and not self.cluster_running():
+            self.say("doeks' cluster is not running: nothing to deploy on it (`TARGET=kubernetes invoke up` starts it)")
+            return
+        base = self.queue_base(runner)
+        if base is None:
+            self.say(f"doeks' cluster: Kueue {kueue.VERSION} is not built (`invoke setup --kueue` builds it and kwok): "
+                     "no queue here, jobs start at once")
+            return
+        if self.own:
+            from ..cluster import operators
+
+            operators.kueue_image(runner)
+        kueue.deploy(self.settings, runner, base, self.queue_flavors(), own=self.own)
+
+    def queue_delete(self, runner) -> None:
+        from .. import kueue
+
+        if self.own and not runner.dry_run and not self.cluster_running():
+            self.say("doeks' cluster is not running: no Kueue on it")
+            return
+        base = self.queue_base(runner)
+        if base is None:
+            from ..cluster import operators
+
+            base = str(operators.module_dir(operators.KUEUE) / operators.KUEUE.overlay)
+        kueue.delete(self.settings, runner, base, own=self.own)
+
+    def queue_status(self) -> None:
+        from .. import kueue
+
+        if self.own and not self.cluster_running():
+            self.say("doeks' cluster is not running: no queue")
+            return
+        kueue.status_tables(self.settings)
+
     def on_cluster(self, step, here: str, runner) -> None:
         if not runner.dry_run and not self.cluster_running():
             self.say("doeks' cluster is not running: nothing on it to change (`TARGET=kubernetes invoke up` starts it)")
@@ -280,6 +373,9 @@ class KubernetesTarget(Target):
             self.refuse_image(plan.image)
         if kube.own_cluster_stopped(self.settings):
             raise DoeksError("doeks' cluster is not running: `TARGET=kubernetes invoke up` starts it")
+        from .. import kueue
+
+        kueue.require_local_queue(self.settings)
         self._previous(plan)
 
     def refuse_image(self, image: str) -> None:
@@ -323,15 +419,32 @@ class KubernetesTarget(Target):
         return kube.get_json(args)
 
     def describe(self) -> JobStatus:
+        """The job's state from its conditions, each replica's from its pod and log, and the reason when something is
+        wrong. The reads that do not depend on each other go at once (the job, its pods, its Workload in a queue, and
+        for a large job the Kubernetes client that reads its logs): at 256 replicas one after another took twice as
+        long (bench/scale.py)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .. import kueue
+
         s = self.settings
-        job = self._get(["pytorchjob", s.job_name, "-n", s.namespace])
-        if job is None:
-            return JobStatus(self.name, s.job_name, STOPPED, reason=f"no PyTorchJob {s.job_name} in namespace {s.namespace}")
+        with ThreadPoolExecutor(3) as pool:
+            pods_read = pool.submit(self._pods, True)
+            job = self._get(["pytorchjob", s.job_name, "-n", s.namespace])
+            if job is None:
+                return JobStatus(self.name, s.job_name, STOPPED,
+                                 reason=f"no PyTorchJob {s.job_name} in namespace {s.namespace}")
+            if (job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas") or 0) > KUBECTL_BURST:
+                pool.submit(kube.log_client)  # imported while the pods and the Workload are read
+            # a job of a queue: Kueue's Workload says whether it is admitted, or why not
+            queue_read = pool.submit(kueue.admission, job)
+            every = pods_read.result()
+            queued = queue_read.result()
         conditions = [c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"]
         state = _CONDITIONS.get(conditions[-1]["type"], RUNNING) if conditions else PENDING
         reason = conditions[-1].get("message", "") if conditions and state == FAILED else ""
-        pods = self._pods()
-        by_pod = self._pod_logs() if pods else {}
+        pods = [p for p in every if not _is_etcd(p)]
+        by_pod = self._pod_logs(names=[p["metadata"]["name"] for p in every]) if pods else {}
         replicas = []
         signals: list[str] = []     # container waiting / terminated reasons (CrashLoopBackOff, OOMKilled, ...)
         exit_codes: list[int] = []
@@ -365,6 +478,16 @@ class KubernetesTarget(Target):
         desired = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas")
         restarts_of_pods = sum(c.get("restartCount", 0) for p in pods for c in p.get("status", {}).get("containerStatuses", []))
         fix, permanent = "", False
+        if queued is not None and queued.admitted and state == STOPPED:
+            state = PENDING  # admitted: the operator has not yet replaced its Suspended condition
+        if queued is not None and not queued.admitted and state not in (SUCCEEDED, FAILED):
+            return JobStatus(self.name, s.job_name, PENDING, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
+                             replicas=replicas, desired=desired, restarts=sum(r.restarts for r in replicas),
+                             queue=queued.line(),
+                             reason=f"waits in queue {queued.queue}" + (f" for {queued.kind}" if queued.kind in
+                                                                       ("quota", "topology") else "")
+                             + (f": {queued.why}" if queued.why else ""),
+                             fix=kueue.waiting_fix(queued))
         recent = _since_last_step(by_pod)
         everything = [f"[{pod}] {line}" for pod in sorted(by_pod) for line in by_pod[pod]]
         said = reasons.tracebacks(everything).permanent() or reasons.from_lines(recent)
@@ -386,28 +509,33 @@ class KubernetesTarget(Target):
                 reason, fix, permanent = found.text, found.fix, found.permanent
         return JobStatus(self.name, s.job_name, state, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
                          replicas=replicas, desired=desired, restarts=sum(r.restarts for r in replicas), reason=reason, fix=fix,
-                         permanent=permanent)
+                         permanent=permanent, queue=queued.line() if queued else "")
 
-    def _pods(self) -> list[dict[str, Any]]:
+    def _pods(self, etcd: bool = False) -> list[dict[str, Any]]:
+        """The job's worker pods by name (`etcd`: its etcd pod too)."""
         s = self.settings
-        pods = (self._get(["pods", "-n", s.namespace, "-l", f"doeks/job={s.job_name}"]) or {}).get("items", [])
-        return [p for p in sorted(pods, key=lambda p: p["metadata"]["name"])
-                if "etcd" not in p["metadata"].get("labels", {}).get("app", "")]
+        pods = (kube.get_raw(kube.list_path(s.namespace, "pods", f"doeks/job={s.job_name}")) or {}).get("items", [])
+        return [p for p in sorted(pods, key=lambda p: p["metadata"]["name"]) if etcd or not _is_etcd(p)]
 
     def _events(self, pods: list[str]) -> list[dict[str, Any]]:
         """The namespace's events about the PyTorchJob and its pods, oldest first (kubectl get events -o json)."""
         s = self.settings
         try:
-            items = (self._get(["events", "-n", s.namespace]) or {}).get("items", [])
+            items = (kube.get_raw(kube.list_path(s.namespace, "events")) or {}).get("items", [])
         except DoeksError:
             return []
         names = set(pods) | {s.job_name}
         mine = [e for e in items if e.get("involvedObject", {}).get("name") in names]
         return sorted(mine, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
-    def _pod_logs(self, tail: int = 200) -> dict[str, list[str]]:
-        """Each pod's last lines, by pod name (best effort: a pod may have no log yet)."""
+    def _pod_logs(self, tail: int = 200, names: list[str] | None = None) -> dict[str, list[str]]:
+        """Each pod's last lines, by pod name (best effort: a pod may have no log yet). One request per pod (the API
+        has no log request for several pods). Up to KUBECTL_BURST pods in one `kubectl logs -l`; more concurrently
+        from this process (doeks.kube.pod_logs): kubectl sends them one after another and throttles itself to client-
+        go's default of 5 requests a second after a burst of 10, which took 50 s for 256 pods (bench/scale.py)."""
         s = self.settings
+        if names is not None and len(names) > KUBECTL_BURST:
+            return kube.pod_logs(s.namespace, names, tail)
         argv = [kube.kubectl(), "logs", "-n", s.namespace, "-l", f"doeks/job={s.job_name}", "--prefix",
                 f"--tail={tail}", "--max-log-requests=64"]
         result = subprocess.run(argv, capture_output=True, text=True)
@@ -480,6 +608,13 @@ class KubernetesTarget(Target):
                 "copy": "kubectl cp from a pod that mounts the claim"}
 
 
+KUBECTL_BURST = 9   # pods whose logs one `kubectl logs -l` reads within client-go's burst (10 requests, a list first)
+
+
+def _is_etcd(pod: dict[str, Any]) -> bool:
+    return "etcd" in pod["metadata"].get("labels", {}).get("app", "")
+
+
 def _since_last_step(by_pod: dict[str, list[str]]) -> list[str]:
     """Each pod's lines since its last training step: an error that training went on after is no reason."""
     from ..local.jobs import STEP_LINE
@@ -487,7 +622,7 @@ def _since_last_step(by_pod: dict[str, list[str]]) -> list[str]:
     out = []
     for pod in sorted(by_pod):
         lines = by_pod[pod]
-        last = max((i for i, line in enumerate(lines) if STEP_LINE.search(line)), default=-1)
+        last = next((i for i in range(len(lines) - 1, -1, -1) if STEP_LINE.search(lines[i])), -1)  # from the end
         out += lines[last + 1:]
     return out
 
