@@ -512,11 +512,16 @@ class KubernetesTarget(Target):
 
         from . import runs
 
-        status = status or self.describe()
-        lines = [] if runner.dry_run else self._all_logs()
-        events = [] if runner.dry_run else self.events()
+        lines: list[str] = []
+        events: list[str] = []
+        try:
+            status = status or self.describe()
+            if not runner.dry_run:
+                lines, events = self._all_logs(), self.events()
+        except (DoeksError, OSError):  # what cannot be read now is not kept; the job is deleted all the same
+            pass
         self.cancel(runner)
-        if runner.dry_run or not status.run:
+        if runner.dry_run or status is None or not status.run:
             return
         ended = asdict(status)
         ended["state"] = FAILED
