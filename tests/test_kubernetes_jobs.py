@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from .conftest import invoke, wait_for
+from .conftest import ROOT, invoke, wait_for
 from .test_kubernetes_cluster import SMALL_JOB, _said, holder_pod, kubectl, own_cluster
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.slow]
@@ -188,6 +188,60 @@ def test_logs_follow_ends_with_the_job_twice_and_delete_twice_leaves_nothing(env
         assert result.returncode == 0, result.stderr
     left = kubectl(env, "get", "pytorchjob,pods,services,deployments", "-n", "default", "-o", "name").stdout.split()
     assert not [name for name in left if JOB in name or "etcd" in name], left
+
+
+
+def test_a_users_script_that_raises_ends_failed_with_its_exception_and_one_restart_count(env, tmp_path):
+    """A user's own script raising RuntimeError at step 2 in the cluster's pods (tests/test_status_eks.py reads the
+    same from scripted pod logs; docker and local: tests/test_your_own_script*.py): the deploy builds and imports this
+    code's image, the job ends Failed with the script's own exception, file and line as the reason, within
+    MAX_RESTARTS, and `history` keeps it. CI: ~2 min (127 s measured, most of it `docker save | ctr import` of this
+    code's image, whose layers but the last few are the module's training image's).
+
+    `--follow` ends the failed job by deleting its PyTorchJob (nothing crash-loops on); `status` and `logs --errors`
+    still show the Failed run, its restart count and the script's traceback, from what was kept before the delete (they
+    said "Stopped, 0 restarts / no PyTorchJob byo-k8s" and "no traceback in the logs of run -"), as on local and
+    docker."""
+    import docker
+
+    from doeks import code, settings, trainimage
+
+    folder = tmp_path / "my-project"
+    folder.mkdir()
+    shutil.copy(ROOT / "examples" / "ddp-plain" / "train.py", folder / "fit.py")
+    line = next(i for i, text in enumerate((folder / "fit.py").read_text().splitlines(), 1) if "raise RuntimeError(" in text)
+    values = {**env, "JOB_NAME": "byo-k8s", "TRAIN_SCRIPT": str(folder / "fit.py"), "MAX_RESTARTS": "2",
+              "TRAIN_ARGS": "--steps 6 --fail-at 2", "COLUMNS": "250"}
+    try:
+        result = invoke("elasticjob.deploy", "--follow", env=values, timeout=1200)
+        ours = [text for text in result.stderr.splitlines() if not text.startswith("[pod/")]
+        assert result.returncode != 0 and "Traceback" not in "\n".join(ours), result.stderr[-3000:]
+        ended = re.fullmatch(r"error: job byo-k8s ended Failed after (\d+) restarts?: the script raised RuntimeError: "
+                             r"--fail-at 2: failing on purpose at step 2 \(fit\.py, line (\d+), in main\) .*", ours[-1])
+        assert ended and int(ended.group(2)) == line, ours[-5:]
+        restarts = int(ended.group(1))
+        assert restarts <= 2, ours[-1]
+        runs = _said(invoke("elasticjob.history", env={**values, "COLUMNS": "400"}))
+        assert re.search(r"│ Failed │ the script raised RuntimeError: --fail-at 2: failing on purpose at step 2 \(fit\.py, "
+                         rf"line {line}", runs), runs
+        wait_for(lambda: not kubectl(env, "get", "pods", "-l", "doeks/job=byo-k8s", "-o", "name").stdout.strip(), 120,
+                 "the failed job's pods to be gone (nothing crash-loops on)")
+        shown = _said(invoke("elasticjob.status", env=values))
+        assert "Failed (run " in shown and f", {restarts} restart" in shown, shown
+        assert f"the script raised RuntimeError: --fail-at 2: failing on purpose at step 2 (fit.py, line {line}" in shown
+        table = re.findall(r"^\W*byo-k8s-worker-\d+\W+\w+\W+(\d+)", shown, re.M)  # replica, state, restarts
+        assert table and sum(map(int, table)) == restarts, shown
+        errors = invoke("elasticjob.logs", "--errors", env=values)
+        assert errors.returncode == 0 and "no traceback" not in errors.stderr, errors.stderr
+        assert "RuntimeError: --fail-at 2: failing on purpose at step 2" in errors.stdout, errors.stdout[-2000:]
+        assert f"in the job's code at fit.py, line {line}" in errors.stderr, errors.stderr
+    finally:
+        _gone(env, "byo-k8s")
+        try:  # this code's image: its layers but the last few are the CPU base's, which stays
+            docker.from_env().images.remove(trainimage.local_ref(trainimage.CPU_BASE, code.resolve(
+                settings.load({**os.environ, **values}))), noprune=False)
+        except Exception:  # noqa: BLE001 - never built (the deploy failed before), or in use
+            pass
 
 
 # -- faults, each with the reason describe gives ---------------------------------------------------------------------

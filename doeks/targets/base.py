@@ -472,9 +472,10 @@ class Target:
         """Stop the job and everything it started; True if something was running. Safe to call twice."""
         raise NotSupported(self.name, "cancel")
 
-    def end_failed(self, runner) -> None:
+    def end_failed(self, runner, status: JobStatus | None = None) -> None:
         """End a job whose reason is permanent (`--follow` does, as the local supervisor does by itself): nothing of it
-        runs after, and what says why stays for `status` and `logs` where the target can keep it."""
+        runs after, and what says why (`status`: what the follow saw, when it has it) stays for `status` and `logs`
+        where the target can keep it."""
         self.cancel(runner)
 
     def artifacts(self) -> dict[str, str]:

@@ -325,7 +325,7 @@ class DockerTarget(OnThisMachine, Target):
             runner.step(f"docker rm -f {c.name}", c.remove, force=True)
         return bool(running)
 
-    def end_failed(self, runner) -> None:
+    def end_failed(self, runner, status: JobStatus | None = None) -> None:
         stop_containers(self.containers(), runner)
 
     def artifacts(self) -> dict[str, str]:

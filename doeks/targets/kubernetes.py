@@ -432,8 +432,8 @@ class KubernetesTarget(Target):
             pods_read = pool.submit(self._pods, True)
             job = self._get(["pytorchjob", s.job_name, "-n", s.namespace])
             if job is None:
-                return JobStatus(self.name, s.job_name, STOPPED,
-                                 reason=f"no PyTorchJob {s.job_name} in namespace {s.namespace}")
+                return self._kept() or JobStatus(self.name, s.job_name, STOPPED,
+                                                 reason=f"no PyTorchJob {s.job_name} in namespace {s.namespace}")
             if (job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas") or 0) > KUBECTL_BURST:
                 pool.submit(kube.log_client)  # imported while the pods and the Workload are read
             # a job of a queue: Kueue's Workload says whether it is admitted, or why not
@@ -511,6 +511,19 @@ class KubernetesTarget(Target):
                          replicas=replicas, desired=desired, restarts=sum(r.restarts for r in replicas), reason=reason, fix=fix,
                          permanent=permanent, queue=queued.line() if queued else "")
 
+    def _kept(self) -> JobStatus | None:
+        """The status end_failed kept when it deleted the failed job (doeks.targets.runs), None when there is none."""
+        from . import runs
+
+        ended = runs.kept_end(self.settings, self.name)
+        if ended is None:
+            return None
+        fields = {f for f in ReplicaStatus.__dataclass_fields__}
+        replicas = [ReplicaStatus(**{k: v for k, v in r.items() if k in fields}) for r in ended.get("replicas", [])]
+        return JobStatus(self.name, self.settings.job_name, ended.get("state", FAILED), run=ended.get("run", ""),
+                         replicas=replicas, desired=ended.get("desired"), restarts=ended.get("restarts", 0),
+                         reason=ended.get("reason", ""), fix=ended.get("fix", ""), permanent=ended.get("permanent", False))
+
     def _pods(self, etcd: bool = False) -> list[dict[str, Any]]:
         """The job's worker pods by name (`etcd`: its etcd pod too)."""
         s = self.settings
@@ -546,6 +559,13 @@ class KubernetesTarget(Target):
         return by_pod
 
     def events(self) -> list[str]:
+        s = self.settings
+        if self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is None:
+            from . import runs
+
+            ended = runs.kept_end(s, self.name)
+            if ended is not None:  # the failed job's, kept when end_failed deleted it
+                return list(ended.get("events", []))
         events = self._events([p["metadata"]["name"] for p in self._pods()])
         return [f"{e.get('lastTimestamp') or e.get('eventTime') or ''} {e.get('type', '')} {e.get('reason', '')} "
                 f"{e.get('involvedObject', {}).get('kind', '')}/{e.get('involvedObject', {}).get('name', '')}: "
@@ -555,16 +575,30 @@ class KubernetesTarget(Target):
              since: float | None = None) -> Iterator[str]:
         """The pods' lines (`[pod/<name>/<container>] ...`); --follow until the job is final, through pods made
         again and containers restarted, and from before the first pod exists (right after a deploy)."""
-        from .follow import check_run, follow_until_done
+        from . import runs
+        from .follow import check_run, follow_until_done, window
 
         s = self.settings
-        check_run(self, run)  # the cluster holds the current run's pods only
+        wanted = check_run(self, run)  # the cluster holds the current run's pods; a failed run's were kept
+        kept = runs.kept_logs(s, wanted) if wanted else None
+        if kept is not None:  # its PyTorchJob was deleted when it failed (end_failed): the lines kept then
+            mine = f"{s.job_name}-worker-{replica}/"
+            if replica is not None and not any(line.startswith(f"[pod/{mine}") for line in kept):
+                raise DoeksError(f"--replica {replica}: run {wanted} of job {s.job_name} has no such replica")
+            return iter(window([line for line in kept if replica is None or line.startswith(f"[pod/{mine}")],
+                               tail, since))
         if replica is not None:
             names = [r.name for r in self.describe().replicas]
             if not any(n.endswith(f"-worker-{replica}") for n in names):
                 raise DoeksError(f"--replica {replica}: job {s.job_name} has pods {', '.join(names) or 'none'}")
         only = f"{s.job_name}-worker-{replica}" if replica is not None else None
         return follow_until_done(self, PodCursor(self, only), follow, poll=2, tail=tail, since=since)
+
+    def runs(self) -> list[str]:
+        """The failed runs whose pods' logs were kept when their job was deleted (end_failed), oldest first."""
+        from . import runs
+
+        return runs.kept_runs(self.settings)
 
     def _cursor(self) -> "PodCursor":
         return PodCursor(self)
@@ -581,7 +615,11 @@ class KubernetesTarget(Target):
         kube.patch_replicas(runner, self.settings, replicas)
 
     def cancel(self, runner) -> bool:
+        from . import runs
+
         s = self.settings
+        if not runner.dry_run:
+            runs.forget_end(s)  # a failed run's kept status goes with the job (its logs stay for `logs --run`)
         if not runner.dry_run and kube.own_cluster_stopped(s):
             from .. import ui
 
@@ -590,6 +628,51 @@ class KubernetesTarget(Target):
         existed = False if runner.dry_run else self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is not None
         kube.delete(runner, list(reversed(jobspec.manifests(s, image="-"))))
         return existed
+
+    def end_failed(self, runner, status: JobStatus | None = None) -> None:
+        """A job that failed for good is deleted (its PyTorchJob, pods and etcd: nothing crash-loops on, and on EKS no
+        GPU node is billed for it), as cancel does; first its pods' logs, its events and `status` (what --follow
+        reported) are kept under STATE_DIR (doeks.targets.runs.keep_end), and `status`, `describe` and `logs
+        [--errors]` show them while no job of its name is on the cluster (until `elasticjob.delete` or the next
+        deploy), as the docker target's stopped containers and the local target's job folder show theirs."""
+        from dataclasses import asdict
+
+        from . import runs
+
+        lines: list[str] = []
+        events: list[str] = []
+        try:
+            status = status or self.describe()
+            if not runner.dry_run:
+                lines, events = self._all_logs(), self.events()
+        except (DoeksError, OSError):  # what cannot be read now is not kept; the job is deleted all the same
+            pass
+        self.cancel(runner)
+        if runner.dry_run or status is None or not status.run:
+            return
+        ended = asdict(status)
+        ended["state"] = FAILED
+        for replica in ended["replicas"]:
+            if replica["state"] not in (SUCCEEDED, FAILED):
+                replica["state"] = STOPPED  # doeks deleted its pod when the job failed
+            replica["detail"] = " ".join(filter(None, [replica["detail"], "(pod deleted; logs kept)"]))
+        runs.keep_end(self.settings, self.name, ended, lines, events)
+
+    def _all_logs(self) -> list[str]:
+        """Every pod's whole log, each line prefixed `[pod/<name>/<container>]` (as `kubectl logs --prefix`): a
+        restarted container's previous life first, then its current one."""
+        s = self.settings
+        lines: list[str] = []
+        for pod in self._pods():
+            name = pod["metadata"]["name"]
+            for c in pod.get("status", {}).get("containerStatuses", []):
+                lives = (["--previous"] if c.get("restartCount", 0) else []) + [None]
+                for previous in lives:
+                    argv = [kube.kubectl(), "logs", "-n", s.namespace, name, "-c", c.get("name", "pytorch")]
+                    result = subprocess.run(argv + ([previous] if previous else []), capture_output=True, text=True)
+                    if result.returncode == 0:
+                        lines += [f"[pod/{name}/{c.get('name', 'pytorch')}] {line}" for line in result.stdout.splitlines()]
+        return lines
 
     def artifacts(self) -> dict[str, str]:
         s = self.settings
