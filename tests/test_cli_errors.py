@@ -22,7 +22,7 @@ from doeks.taskkit import Choice, Duration, Float, Int, Size
 from .conftest import ROOT, invoke
 from .test_teardown import account, calls  # noqa: F401 - moto as the account, the stand-ins eksctl/kubectl/helm; their record
 
-UNITS = ("elasticjob", "kubeflow", "gpu-metrics", "efa", "csi", "eks")  # teardown order
+UNITS = ("elasticjob", "kueue", "kubeflow", "gpu-metrics", "efa", "csi", "eks")  # teardown order
 
 
 @pytest.fixture

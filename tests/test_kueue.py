@@ -121,6 +121,15 @@ def test_on_this_machine_there_is_no_queue(state_dir):
     assert "TARGET=local: no cluster for Kueue" in result.stderr
 
 
+def test_without_the_kueue_build_the_plan_says_there_is_no_queue(state_dir, tmp_path):
+    """`up` on doeks' cluster skips Kueue when `invoke setup --kueue` has not built it: its dry run says the same, not
+    a build (the plan once said it would build and import Kueue, which `up` never did)."""
+    result = invoke("up", "--dry-run", env={"TARGET": "kubernetes", "DOEKS_CACHE": str(tmp_path / "empty-cache")})
+    plan = result.stderr.split("== up: kueue", 1)[1].split("== up: ", 1)[0]
+    assert "Kueue v0.19.2 is not built (`invoke setup --kueue` builds it and kwok): no queue here" in plan, plan
+    assert "would build" not in plan and "would import" not in plan
+
+
 @pytest.mark.parametrize("kueue_version,trainer,ok,said", [
     ("v0.19.2", "v2.3.0", True, "runtimePatches"),
     ("v0.19.2", "v2.2.1", True, "runtimePatches"),
