@@ -5,7 +5,7 @@ subnets, a cluster security group), the cluster and its node groups; `eksctl del
 eksctl's CloudFormation stack, FAILS with DependencyViolation while anything doeks made still sits in the VPC
 (security groups, VPC endpoints, EFS mount targets, FSx file systems). kubectl/helm record their argv + stdin to
 $RECORD; `kubectl get pods -o json` answers from $PODS (a JSON list, default none), `kubectl get namespace NAME` from
-$NAMESPACES (a JSON object: name -> labels; NotFound otherwise, as the API server says it); `kubectl delete` of the shared
+$NAMESPACES (a JSON object: name -> labels; NotFound otherwise, as the API server says it), `kubectl get crd NAME` NotFound; `kubectl delete` of the shared
 claim does what the FSx CSI driver's DeleteVolume does: deletes the file systems it made (tag doeks/cluster).
 Whatever it runs as is chosen by its file name (eksctl, kubectl, helm).
 """
@@ -92,6 +92,9 @@ def kube():
                           "status": {"conditions": [{"type": "Complete", "status": "True"}]}}))
     if tool == "kubectl" and argv[:2] == ["get", "jobs"]:
         print(json.dumps({"items": []}))
+    if tool == "kubectl" and argv[:2] == ["get", "crd"]:  # no operator's CRDs on this stand-in cluster (Kueue's: not deployed)
+        sys.stderr.write(f'Error from server (NotFound): customresourcedefinitions.apiextensions.k8s.io "{argv[2]}" not found\n')
+        sys.exit(1)
     if tool == "kubectl" and argv[:2] == ["get", "namespace"]:
         known = os.environ.get("NAMESPACES")
         found = json.load(open(known)) if known and os.path.exists(known) else {}
