@@ -14,6 +14,7 @@ import time
 import pytest
 
 from doeks import trainimage
+from doeks.targets import reasons
 
 from .conftest import invoke, training_processes, wait_for
 
@@ -198,7 +199,8 @@ def test_restarts_reasons_and_runs_in_containers(client, job_env, state_dir):
     finally:
         stop.set()
         killer.join()
-    assert "on docker: Running" in status.stderr and "fix: read `invoke elasticjob.logs --tail 50`" in status.stderr
+    # Restarting while torchrun brings the killed workers back (issue 32), else Running; the fix names the traceback
+    assert re.search(r"on docker: (Running|Restarting) ", status.stderr) and f"fix: {reasons.LOGS_FIX}" in status.stderr
     node.reload()
     assert node.attrs["RestartCount"] == 0  # docker saw none of them: the container never exited
     assert "dockerjob-worker-0: started (docker restarts so far: 0)" in described.stderr, described.stderr
