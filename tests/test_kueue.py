@@ -121,6 +121,18 @@ def test_on_this_machine_there_is_no_queue(state_dir):
     assert "TARGET=local: no cluster for Kueue" in result.stderr
 
 
+def test_the_eks_rehearsal_queues_with_kueue_built_here_not_the_release_from_github(state_dir, tmp_path):
+    """EKS' Kueue is the release's manifests.yaml from GitHub, which the rehearsal (doeks' cluster as EKS, nothing
+    leaves this machine) cannot fetch: its `up` failed in the kueue unit. It uses doeks' cluster's Kueue, built here by
+    `invoke setup --kueue`, or no queue."""
+    script = tmp_path / "fit.py"
+    script.write_text("print('a script of its own: no ImageNet data needed')\n")
+    result = invoke("up", "--dry-run", env={"TARGET": "eks", "EKS_REHEARSAL": "true", "TRAIN_SCRIPT": str(script),
+                                            "DOEKS_CACHE": str(tmp_path / "empty-cache")})
+    plan = result.stderr.split("== up: kueue", 1)[1].split("== up: ", 1)[0]
+    assert "github.com" not in plan and "no queue here" in plan, plan
+
+
 def test_without_the_kueue_build_the_plan_says_there_is_no_queue(state_dir, tmp_path):
     """`up` on doeks' cluster skips Kueue when `invoke setup --kueue` has not built it: its dry run says the same, not
     a build (the plan once said it would build and import Kueue, which `up` never did)."""

@@ -324,6 +324,16 @@ class RehearsalTarget(EksTarget):
     def on_cluster(self, step, here: str, runner) -> None:
         self.own().on_cluster(step, here, runner)
 
+    # -- kueue: EKS' is the release's manifests.yaml from GitHub (no internet here): doeks' cluster's, built here ------
+    def queue_deploy(self, runner) -> None:
+        self.own().queue_deploy(runner)  # Kueue v0.19.2 built by `invoke setup --kueue`, or no queue when it is not
+
+    def queue_delete(self, runner) -> None:
+        self.own().queue_delete(runner)
+
+    def queue_status(self) -> None:
+        self.own().queue_status()
+
     def ensure_images(self, runner, refs: list[str]) -> None:
         self.own().ensure_images(runner, refs)
 
