@@ -131,13 +131,9 @@ def admitted(name: str) -> bool:
 
 
 def wait(what: str, check, timeout: float, poll: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(poll)
-    raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
+    from doeks.waiting import until
+
+    return until(check, timeout, what, poll=poll, error=BenchError)
 
 
 # -- (a) ----------------------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -69,13 +68,9 @@ def invoke(*args: str, env: dict | None = None, timeout: float = 600, check: boo
 
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
     """The predicate's first truthy value, or an AssertionError naming what did not happen in time."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    from doeks.waiting import until
+
+    return until(predicate, timeout, what, poll=poll, error=AssertionError)
 
 
 def training_processes(*roots: int) -> list[int]:

@@ -247,11 +247,17 @@ class KubernetesTarget(Target):
             return None
         return str(operators.module_dir(operators.KUEUE) / operators.KUEUE.overlay)
 
+    def _stopped(self, runner, words: str) -> bool:
+        """doeks' own cluster is stopped (said, with `words`): nothing of a unit's can change or be read on it."""
+        if self.own and not (runner is not None and runner.dry_run) and not self.cluster_running():
+            self.say(f"doeks' cluster is not running: {words}")
+            return True
+        return False
+
     def queue_deploy(self, runner) -> None:
         from .. import kueue
 
-        if self.own and not runner.dry_run and not self.cluster_running():
-            self.say("doeks' cluster is not running: nothing to deploy on it (`TARGET=kubernetes invoke up` starts it)")
+        if self._stopped(runner, "nothing to deploy on it (`TARGET=kubernetes invoke up` starts it)"):
             return
         base = self.queue_base(runner)
         if base is None:
@@ -267,8 +273,7 @@ class KubernetesTarget(Target):
     def queue_delete(self, runner) -> None:
         from .. import kueue
 
-        if self.own and not runner.dry_run and not self.cluster_running():
-            self.say("doeks' cluster is not running: no Kueue on it")
+        if self._stopped(runner, "no Kueue on it"):
             return
         base = self.queue_base(runner)
         if base is None:
@@ -280,8 +285,7 @@ class KubernetesTarget(Target):
     def queue_status(self) -> None:
         from .. import kueue
 
-        if self.own and not self.cluster_running():
-            self.say("doeks' cluster is not running: no queue")
+        if self._stopped(None, "no queue"):
             return
         kueue.status_tables(self.settings)
 

@@ -17,7 +17,6 @@ has stood in for by real things here (docs/testing.md, "The EKS rehearsal"):
 """
 from __future__ import annotations
 
-import json
 import os
 
 from .. import kube, rehearsal, trainimage
@@ -77,7 +76,13 @@ class RehearsalTarget(EksTarget):
             os.environ["PATH"] = os.path.dirname(bundled) + os.pathsep + os.environ.get("PATH", "")
         return changed
 
-    def own(self) -> KubernetesTarget:
+    @property
+    def own(self) -> bool:
+        """The cluster is doeks' own, which runs on this machine: what the kubernetes target does there for its
+        queue's flavors and for `--fresh` (the claim's folder) holds here too."""
+        return True
+
+    def on_doeks_cluster(self) -> KubernetesTarget:
         """The kubernetes target on doeks' own cluster (the same cluster): for what doeks' cluster has instead of AWS's
         (the operators built here, the claim's volume folder, images imported into the node)."""
         return KubernetesTarget(self.settings.with_overrides(target="kubernetes", kubeconfig=""))
@@ -191,7 +196,7 @@ class RehearsalTarget(EksTarget):
                      "`TARGET=local invoke eks.delete` stops it (its state goes with it)")
 
     def cluster_running(self) -> bool:
-        return self.own().cluster_running()
+        return self.on_doeks_cluster().cluster_running()
 
     # -- images -------------------------------------------------------------------------------------------------------
     def image_push(self, runner, build: bool = True) -> str:
@@ -232,7 +237,7 @@ class RehearsalTarget(EksTarget):
             from ..cluster import images
 
             images.etcd_job_image(self.settings)
-            self.own().ensure_images(runner, [self.settings.etcd_image])
+            self.on_doeks_cluster().ensure_images(runner, [self.settings.etcd_image])
 
     # -- csi ----------------------------------------------------------------------------------------------------------
     def volume_deploy(self, runner) -> None:
@@ -248,7 +253,7 @@ class RehearsalTarget(EksTarget):
         group = storage.ensure_security_group(s, runner, net, f"doeks-fsx-{s.cluster_name}",
                                               "doeks: Lustre 988, 1018-1023 within the VPC",
                                               storage.fsx_group_permissions(net))
-        self.own().volume_deploy(runner)
+        self.on_doeks_cluster().volume_deploy(runner)
         if runner.dry_run or storage.tagged_file_systems(s):
             return
         subnet = storage.fsx_subnet(s, net)
@@ -271,7 +276,7 @@ class RehearsalTarget(EksTarget):
             if held and not force:
                 raise DoeksError(f"PVC {s.shared_pvc} is used by pod(s) {', '.join(held[:5])}: delete the job first "
                                  "(invoke elasticjob.delete), or pass --force")
-            self.own().volume_delete(runner, force)
+            self.on_doeks_cluster().volume_delete(runner, force)
         for fs in [] if runner.dry_run else storage.tagged_file_systems(s):
             runner.call(client(s, "fsx"), "delete_file_system", FileSystemId=fs["FileSystemId"])
         identity.remove(s, runner, identity.get("fsx-csi"))
@@ -316,26 +321,26 @@ class RehearsalTarget(EksTarget):
     def efa_deploy(self, runner) -> None:
         self.say("rehearsal: the node advertises the type's EFA interfaces itself (no EFA device plugin); the MPI "
                  "operator is deployed as on doeks' cluster")
-        self.own().efa_deploy(runner)
+        self.on_doeks_cluster().efa_deploy(runner)
 
     def efa_delete(self, runner) -> None:
-        self.own().efa_delete(runner)
+        self.on_doeks_cluster().efa_delete(runner)
 
     def on_cluster(self, step, here: str, runner) -> None:
-        self.own().on_cluster(step, here, runner)
+        self.on_doeks_cluster().on_cluster(step, here, runner)
 
     # -- kueue: EKS' is the release's manifests.yaml from GitHub (no internet here): doeks' cluster's, built here ------
     def queue_deploy(self, runner) -> None:
-        self.own().queue_deploy(runner)  # Kueue v0.19.2 built by `invoke setup --kueue`, or no queue when it is not
+        self.on_doeks_cluster().queue_deploy(runner)  # Kueue v0.19.2 built by `invoke setup --kueue`, or no queue when it is not
 
     def queue_delete(self, runner) -> None:
-        self.own().queue_delete(runner)
+        self.on_doeks_cluster().queue_delete(runner)
 
     def queue_status(self) -> None:
-        self.own().queue_status()
+        self.on_doeks_cluster().queue_status()
 
     def ensure_images(self, runner, refs: list[str]) -> None:
-        self.own().ensure_images(runner, refs)
+        self.on_doeks_cluster().ensure_images(runner, refs)
 
 
 def _code(settings):
