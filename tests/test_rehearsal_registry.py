@@ -107,3 +107,44 @@ def test_a_stored_image_is_served_by_the_registry_as_docker_has_it(running_regis
     finally:
         subprocess.run(["docker", "rmi", edited], capture_output=True)
         registry.delete_repository("doeks-stored")
+
+
+def test_a_store_removes_old_blobs_that_nothing_names_and_keeps_the_cache(running_registry, docker_client):
+    """Blobs of a deleted repository or an old base image stayed for ever (3.9 GB per training base image): a store
+    removes the old ones that no repository names and no docker image here has; the layers docker still has (the
+    cache a later store reuses), what a repository names, and a blob written moments ago (a push in progress) stay."""
+    import hashlib
+    import os
+    import time
+
+    from doeks import preflight
+
+    def blob(content: bytes, age_s: float) -> str:
+        digest = f"sha256:{hashlib.sha256(content).hexdigest()}"
+        path = registry._blob(digest)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
+        return digest
+
+    stamp = str(time.time_ns()).encode()
+    orphan, fresh, named = blob(b"orphan " + stamp, 3600), blob(b"fresh " + stamp, 0), blob(b"named " + stamp, 3600)
+    registry._link(registry._v2() / "repositories" / "doeks-gc" / "_layers" / "sha256" / named.split(":")[1] / "link",
+                   named)
+    try:
+        _, text = registry.store(preflight.BASE_IMAGE, "doeks-stored-gc", "t1")
+        assert not registry._blob(orphan).exists(), "an old blob nothing names was kept"
+        assert registry._blob(fresh).exists() and registry._blob(named).exists()
+        image = docker_client.images.get(preflight.BASE_IMAGE)
+        for digest in [image.id, *image.attrs["RootFS"]["Layers"]]:
+            assert registry._blob(digest).exists(), digest
+        registry.delete_repository("doeks-stored-gc")
+        # the base image's layers are no repository's now, but docker has them: a later store writes nothing
+        registry.collect_garbage(older_than_s=0)
+        assert all(registry._blob(d).exists() for d in [image.id, *image.attrs["RootFS"]["Layers"]])
+        assert registry._blob(named).exists() and not registry._blob(fresh).exists()
+    finally:
+        registry.delete_repository("doeks-gc")
+        registry.delete_repository("doeks-stored-gc")
+        for digest in (orphan, fresh, named):
+            registry._blob(digest).unlink(missing_ok=True)
