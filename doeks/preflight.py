@@ -96,6 +96,20 @@ def ensure_jpegcrop(runner) -> str:
     return "built"
 
 
+def _build_operators(runner, ops) -> None:
+    """Each operator built from the Go module proxy unless its binary is in the cache (the dry run names the build);
+    its build id is its version, with the library versions it is built against when it has `requires`."""
+    from .cluster import operators
+
+    for op in ops:
+        if operators.binary(op).exists():
+            ui.say(f"{op.name} {op.build_id}: already built in {operators.binary(op).parent}")
+        elif runner.dry_run:
+            runner.step(f"build {op.name} {op.build_id} from the Go module proxy ({op.module}/{op.package})", lambda: None)
+        else:
+            operators.build_binary(op)
+
+
 def setup_kubernetes(runner) -> None:
     """doeks' own cluster: the host packages its node needs (Debian's containerd, runc, CNI plugins, iptables), then
     Kubernetes, etcd and CoreDNS built from the Go module proxy (once per version, in the user cache folder)."""
@@ -108,13 +122,7 @@ def setup_kubernetes(runner) -> None:
         _apt(runner, missing)
     started = time.monotonic()
     build.build(runner)
-    for op in operators.OPERATORS.values():
-        if operators.binary(op).exists():
-            ui.say(f"{op.name} {op.version}: already built in {operators.binary(op).parent}")
-        elif runner.dry_run:
-            runner.step(f"build {op.name} {op.version} from the Go module proxy ({op.module}/{op.package})", lambda: None)
-        else:
-            operators.build_binary(op)
+    _build_operators(runner, operators.OPERATORS.values())
     from .cluster import registry  # the EKS rehearsal's registry (the node pulls the training image from it)
 
     if registry.built():
@@ -139,13 +147,7 @@ def setup_kueue(runner) -> None:
     from .cluster import operators
 
     started = time.monotonic()
-    for op in operators.QUEUE_BUILDS.values():
-        if operators.binary(op).exists():
-            ui.say(f"{op.name} {op.build_id}: already built in {operators.binary(op).parent}")
-        elif runner.dry_run:
-            runner.step(f"build {op.name} {op.build_id} from the Go module proxy ({op.module}/{op.package})", lambda: None)
-        else:
-            operators.build_binary(op)
+    _build_operators(runner, operators.QUEUE_BUILDS.values())
     if not runner.dry_run:
         ui.say(f"Kueue and kwok are built ({time.monotonic() - started:.0f}s this time)")
 
@@ -193,19 +195,21 @@ from .container import BASE_IMAGE  # noqa: E402 - the name lives below the image
 
 def ensure_base_image(runner, name: str = BASE_IMAGE) -> None:
     """A Debian bookworm base image made here (debootstrap minbase + docker import), for builds with no registry."""
-    if runner.dry_run:
-        runner.run(["debootstrap", "--variant=minbase", "bookworm", "ROOTFS", "http://deb.debian.org/debian"])
-        runner.run(["docker", "import", "-", name])
-        return
     import docker as docker_sdk
 
-    client = docker_sdk.from_env(timeout=600)
-    try:
-        client.images.get(name)
+    try:  # a read: the dry run says what `setup` would do on this machine
+        docker_sdk.from_env(timeout=600).images.get(name)
         ui.say(f"base image {name}: present")
         return
     except docker_sdk.errors.ImageNotFound:
         pass
+    except docker_sdk.errors.DockerException:
+        if not runner.dry_run:
+            raise
+    if runner.dry_run:
+        runner.run(["debootstrap", "--variant=minbase", "bookworm", "ROOTFS", "http://deb.debian.org/debian"])
+        runner.run(["docker", "import", "-", name])
+        return
     if shutil.which("debootstrap") is None:
         _apt(runner, ["debootstrap"])
     import tempfile
@@ -215,6 +219,7 @@ def ensure_base_image(runner, name: str = BASE_IMAGE) -> None:
         runner.run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), "http://deb.debian.org/debian"])
         archive = Path(tmp) / "rootfs.tar"
         runner.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."])
+        client = docker_sdk.from_env(timeout=600)
         client.api.import_image_from_file(str(archive), repository=name.split(":")[0], tag=name.split(":")[1])
     ui.say(f"base image {name}: imported")
 
