@@ -304,7 +304,7 @@ def kubeconfig_path() -> Path:
     import os
 
     first = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0]
-    return Path(first).expanduser() if first else Path.home() / ".kube" / "config"
+    return Path(os.path.expanduser(first)) if first else Path.home() / ".kube" / "config"
 
 
 def kube_context(settings, endpoint: str | None) -> tuple[bool, str]:

@@ -555,7 +555,7 @@ def job_name_of(train_script: str) -> str:
     if raw.startswith("-m"):
         parts = raw[2:].strip().split(".")
     elif raw:
-        path = Path(raw).expanduser()
+        path = Path(os.path.expanduser(raw))  # an unknown ~user stays as written (Path.expanduser raises)
         path = (path if path.is_absolute() else PROJECT_ROOT / path).resolve()
         if path == PROJECT_ROOT / "doeks" / "workload" / "train.py":
             return BUILTIN_JOB_NAME
