@@ -125,6 +125,9 @@ def docker_client():
     return client
 
 
+SESSION_KUBECONFIG = os.environ.get("KUBECONFIG")  # as the run was started, before any test's connect
+
+
 @pytest.fixture(autouse=True)
 def no_machine_cluster(request, tmp_path_factory, monkeypatch):
     """Outside the `kubernetes` mark a test sees no doeks cluster: doeks' own cluster is one per machine, and its
@@ -133,11 +136,12 @@ def no_machine_cluster(request, tmp_path_factory, monkeypatch):
     changed (TARGET=kubernetes plans read it: with a job of another run holding the claim they said otherwise)."""
     if request.node.get_closest_marker("kubernetes") is None:
         monkeypatch.setenv("DOEKS_CLUSTER_DIR", str(tmp_path_factory.getbasetemp() / "no-cluster"))
-        # a target's connect run in this process points KUBECONFIG at its cluster (doeks.kube.use/use_only): undone
-        # after the test, or the next one's commands carry that test's kubeconfig (KUBECONFIG decides the image)
-        before = os.environ.get("KUBECONFIG")
-        monkeypatch.setenv("KUBECONFIG", before or "")
-        if before is None:
+        # a target's connect run in this process points KUBECONFIG at its cluster (doeks.kube.use/use_only), in a
+        # test or in a cluster module's fixture: each test starts from the session's own KUBECONFIG, or the next ones'
+        # commands carry that kubeconfig (KUBECONFIG decides the cluster, the image, the plan: CI once failed 2 tests
+        # that ran after the cluster modules, and passed them alone)
+        monkeypatch.setenv("KUBECONFIG", SESSION_KUBECONFIG or "")
+        if SESSION_KUBECONFIG is None:
             monkeypatch.delenv("KUBECONFIG")
     yield
 
