@@ -260,6 +260,7 @@ def test_down_removes_the_kubeflow_platform_that_kubeflow_deploy_installed(accou
     assert boto3.client("eks", **account["kw"]).list_clusters()["clusters"] == ["doeks"]
 
 
+@pytest.mark.slow
 def test_down_deletes_the_finished_staging_job_that_holds_the_claim(account):
     """Failure 1 (issue 31): the staging Job (`<job>-stage`, kept 24 h by its TTL) left a Completed pod that still
     holds the claim (claim protection counts it: tests/test_rehearsal_cluster.py shows it on a real API server), and
