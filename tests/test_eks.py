@@ -118,6 +118,11 @@ def test_create_status_scale_delete_through_eksctl_and_boto3(fake_eksctl, state_
     assert created.returncode == 0, created.stderr
     assert calls(record)[0][:3] == ["create", "cluster", "-f"]
     assert calls(record)[1][:2] == ["utils", "write-kubeconfig"]
+    # and the kubeconfig of this cluster alone, which every TARGET=eks task reads (issue 31: never the user's context)
+    pinned = state_dir / "kube" / "eks-doeks.us-west-2.kubeconfig"
+    written = [argv for argv in calls(record) if argv[:2] == ["utils", "write-kubeconfig"]]
+    assert ["utils", "write-kubeconfig", "--cluster", "doeks", "--region", "us-west-2", "--kubeconfig", str(pinned)] \
+        in written, written
     config = yaml.safe_load(open(calls(record)[0][3]))
     validate(config)
 

@@ -16,6 +16,7 @@ import time
 
 import boto3
 import pytest
+import yaml
 
 from doeks import identity, storage
 from doeks import settings as S
@@ -83,6 +84,11 @@ def test_up_down_audit_is_zero_and_down_twice_too(account):
     env = account["env"]
     up = invoke("up", env=env)
     assert up.returncode == 0, up.stderr[-3000:]
+    # the staging Job: a previous one deleted first (a Job's template is immutable), applied, waited for, then
+    # deleted by `up` itself with its pod (a finished pod keeps the claim: issue 31, failure 1)
+    staging = [(c["argv"][0], d["metadata"]["name"]) for c in calls(account) if c["tool"] == "kubectl"
+               and c["argv"][:1] in (["apply"], ["delete"]) for d in yaml.safe_load_all(c["stdin"]) if d and d["kind"] == "Job"]
+    assert staging == [("delete", "imagenet-stage"), ("apply", "imagenet-stage"), ("delete", "imagenet-stage")], staging
     extras(account)
     fs = simulate_driver_file_system(account)
     # what `up` makes when it pushes the training image itself (no TRAIN_IMAGE): this cluster's ECR repository
@@ -252,3 +258,37 @@ def test_down_removes_the_kubeflow_platform_that_kubeflow_deploy_installed(accou
     assert kept.returncode == 1 and "a Kubeflow platform deployed by doeks is on the cluster" in kept.stderr, kept.stderr
     assert "not deleting cluster doeks: kubeflow failed" in kept.stderr
     assert boto3.client("eks", **account["kw"]).list_clusters()["clusters"] == ["doeks"]
+
+
+@pytest.mark.slow
+def test_down_deletes_the_finished_staging_job_that_holds_the_claim(account):
+    """Failure 1 (issue 31): the staging Job (`<job>-stage`, kept 24 h by its TTL) left a Completed pod that still
+    holds the claim (claim protection counts it: tests/test_rehearsal_cluster.py shows it on a real API server), and
+    `down` deleted the claim with an unbounded waiting delete: it hung in csi.delete while the GPU nodes billed. The
+    EKS path (storage.fsx_delete) now deletes doeks' Jobs that mount the claim, with their pods, before the claim.
+    Stand-ins: the FSx CSI driver and its claim need AWS, so the cluster is tests/cluster_standins.py's, which keeps
+    the Job and its Completed pod, takes the pods with the Job, and fails a waiting delete of a held claim at once."""
+    env, tmp = account["env"], account["tmp"]
+    assert invoke("eks.create", env=env).returncode == 0
+    assert invoke("csi.fsx.deploy", env=env).returncode == 0
+    volume = {"name": "shared", "persistentVolumeClaim": {"claimName": "fsx-pvc"}}
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"name": "imagenet-stage", "namespace": "default", "labels": {"app.kubernetes.io/part-of": "doeks"}},
+           "spec": {"template": {"spec": {"volumes": [volume]}}},
+           "status": {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}}
+    pod = {"metadata": {"name": "imagenet-stage-x7k2p", "namespace": "default",
+                        "labels": {"batch.kubernetes.io/job-name": "imagenet-stage"}},
+           "spec": {"nodeName": "ip-10-0-1-17.us-west-2.compute.internal", "volumes": [volume]},
+           "status": {"phase": "Succeeded"}}
+    (tmp / "jobs.json").write_text(json.dumps([job]))
+    (tmp / "pods.json").write_text(json.dumps([pod]))
+    down = invoke("down", "--yes", env={**env, "JOBS": str(tmp / "jobs.json")})
+    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-3000:]
+    deleted = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for c in calls(account)
+               if c["argv"][:1] == ["delete"] for d in yaml.safe_load_all(c["stdin"]) if d]
+    job, claim = ("Job", "default", "imagenet-stage"), ("PersistentVolumeClaim", "default", "fsx-pvc")
+    assert job in deleted and deleted.index(job) < deleted.index(claim), deleted
+    assert json.loads((tmp / "pods.json").read_text()) == []  # its pod went with it
+    assert boto3.client("eks", **account["kw"]).list_clusters()["clusters"] == []
+    result = audit(account)
+    assert result.returncode == 0, result.stdout + result.stderr
