@@ -462,6 +462,8 @@ class Settings:
         self._raw = raw
         self._sources = sources
         self._problems = problems or {}  # key -> its error, when loaded leniently (config, doctor): default used
+        self._filled: dict[str, str] = {}  # key -> why: a target's default for a key left empty (with_defaults)
+        self._filled_for = ""  # the TARGET whose defaults those are
 
     @property
     def problems(self) -> dict[str, str]:
@@ -492,7 +494,27 @@ class Settings:
                 continue
             raw[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
             sources[name.upper()] = "flag"
-        return _validate(raw, sources)
+        result = _validate(raw, sources)
+        kept = {k: self._values[k] for k in self._filled if not raw[k].strip()}
+        if kept and result.target == self._filled_for:  # the target's defaults stay while TARGET does
+            result = result.with_defaults(self._filled_for, {k: self._filled[k] for k in kept}, **kept)
+        return result
+
+    def with_defaults(self, target: str, why: dict[str, str], **values: Any) -> "Settings":
+        """A copy in which keys left empty take `values`: what TARGET `target` uses when the user names nothing
+        (doeks.targets.settled asks the target). The raw value stays empty (`.env` is the user's); `invoke config`
+        shows the value in effect and `why[key]`; with_overrides keeps them while TARGET stays `target`."""
+        filled = {k: v for k, v in values.items() if not self._raw[k].strip()}
+        if not filled:
+            return self
+        result = Settings({**self._values, **filled}, self._raw, self._sources, self._problems)
+        result._filled = {**self._filled, **{k: why[k] for k in filled}}
+        result._filled_for = target
+        return result
+
+    def filled(self, name: str) -> str:
+        """Why `name` has the value it has when the user left it empty and the target filled it ("" otherwise)."""
+        return self._filled.get(name, "")
 
     @property
     def on_this_machine(self) -> bool:
@@ -532,6 +554,8 @@ class Settings:
 
     def rows(self) -> list[list[str]]:
         def shown(k: Key) -> list[str]:
+            if k.name in self._filled:
+                return [str(self._values[k.name]), f"{self._sources[k.name]} ({self._filled[k.name]})"]
             if k.name in _DERIVED and not self._raw[k.name].strip():
                 return [str(self._values[k.name]), f"{self._sources[k.name]} ({_DERIVED[k.name]})"]
             marked = " (NOT ACCEPTED: see below)" if k.name in self._problems else ""

@@ -200,6 +200,13 @@ class Target:
     def __init__(self, settings):
         self.settings = settings
 
+    @classmethod
+    def store_defaults(cls, settings) -> dict[str, str]:
+        """Where the job's checkpoints and final model go on this target when CHECKPOINT_URI / MODEL_URI are left
+        empty ({key: value}; doeks.targets.settled fills them in). The base: nothing, the shared volume (a folder
+        here, the cluster's claim), which outlives the job."""
+        return {}
+
     def say(self, line: str, **kwargs) -> None:
         from .. import ui
 
@@ -316,6 +323,14 @@ class Target:
 
     def identity_remove(self, runner, workload: str) -> None:
         """Remove what identity_ensure made (nothing where there is no Pod Identity)."""
+
+    def job_identity_delete(self, runner) -> None:
+        """Remove the AWS identity a deploy gave the training pods (`down`'s elasticjob step); nothing where the pods
+        have none."""
+
+    def before_down(self, runner, force: bool = False) -> None:
+        """Before `down` deletes anything: where each job's model and last checkpoint are; raise when `down` would
+        delete the only copy of a model (unless `force`). Nothing where `down` deletes no job's outputs."""
 
     # -- unit kueue: queues, quotas, topology ------------------------------------------------------------------------
     def queue_deploy(self, runner) -> None:

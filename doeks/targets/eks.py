@@ -206,6 +206,14 @@ class EksTarget(OnAws, KubernetesTarget):
     builds_image = False
     pod_identity = True
 
+    @classmethod
+    def store_defaults(cls, settings) -> dict[str, str]:
+        """S3 (s3://S3_BUCKET/doeks/checkpoints and .../models, each job under its name): the FSx volume is deleted by
+        `down` (its StorageClass reclaims it), so nothing that must outlive the cluster is kept only there."""
+        from ..jobpaths import s3_store
+
+        return s3_store(settings)
+
     def identity_ensure(self, runner, workload: str, missing: str = "") -> None:
         from .. import identity
 
@@ -243,8 +251,144 @@ class EksTarget(OnAws, KubernetesTarget):
     def refuse(self, plan) -> None:
         self.refuse_image(plan.image)  # the cluster is read when the job is applied (a dry run needs no cluster)
 
+    # -- the job's own AWS identity: its checkpoints and model in S3 ----------------------------------------------------
+    def train_service_account(self, settings=None) -> dict | None:
+        """The training pods' service account (doeks.identity's `train` row), where the job keeps anything in S3."""
+        from .. import identity, jobpaths
+
+        s = settings or self.settings
+        if not jobpaths.in_s3(s):
+            return None
+        workload = identity.get("train")
+        return {"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": workload.sa(s), "namespace": workload.ns(s), "labels": {"app.kubernetes.io/part-of": "doeks"}}}
+
+    def manifests(self, job):
+        """The job's manifests as on a cluster, and where its checkpoints or model are in S3 (TARGET=eks's default):
+        its pods run as the service account of its own role (Pod Identity) and know the region; the service account
+        comes first."""
+        from .. import jobpaths
+
+        found = super().manifests(job)
+        account = self.train_service_account(job.settings)
+        if account is None:
+            return found
+        env = jobpaths.pod_env(job.settings)
+        for manifest in found:
+            if manifest["kind"] != "PyTorchJob":
+                continue
+            for spec in manifest["spec"]["pytorchReplicaSpecs"].values():
+                pod = spec["template"]["spec"]
+                pod["serviceAccountName"] = account["metadata"]["name"]
+                for container in pod["containers"]:
+                    have = {e["name"] for e in container.setdefault("env", [])}
+                    container["env"] += [{"name": k, "value": v} for k, v in env.items() if k not in have]
+        return [account] + found
+
+    def job_identity_step(self, job):
+        """The plan's step giving the job's pods their AWS identity: S3_BUCKET (or the URIs' bucket) made if missing,
+        the `train` role with its S3 policy, its Pod Identity association; None where nothing is in S3."""
+        from .. import identity, jobpaths
+        from .base import Step
+
+        s = job.settings
+        if not jobpaths.in_s3(s):
+            return None
+        workload = identity.get("train")
+        policy = identity.train_policy(s)
+        objects = [r for st in policy["Statement"] if st["Action"] != "s3:ListBucket" for r in st["Resource"]]
+        what = (f"the job's own AWS identity: bucket {', '.join(jobpaths.s3_buckets(s))} (made if missing); role "
+                f"{identity.role_name(s, workload)} allowing s3:ListBucket on its prefixes and "
+                f"s3:GetObject/PutObject/DeleteObject/AbortMultipartUpload on {', '.join(objects)}; Pod Identity "
+                f"association {workload.ns(s)}/{workload.sa(s)} -> that role")
+        return Step(what, lambda: self.job_identity(job))
+
+    def job_identity(self, job, runner=None) -> None:
+        from .. import identity, jobpaths
+        from ..aws import client
+        from ..runner import Runner
+
+        s = job.settings
+        runner = runner or Runner(secrets=s.secrets())
+        s3 = client(s, "s3")
+        for bucket in jobpaths.s3_buckets(s):
+            try:
+                s3.head_bucket(Bucket=bucket)
+            except Exception:  # noqa: BLE001 - botocore's 404 (a 403 fails the create below with its own line)
+                options = {} if s.aws_region == "us-east-1" else {
+                    "CreateBucketConfiguration": {"LocationConstraint": s.aws_region}}
+                runner.call(s3, "create_bucket", Bucket=bucket, **options)
+        identity.ensure(s, runner, identity.get("train"))
+
+    def job_identity_delete(self, runner) -> None:
+        """What job_identity made for the cluster's jobs: the association and the role (the bucket and what the jobs
+        wrote there stay: the models and checkpoints outlive the cluster), and the service account."""
+        from .. import identity
+
+        s = self.settings
+        workload = identity.get("train")
+        identity.remove(s, runner, workload)
+        if runner.dry_run or self.cluster_running():
+            account = {"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": workload.sa(s), "namespace": workload.ns(s)}}
+            try:
+                kube.delete(runner, [account], wait=False)
+            except DoeksError as error:  # the cluster may be out of reach; it goes with the cluster
+                self.say(f"service account {workload.ns(s)}/{workload.sa(s)}: {error}", style="yellow")
+
+    # -- down: what is kept, and the one copy of a model it would delete ------------------------------------------------
+    def kept_outputs(self, job: str) -> tuple[list[str], str | None]:
+        """(lines saying where job `job`'s model and last checkpoint are, the volume URI of its model when the model is
+        on the shared volume instead of S3)."""
+        from .. import jobpaths
+
+        s = self.settings.with_overrides(job_name=job)
+        volume = f"pvc://{s.namespace}/{s.shared_pvc}"
+        model, checkpoints = jobpaths.model_uri(s, volume) + "/model.pt", jobpaths.checkpoint_uri(s, volume)
+        lines = [f"job {job}: model {_s3_state(s, model, 'model')}", f"job {job}: checkpoints {_s3_state(s, checkpoints, 'checkpoints')}"]
+        return lines, None if model.startswith("s3://") else model
+
+    def before_down(self, runner, force: bool = False) -> None:
+        """Say where each job deployed from here (STATE_DIR's runs) keeps its model and last checkpoint; refuse, in one
+        line, while a model is on the shared volume `down` deletes (MODEL_URI not in S3) and that volume exists,
+        unless `force`. A dry run says the same."""
+        from .. import storage
+        from . import runs
+
+        s = self.settings
+        names = runs.jobs(s, self.name)
+        if not names:
+            self.say(f"no job was deployed to TARGET={self.name} from here ({s.state_dir / 'runs'}): no model or "
+                     "checkpoint to name")
+            return
+        on_volume = []
+        for job in names:
+            lines, volume_model = self.kept_outputs(job)
+            for line in lines:
+                self.say(line)
+            if volume_model:
+                on_volume.append((job, volume_model))
+        if not on_volume or force:
+            if on_volume:
+                self.say(f"--force: the model(s) on the shared volume go with it: {', '.join(m for _, m in on_volume)}",
+                         style="yellow")
+            return
+        try:
+            volume_there = bool(storage.tagged_file_systems(s))
+        except Exception:  # noqa: BLE001 - no credentials (a dry run): assume it is there
+            volume_there = True
+        if not volume_there:
+            return
+        job, model = on_volume[0]
+        more = f" (and {len(on_volume) - 1} more job(s)'s)" if len(on_volume) > 1 else ""
+        raise DoeksError(f"the model of job {job}{more} is only on the shared volume that `down` deletes ({model}): copy "
+                         f"it to S3 first with `invoke csi.data.save-model --job-name {job}`, or pass --force to delete it")
+
     def plan(self, job):
         plan = super().plan(job)
+        step = self.job_identity_step(job)
+        if step is not None:  # before the manifests are applied (the last step)
+            plan.steps.insert(len(plan.steps) - 1, step)
         if not job.settings.train_image and trainimage.is_built(plan.image) is False:
             plan.warnings.append(f"warning: training image {plan.image} (this code's) is not built on this machine; "
                                  "unless it is in the registry already, the pods cannot pull it: "
@@ -255,3 +399,26 @@ class EksTarget(OnAws, KubernetesTarget):
         found = super().artifacts()
         found["copy"] = "invoke csi.data.save-model copies checkpoints to S3"
         return found
+
+
+def _s3_state(settings, uri: str, what: str) -> str:
+    """Where `uri` is and what is there: a model file (exists or not), checkpoints (the one `latest` names); a URI on
+    the shared volume as it is (nothing here can read the volume)."""
+    if not uri.startswith("s3://"):
+        return f"{uri} (on the shared volume: deleted with it)"
+    from ..aws import client
+
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    try:
+        s3 = client(settings, "s3")
+        if what == "model":
+            s3.head_object(Bucket=bucket, Key=key)
+            return f"{uri} (kept: `down` does not delete S3)"
+        latest = s3.get_object(Bucket=bucket, Key=f"{key}/latest")["Body"].read().decode().strip()
+        return f"{uri}, the last {uri}/{latest} (kept: `down` does not delete S3)"
+    except Exception as error:  # noqa: BLE001 - 404 (none written), or no credentials (a dry run)
+        code = getattr(error, "response", {}).get("Error", {}).get("Code", "")
+        if code in ("404", "NoSuchKey", "NoSuchBucket", "403", "AccessDenied"):
+            return f"{uri} (none written there yet)" if code in ("404", "NoSuchKey", "NoSuchBucket") else \
+                f"{uri} (not readable here: {code})"
+        return f"{uri} (not looked up: {type(error).__name__})"

@@ -306,6 +306,60 @@ class RehearsalTarget(EksTarget):
         kube.delete(runner, [job])
         kube.apply(runner, [job])
 
+    # -- the job's pods: their role's session, as the Pod Identity Agent would hand it to them ------------------------
+    TRAIN_SECRET = "doeks-train-aws"
+
+    def manifests(self, job):
+        """eks's manifests; the training containers take the role's session and the account's endpoint from a
+        Secret (what the Pod Identity Agent's endpoint gives an EKS pod; `job_identity` writes it)."""
+        found = super().manifests(job)
+        if self.train_service_account(job.settings) is None:
+            return found
+        for manifest in found:
+            if manifest["kind"] == "PyTorchJob":
+                for spec in manifest["spec"]["pytorchReplicaSpecs"].values():
+                    for container in spec["template"]["spec"]["containers"]:
+                        container.setdefault("envFrom", []).append({"secretRef": {"name": self.TRAIN_SECRET}})
+        return found
+
+    def job_identity_step(self, job):
+        step = super().job_identity_step(job)
+        if step is not None:
+            step.what += (f"; then the role's session for the pods (EKS Auth AssumeRoleForPodIdentity with the service "
+                          f"account's token, as the Pod Identity Agent calls it) in Secret {self.TRAIN_SECRET}")
+        return step
+
+    def job_identity(self, job, runner=None) -> None:
+        """eks's (bucket, role, association); then the service account, its token exchanged with EKS Auth for the
+        role's session, and that session with the account's endpoint in the Secret the pods read (never printed)."""
+        from .. import identity
+        from ..runner import Runner, to_yaml_stream
+
+        s = job.settings
+        runner = runner or Runner(secrets=s.secrets())
+        super().job_identity(job, runner)
+        account = self.train_service_account(s)
+        kube.apply(runner, [account])
+        workload = identity.get("train")
+        env = self.pod_environment(workload.ns(s), workload.sa(s))
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                  "metadata": {"name": self.TRAIN_SECRET, "namespace": workload.ns(s)}, "stringData": env}
+        quiet = Runner(secrets=[*s.secrets(), *env.values()])
+        kube.run(quiet, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
+                 input=to_yaml_stream([secret]))
+
+    def job_identity_delete(self, runner) -> None:
+        super().job_identity_delete(runner)
+        if runner.dry_run or self.cluster_running():
+            from .. import identity
+
+            secret = {"apiVersion": "v1", "kind": "Secret",
+                      "metadata": {"name": self.TRAIN_SECRET, "namespace": identity.get("train").ns(self.settings)}}
+            try:
+                kube.delete(runner, [secret], wait=False)
+            except DoeksError as error:
+                self.say(f"secret {self.TRAIN_SECRET}: {error}", style="yellow")
+
     def pod_environment(self, namespace: str, service_account: str) -> dict[str, str]:
         from ..cluster import versions
 
