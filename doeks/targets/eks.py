@@ -344,7 +344,13 @@ class EksTarget(OnAws, KubernetesTarget):
 
         s = self.settings.with_overrides(job_name=job)
         volume = f"pvc://{s.namespace}/{s.shared_pvc}"
-        model, checkpoints = jobpaths.model_uri(s, volume) + "/model.pt", jobpaths.checkpoint_uri(s, volume)
+        mount = s.shared_mount.rstrip("/") + "/"
+
+        def on_volume(uri: str) -> str:  # a folder in the pods under SHARED_MOUNT is on the claim
+            return f"{volume}/{uri[len(mount):]}" if uri.startswith(mount) else uri
+
+        model = on_volume(jobpaths.model_uri(s, volume)) + "/model.pt"
+        checkpoints = on_volume(jobpaths.checkpoint_uri(s, volume))
         lines = [f"job {job}: model {_s3_state(s, model, 'model')}", f"job {job}: checkpoints {_s3_state(s, checkpoints, 'checkpoints')}"]
         return lines, None if model.startswith("s3://") else model
 
