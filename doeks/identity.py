@@ -151,6 +151,16 @@ def train_policy(settings) -> dict[str, Any] | None:
     return job_s3_policy(settings)
 
 
+def save_model_policy(settings) -> dict[str, Any]:
+    """csi.data.save-model's Job: write (and abort a failed multipart upload) under s3://S3_BUCKET/doeks/saved/ only,
+    where it copies each job's model and checkpoints (doeks.jobpaths.saved_uri); no read, no list, no delete."""
+    from .jobpaths import STORE_PREFIX
+
+    return {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": ["s3:PutObject", "s3:AbortMultipartUpload"],
+         "Resource": f"arn:aws:s3:::{settings.s3_bucket}/{STORE_PREFIX}/saved/*"}]}
+
+
 # -- the table ----------------------------------------------------------------------------------------------------
 WORKLOADS: tuple[Workload, ...] = (
     Workload("fsx-csi", "csi", "FSx for Lustre CSI controller", "kube-system", "fsx-csi-controller-sa",
@@ -200,6 +210,12 @@ WORKLOADS: tuple[Workload, ...] = (
              # PutObject), DeleteObject(s) (prune, clear_after, the probe), AbortMultipartUpload (a failed upload)
              source="doeks/workload/checkpoints.py (_S3, Store, save_file); doeks/jobpaths.py JOB_S3_CALLS",
              inline=train_policy, namespace_of=lambda s: s.namespace),
+    Workload("save-model", "csi", "csi.data.save-model's Job (a job's model and checkpoints on the claim to S3)", "",
+             "doeks-save-model", calls=("s3:PutObject", "s3:AbortMultipartUpload"),
+             # boto3's upload_file: PutObject, or CreateMultipartUpload/UploadPart/CompleteMultipartUpload (all
+             # authorized as s3:PutObject) and AbortMultipartUpload when a part fails
+             source="doeks/datastage.py _upload (upload_tree: boto3 S3 upload_file)",
+             inline=save_model_policy, namespace_of=lambda s: s.namespace),
     Workload("pipeline-runner", "kubeflow", "KFP pipeline pods in the profile namespace (the sagemaker branch)", "",
              "default-editor",
              calls=("s3:PutObject", "sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob",

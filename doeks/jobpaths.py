@@ -71,6 +71,12 @@ def s3_store(settings) -> dict[str, str]:
     return {"CHECKPOINT_URI": f"{base}/checkpoints", "MODEL_URI": f"{base}/models"}
 
 
+def saved_uri(settings) -> str:
+    """Where `csi.data.save-model` copies a job's model and checkpoints from a cluster's claim, one dated prefix per
+    copy below it: s3://S3_BUCKET/doeks/saved/<JOB_NAME>."""
+    return f"s3://{settings.s3_bucket}/{STORE_PREFIX}/saved/{job_name(settings)}"
+
+
 def s3_buckets(settings) -> list[str]:
     return sorted({uri[len("s3://"):].split("/", 1)[0] for uri in in_s3(settings)})
 

@@ -61,6 +61,11 @@ def test_eks_dry_run_shows_the_pods_identity_and_s3_and_none_where_nothing_is_in
     docs = [d for d in yaml.safe_load_all(volume.stdout) if d]
     assert [d["kind"] for d in docs if d["kind"] == "ServiceAccount"] == [] and "AWS identity" not in volume.stderr
     assert "serviceAccountName" not in docs[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    # the jobs doeks submits otherwise run as other service accounts, without that role: they keep the claim
+    for args in (("kubeflow.pytorchjob.submit", "--dry-run"), ("kubeflow.trainjob.submit", "--dry-run")):
+        other = invoke(*args, env=env)
+        assert other.returncode == 0 and "/fsx-shared/checkpoints/imagenet" in other.stdout, other.stderr[-2000:]
+        assert "s3://teardown-data/doeks" not in other.stdout, args
 
 
 def _put(account, key: str, body: bytes = b"x") -> None:
@@ -120,3 +125,42 @@ def test_down_refuses_while_a_model_is_only_on_the_volume_it_deletes(account):  
     assert forced.returncode == 0 and "--force: the model(s) on the shared volume go with it" in forced.stderr, forced.stderr[-3000:]
     fsx.delete_file_system(FileSystemId=fs)  # the volume gone already (a second `down`): nothing to refuse
     assert invoke("down", "--dry-run", env=env).returncode == 0
+
+
+def test_save_model_on_eks_copies_what_is_on_the_claim_and_down_then_goes_on(account):  # noqa: F811
+    """csi.data.save-model on eks works on the paths it names: a Job in the training image mounts the claim and
+    copies the model's folder (pvc://.../models/<job>) to s3://S3_BUCKET/doeks/saved/<job>/<date>/ as the save-model
+    role; what is in S3 already is said, not copied; a destination its role cannot write is one line. Once a copy
+    is there, `down` names it and does not refuse."""
+    env = {**account["env"], "MODEL_URI": "/fsx-shared/models"}
+    dry = invoke("csi.data.save-model", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    docs = [d for d in yaml.safe_load_all(dry.stdout) if d]
+    job = next(d for d in docs if d["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "doeks-save-model" and [c["name"] for c in pod["containers"]] == ["model"]
+    command = pod["containers"][0]["command"]
+    assert command[:5] == ["python", "-m", "doeks.datastage", "--upload", "/fsx-shared/models/imagenet"]
+    assert command[5].startswith("s3://teardown-data/doeks/saved/imagenet/") and command[5].endswith("/model")
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "fsx-pvc"
+    assert pod["containers"][0]["volumeMounts"][0] == {"name": "shared", "mountPath": "/fsx-shared", "readOnly": True}
+    assert '"RoleName": "doeks-doeks-save-model"' in dry.stderr and "wait for Job default/imagenet-save-model" in dry.stderr
+    assert not boto3.client("iam", **account["kw"]).list_roles()["Roles"]  # a dry run makes nothing
+
+    in_s3 = invoke("csi.data.save-model", "--dry-run", env=account["env"])  # eks' default: both in S3 already
+    assert in_s3.returncode == 0 and "in S3 already" in in_s3.stderr and "kind: Job" not in in_s3.stdout, in_s3.stderr
+    elsewhere = invoke("csi.data.save-model", "--dry-run", "--destination", "s3://other-bucket/x", env=env)
+    errors = [line for line in elsewhere.stderr.splitlines() if line.startswith("error:")]
+    assert elsewhere.returncode == 1 and len(errors) == 1 and "writes under s3://teardown-data/doeks/saved/imagenet/" in errors[0]
+
+    # down: a job whose model is on the claim, with a copy saved: named, not refused
+    assert invoke("eks.create", env=env).returncode == 0
+    assert invoke("elasticjob.deploy", env=env).returncode == 0
+    subnet = boto3.client("eks", **account["kw"]).describe_cluster(name="doeks")["cluster"]["resourcesVpcConfig"]["subnetIds"][0]
+    boto3.client("fsx", **account["kw"]).create_file_system(FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[subnet],
+                                                            Tags=[{"Key": "doeks/cluster", "Value": "doeks"}])
+    assert invoke("down", "--dry-run", env=env).returncode == 1  # no copy yet
+    _put(account, "doeks/saved/imagenet/2026-11-26-063419/model/model.pt")
+    down = invoke("down", "--dry-run", env=env)
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert "a copy saved by csi.data.save-model at s3://teardown-data/doeks/saved/imagenet/2026-11-26-063419/" in down.stderr

@@ -203,3 +203,36 @@ def test_the_training_pods_role_saves_checkpoints_and_the_model_and_iam_can_say_
     assert refused.returncode != 0 and "AccessDenied" in refused.stderr, refused.stderr[-3000:]
     listed = s3.list_objects_v2(Bucket="doeks-training", Prefix="doeks/checkpoints/second/").get("Contents", [])
     assert not [o for o in listed if o["Key"].endswith(("/latest", "/.metadata"))]  # nothing complete was written
+
+
+def test_the_save_model_jobs_role_copies_a_folder_to_its_prefix_and_nothing_else(account, keys, tmp_path):
+    """csi.data.save-model's Job on eks (`python -m doeks.datastage --upload`, the command its containers run) with
+    the save-model role's session from EKS Auth: the claim's model folder lands under s3://S3_BUCKET/doeks/saved/;
+    anywhere else is AccessDenied, one line, exit 1."""
+    import os
+    import subprocess
+    import sys
+
+    settings, endpoint, admin = account
+    _, key, _ = keys
+    workload = identity.get("save-model")
+    identity.ensure(settings, Runner(echo=False), workload)
+    creds = rehearsal.pod_credentials(endpoint, REGION, "doeks", token(key, settings.namespace, "doeks-save-model"), admin)
+    folder = tmp_path / "models" / "imagenet"
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"m" * 1000)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(rehearsal.pod_environment(creds, endpoint, REGION), PYTHONPATH=str(ROOT))
+
+    def upload(destination):
+        return subprocess.run([sys.executable, "-m", "doeks.datastage", "--upload", str(folder), destination], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    done = upload("s3://doeks-training/doeks/saved/imagenet/2026-11-26-000000/model")
+    assert done.returncode == 0 and "copied 1 files" in done.stdout, done.stderr[-2000:]
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=endpoint, **{k: admin[k] for k in ("aws_access_key_id",
+                                                                                              "aws_secret_access_key")})
+    assert s3.head_object(Bucket="doeks-training", Key="doeks/saved/imagenet/2026-11-26-000000/model/model.pt")["ContentLength"] == 1000
+    refused = upload("s3://doeks-training/doeks/models/imagenet")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 1 and len(errors) == 1 and "AccessDenied" in errors[0], refused.stderr[-2000:]

@@ -285,6 +285,14 @@ class EksTarget(OnAws, KubernetesTarget):
                     container["env"] += [{"name": k, "value": v} for k, v in env.items() if k not in have]
         return [account] + found
 
+    def without_identity(self, settings):
+        """The jobs doeks submits besides elasticjob's (their pods run as other service accounts: the TrainJob's, the
+        pipeline's default-editor) keep checkpoints and model on the claim, as before eks' S3 default: the S3 default
+        is dropped; what the user named stays."""
+        volume = {key.lower(): f"{settings.shared_mount.rstrip('/')}/{kind}"
+                  for key, kind in (("CHECKPOINT_URI", "checkpoints"), ("MODEL_URI", "models")) if settings.filled(key)}
+        return settings.with_overrides(**volume) if volume else settings
+
     def job_identity_step(self, job):
         """The plan's step giving the job's pods their AWS identity: S3_BUCKET (or the URIs' bucket) made if missing,
         the `train` role with its S3 policy, its Pod Identity association; None where nothing is in S3."""
@@ -321,20 +329,88 @@ class EksTarget(OnAws, KubernetesTarget):
         identity.ensure(s, runner, identity.get("train"))
 
     def job_identity_delete(self, runner) -> None:
-        """What job_identity made for the cluster's jobs: the association and the role (the bucket and what the jobs
-        wrote there stay: the models and checkpoints outlive the cluster), and the service account."""
+        """What job_identity (and csi.data.save-model) made for the cluster's jobs: the associations and the roles (the
+        bucket and what the jobs wrote there stay: the models and checkpoints outlive the cluster), and the service
+        accounts."""
         from .. import identity
 
         s = self.settings
-        workload = identity.get("train")
-        identity.remove(s, runner, workload)
-        if runner.dry_run or self.cluster_running():
-            account = {"apiVersion": "v1", "kind": "ServiceAccount",
-                       "metadata": {"name": workload.sa(s), "namespace": workload.ns(s)}}
-            try:
-                kube.delete(runner, [account], wait=False)
-            except DoeksError as error:  # the cluster may be out of reach; it goes with the cluster
-                self.say(f"service account {workload.ns(s)}/{workload.sa(s)}: {error}", style="yellow")
+        for key in ("train", "save-model"):
+            workload = identity.get(key)
+            identity.remove(s, runner, workload)
+            if runner.dry_run or self.cluster_running():
+                try:
+                    kube.delete(runner, [_account(s, workload)], wait=False)
+                except DoeksError as error:  # the cluster may be out of reach; it goes with the cluster
+                    self.say(f"service account {workload.ns(s)}/{workload.sa(s)}: {error}", style="yellow")
+
+    def pod_session(self, runner, workload) -> str | None:
+        """The Secret a workload's pods read their AWS session from (envFrom), or None where EKS Pod Identity's agent
+        gives it to them (EKS itself)."""
+        return None
+
+    # -- csi.data.save-model: a job's model and checkpoints on the claim, copied to S3 by a Job -------------------------
+    SAVE_TIMEOUT = 3 * 3600  # a model and its checkpoints of hundreds of GB through one pod
+
+    def save_model(self, runner, destination: str | None) -> None:
+        """The job's model and checkpoints that are on the claim (MODEL_URI / CHECKPOINT_URI not in S3), copied to
+        s3://S3_BUCKET/doeks/saved/<JOB_NAME>/<date>/{model,checkpoints}/ by a Job in the training image that mounts
+        the claim, as the save-model role (PutObject there only); waited for, then deleted. What is in S3 already
+        is said, not copied."""
+        import time
+
+        from .. import datastage, identity, jobpaths
+
+        s = self.settings
+        found = {"model": jobpaths.model_uri(s), "checkpoints": jobpaths.checkpoint_uri(s)}
+        sources = {kind: path for kind, path in found.items() if not path.startswith("s3://")}
+        if not sources:
+            self.say(f"job {s.job_name}: its model and checkpoints are in S3 already ({found['model']}/model.pt, "
+                     f"{found['checkpoints']}): nothing to copy")
+            return
+        base = jobpaths.saved_uri(s)
+        if destination and not destination.rstrip("/").startswith(base):
+            workload = identity.get("save-model")
+            raise DoeksError(f"--destination {destination}: on TARGET=eks the copy runs as role "
+                             f"{identity.role_name(s, workload)}, which writes under {base}/ only: leave --destination out")
+        dest = f"{(destination or base).rstrip('/')}/{time.strftime('%Y-%m-%d-%H%M%S')}"
+        datastage.split_s3(dest)
+        workload = identity.get("save-model")
+        identity.ensure(s, runner, workload)
+        manifests = [_account(s, workload), _save_job(s, workload, sources, dest)]
+        job = manifests[-1]
+        if not runner.dry_run:
+            kube.apply(runner, manifests[:1])
+            secret = self.pod_session(runner, workload)
+            for container in job["spec"]["template"]["spec"]["containers"]:
+                if secret:
+                    container["envFrom"] = [{"secretRef": {"name": secret}}]
+        kube.delete(runner, [job])  # a Job's pod template cannot change: a previous copy's Job goes first
+        kube.apply(runner, manifests)
+        what = f"copying {', '.join(sources.values())} from claim {s.shared_pvc} to {dest}/"
+        name = job["metadata"]["name"]
+        if runner.dry_run:
+            runner.step(f"wait for Job {s.namespace}/{name} ({what}; at most {self.SAVE_TIMEOUT // 3600} h), then "
+                        "delete it (a finished pod keeps the claim)", lambda: None)
+            return
+        kube.wait_job(s.namespace, name, what, timeout=self.SAVE_TIMEOUT)
+        kube.delete(runner, [job])
+        for kind in sources:
+            self.say(f"job {s.job_name}: {kind} saved to {dest}/{kind}/")
+
+    def saved_copy(self, job: str) -> str | None:
+        """The newest copy csi.data.save-model made of job `job` (its dated prefix), or None."""
+        from .. import jobpaths
+        from ..aws import client
+
+        s = self.settings.with_overrides(job_name=job)
+        bucket, _, prefix = jobpaths.saved_uri(s)[len("s3://"):].partition("/")
+        try:
+            answer = client(s, "s3").list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/", Delimiter="/")
+        except Exception:  # noqa: BLE001 - no bucket, no credentials (a dry run): no copy known
+            return None
+        copies = sorted(p["Prefix"] for p in answer.get("CommonPrefixes", []))
+        return f"s3://{bucket}/{copies[-1]}" if copies else None
 
     # -- down: what is kept, and the one copy of a model it would delete ------------------------------------------------
     def kept_outputs(self, job: str) -> tuple[list[str], str | None]:
@@ -372,7 +448,10 @@ class EksTarget(OnAws, KubernetesTarget):
             lines, volume_model = self.kept_outputs(job)
             for line in lines:
                 self.say(line)
-            if volume_model:
+            copy = self.saved_copy(job) if volume_model else None
+            if copy:
+                self.say(f"job {job}: a copy saved by csi.data.save-model at {copy} (kept)")
+            elif volume_model:
                 on_volume.append((job, volume_model))
         if not on_volume or force:
             if on_volume:
@@ -395,6 +474,17 @@ class EksTarget(OnAws, KubernetesTarget):
         step = self.job_identity_step(job)
         if step is not None:  # before the manifests are applied (the last step)
             plan.steps.insert(len(plan.steps) - 1, step)
+        from .. import jobpaths
+
+        checkpoints = jobpaths.checkpoint_uri(job.settings)
+        if job.fresh and checkpoints.startswith("s3://"):  # in S3 this machine can clear them: a fresh start
+            from .. import elastic
+            from .base import Step
+
+            plan.warnings = [w for w in plan.warnings if "--fresh replaces" not in w]
+            plan.steps.insert(len(plan.steps) - 1, Step(
+                f"remove the checkpoints of {job.name} in {checkpoints}/ (--fresh: the job would resume from them)",
+                lambda: elastic.delete_s3_prefix(job.settings, checkpoints)))
         if not job.settings.train_image and trainimage.is_built(plan.image) is False:
             plan.warnings.append(f"warning: training image {plan.image} (this code's) is not built on this machine; "
                                  "unless it is in the registry already, the pods cannot pull it: "
@@ -428,3 +518,30 @@ def _s3_state(settings, uri: str, what: str) -> str:
             return f"{uri} (none written there yet)" if code in ("404", "NoSuchKey", "NoSuchBucket") else \
                 f"{uri} (not readable here: {code})"
         return f"{uri} (not looked up: {type(error).__name__})"
+
+
+def _account(settings, workload) -> dict:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": workload.sa(settings), "namespace": workload.ns(settings),
+                         "labels": {"app.kubernetes.io/part-of": "doeks"}}}
+
+
+def _save_job(settings, workload, sources: dict[str, str], destination: str) -> dict:
+    """csi.data.save-model's Job: one container per folder (`python -m doeks.datastage --upload FOLDER s3://...`), in
+    the training image (it holds doeks' stager), the claim mounted read-only, as the save-model service account."""
+    from .. import trainimage
+
+    s = settings
+    image = trainimage.reference(s, on_this_machine=False)
+    containers = [{"name": kind, "image": image,
+                   "command": ["python", "-m", "doeks.datastage", "--upload", folder, f"{destination}/{kind}"],
+                   "env": [{"name": "AWS_REGION", "value": s.aws_region}],
+                   "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                   "volumeMounts": [{"name": "shared", "mountPath": s.shared_mount, "readOnly": True}]}
+                  for kind, folder in sources.items()]
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": f"{s.job_name}-save-model", "namespace": s.namespace,
+                         "labels": {"app.kubernetes.io/part-of": "doeks"}},
+            "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 600, "template": {"spec": {
+                "restartPolicy": "Never", "serviceAccountName": workload.sa(s), "containers": containers,
+                "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": s.shared_pvc}}]}}}}

@@ -330,35 +330,47 @@ class RehearsalTarget(EksTarget):
         return step
 
     def job_identity(self, job, runner=None) -> None:
-        """eks's (bucket, role, association); then the service account, its token exchanged with EKS Auth for the
-        role's session, and that session with the account's endpoint in the Secret the pods read (never printed)."""
+        """eks's (bucket, role, association); then the service account and the role's session in the Secret the
+        training pods read (pod_session)."""
         from .. import identity
-        from ..runner import Runner, to_yaml_stream
+        from ..runner import Runner
 
         s = job.settings
         runner = runner or Runner(secrets=s.secrets())
         super().job_identity(job, runner)
-        account = self.train_service_account(s)
-        kube.apply(runner, [account])
-        workload = identity.get("train")
+        kube.apply(runner, [self.train_service_account(s)])
+        self.pod_session(runner, identity.get("train"))
+
+    def pod_session(self, runner, workload) -> str | None:
+        """What the Pod Identity Agent gives an EKS pod of `workload`: its service account's token exchanged with EKS
+        Auth for the associated role's session, with the account's endpoint, here in Secret <service account>-aws
+        that its pods read through envFrom (applied without being printed). The service account must exist."""
+        from ..runner import Runner, to_yaml_stream
+
+        s = self.settings
         env = self.pod_environment(workload.ns(s), workload.sa(s))
+        name = f"{workload.sa(s)}-aws"
         secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                  "metadata": {"name": self.TRAIN_SECRET, "namespace": workload.ns(s)}, "stringData": env}
+                  "metadata": {"name": name, "namespace": workload.ns(s)}, "stringData": env}
         quiet = Runner(secrets=[*s.secrets(), *env.values()])
         kube.run(quiet, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
                  input=to_yaml_stream([secret]))
+        return name
 
     def job_identity_delete(self, runner) -> None:
         super().job_identity_delete(runner)
         if runner.dry_run or self.cluster_running():
             from .. import identity
 
-            secret = {"apiVersion": "v1", "kind": "Secret",
-                      "metadata": {"name": self.TRAIN_SECRET, "namespace": identity.get("train").ns(self.settings)}}
-            try:
-                kube.delete(runner, [secret], wait=False)
-            except DoeksError as error:
-                self.say(f"secret {self.TRAIN_SECRET}: {error}", style="yellow")
+            s = self.settings
+            for key in ("train", "save-model"):
+                workload = identity.get(key)
+                secret = {"apiVersion": "v1", "kind": "Secret",
+                          "metadata": {"name": f"{workload.sa(s)}-aws", "namespace": workload.ns(s)}}
+                try:
+                    kube.delete(runner, [secret], wait=False)
+                except DoeksError as error:
+                    self.say(f"secret {workload.sa(s)}-aws: {error}", style="yellow")
 
     def pod_environment(self, namespace: str, service_account: str) -> dict[str, str]:
         from ..cluster import versions
