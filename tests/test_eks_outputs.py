@@ -123,6 +123,11 @@ def test_down_refuses_while_a_model_is_only_on_the_volume_it_deletes(account):  
     assert [f["FileSystemId"] for f in fsx.describe_file_systems()["FileSystems"]] == [fs]
     forced = invoke("down", "--dry-run", "--force", env=env)
     assert forced.returncode == 0 and "--force: the model(s) on the shared volume go with it" in forced.stderr, forced.stderr[-3000:]
+    _put(account, "doeks/saved/imagenet/2026-11-26-063419/model/model.pt")  # what csi.data.save-model's Job writes
+    saved = invoke("down", "--dry-run", env=env)
+    assert saved.returncode == 0, saved.stderr[-3000:]  # a copy in S3: named, not refused
+    assert "a copy saved by csi.data.save-model at s3://teardown-data/doeks/saved/imagenet/2026-11-26-063419/" in saved.stderr
+    boto3.client("s3", **kw).delete_object(Bucket="teardown-data", Key="doeks/saved/imagenet/2026-11-26-063419/model/model.pt")
     fsx.delete_file_system(FileSystemId=fs)  # the volume gone already (a second `down`): nothing to refuse
     assert invoke("down", "--dry-run", env=env).returncode == 0
 
@@ -130,8 +135,8 @@ def test_down_refuses_while_a_model_is_only_on_the_volume_it_deletes(account):  
 def test_save_model_on_eks_copies_what_is_on_the_claim_and_down_then_goes_on(account):  # noqa: F811
     """csi.data.save-model on eks works on the paths it names: a Job in the training image mounts the claim and
     copies the model's folder (pvc://.../models/<job>) to s3://S3_BUCKET/doeks/saved/<job>/<date>/ as the save-model
-    role; what is in S3 already is said, not copied; a destination its role cannot write is one line. Once a copy
-    is there, `down` names it and does not refuse."""
+    role; what is in S3 already is said, not copied; a destination its role cannot write is one line (`down` with a
+    copy there: the test above)."""
     env = {**account["env"], "MODEL_URI": "/fsx-shared/models"}
     dry = invoke("csi.data.save-model", "--dry-run", env=env)
     assert dry.returncode == 0, dry.stderr[-3000:]
@@ -153,14 +158,3 @@ def test_save_model_on_eks_copies_what_is_on_the_claim_and_down_then_goes_on(acc
     errors = [line for line in elsewhere.stderr.splitlines() if line.startswith("error:")]
     assert elsewhere.returncode == 1 and len(errors) == 1 and "writes under s3://teardown-data/doeks/saved/imagenet/" in errors[0]
 
-    # down: a job whose model is on the claim, with a copy saved: named, not refused
-    assert invoke("eks.create", env=env).returncode == 0
-    assert invoke("elasticjob.deploy", env=env).returncode == 0
-    subnet = boto3.client("eks", **account["kw"]).describe_cluster(name="doeks")["cluster"]["resourcesVpcConfig"]["subnetIds"][0]
-    boto3.client("fsx", **account["kw"]).create_file_system(FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[subnet],
-                                                            Tags=[{"Key": "doeks/cluster", "Value": "doeks"}])
-    assert invoke("down", "--dry-run", env=env).returncode == 1  # no copy yet
-    _put(account, "doeks/saved/imagenet/2026-11-26-063419/model/model.pt")
-    down = invoke("down", "--dry-run", env=env)
-    assert down.returncode == 0, down.stderr[-3000:]
-    assert "a copy saved by csi.data.save-model at s3://teardown-data/doeks/saved/imagenet/2026-11-26-063419/" in down.stderr

@@ -257,11 +257,7 @@ class EksTarget(OnAws, KubernetesTarget):
         from .. import identity, jobpaths
 
         s = settings or self.settings
-        if not jobpaths.in_s3(s):
-            return None
-        workload = identity.get("train")
-        return {"apiVersion": "v1", "kind": "ServiceAccount",
-                "metadata": {"name": workload.sa(s), "namespace": workload.ns(s), "labels": {"app.kubernetes.io/part-of": "doeks"}}}
+        return _account(s, identity.get("train")) if jobpaths.in_s3(s) else None
 
     def manifests(self, job):
         """The job's manifests as on a cluster, and where its checkpoints or model are in S3 (TARGET=eks's default):
