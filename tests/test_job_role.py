@@ -1,6 +1,7 @@
-"""The training job's own S3 role (doeks.jobpaths.job_s3_policy), with moto's IAM enforcing it: a user holding exactly
-that policy makes every call the job's checkpoints and model make, and nothing outside the job's prefixes. EKS Pod
-Identity itself is not in moto: the user's keys stand in for the credentials the pod would get from the role."""
+"""The training jobs' own S3 role (doeks.jobpaths.job_s3_policy: CHECKPOINT_URI's and MODEL_URI's prefixes, each job
+under its name), with moto's IAM enforcing it: a user holding exactly that policy makes every call the checkpoints and
+model make, and nothing outside those prefixes. Here the user's keys stand in for the role's session; the role itself,
+with its session from EKS Auth against doeks' server: tests/test_rehearsal_iam.py."""
 from __future__ import annotations
 
 import json

@@ -352,7 +352,7 @@ class RehearsalTarget(EksTarget):
         name = f"{workload.sa(s)}-aws"
         secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                   "metadata": {"name": name, "namespace": workload.ns(s)}, "stringData": env}
-        quiet = Runner(secrets=[*s.secrets(), *env.values()])
+        quiet = Runner(secrets=[*s.secrets(), env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env["AWS_SESSION_TOKEN"]])
         kube.run(quiet, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
                  input=to_yaml_stream([secret]))
         return name
