@@ -104,14 +104,18 @@ def _confirm_teardown(where, units) -> None:
 
 @task(help={"dry_run": "print every unit's plan; change nothing (what cannot be looked up is shown as unknown)",
             "yes": "confirm the whole teardown without asking (scripts); TARGET=eks asks once otherwise",
-            "force": "delete the cluster even after an earlier unit failed (what that unit left may be stranded)"})
+            "force": "delete the cluster even after an earlier unit failed (what that unit left may be stranded), and "
+                     "the shared volume even where it holds a job's only model (TARGET=eks with MODEL_URI not in S3)"})
 def down(c, dry_run=False, yes=False, force=False):
     """Tear everything down: each unit's delete step in exactly the reverse order, going on past what is gone.
 
     TARGET=eks: asks once, up front, for the whole teardown (--yes: not at all); each unit waits until what it
     deletes is really gone; when a unit fails the others still run, but the cluster is not deleted (its VPC
     would keep what the failed unit left) unless --force. Run `invoke audit` afterwards: it exits non-zero while
-    anything is left."""
+    anything is left.
+
+    First it says where each job's model and last checkpoint are (TARGET=eks: S3, which `down` keeps), and refuses
+    while a model is only on the shared volume it would delete (`invoke csi.data.save-model` copies it), unless --force."""
     from invoke import Exit
 
     from doeks import ui
@@ -120,6 +124,7 @@ def down(c, dry_run=False, yes=False, force=False):
     s = where.settings
     cluster = where.asks_before_down   # a cluster that costs money and is asked for; kubernetes: doeks' own or the user's
     units = list(reversed(_ordered_units()))
+    where.before_down(runner(dry_run), force=force)  # before anything is asked or deleted
     if cluster and not dry_run and not yes:
         _confirm_teardown(where, units)
     failed = []
@@ -168,6 +173,12 @@ def config(c, json=False, key=None):
     from doeks.errors import DoeksError
 
     s = settings_module.current(lenient=True)  # a bad value is shown marked, then named: config is how to find it
+    from doeks import targets
+
+    try:
+        s = targets.settled(s)  # what the target uses where a key is empty (TARGET=eks: checkpoints and model in S3)
+    except DoeksError:
+        pass
     rows = s.rows()
     wanted = [k.strip().upper() for k in key or [] if k.strip()]
     if key and not wanted:

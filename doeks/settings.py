@@ -388,9 +388,9 @@ KEYS: tuple[Key, ...] = (
     _key("LEARNING_RATE", "elasticjob", "0.1", "Peak learning rate for a global batch of 256, scaled linearly with the global batch (also after an elastic resize); linear warmup then cosine decay (SGD, nesterov)", _float(1e-6, 10.0)),
     _key("CROP_SIZE", "elasticjob", "0", "Training crop / val center-crop side in pixels (0 = 224 where GPUs train: eks, SageMaker; 32 where this machine trains: local, docker, SageMaker local mode, so the demo takes about a minute)", _int(0, 1024)),
     _key("CHECKPOINT_EVERY", "elasticjob", "10", "Write a checkpoint every N optimizer steps", _int(1, 1000000)),
-    _key("CHECKPOINT_URI", "elasticjob", "", "Where the job's checkpoints go, under <it>/<JOB_NAME>/step-N/ (PyTorch Distributed Checkpoint, `latest` written last): s3://bucket/prefix, or a folder the training processes see (empty = the shared volume's checkpoints/<JOB_NAME>; SageMaker: its checkpoint channel, synced to s3://S3_BUCKET/doeks/<JOB_NAME>/checkpoints). On local and docker s3:// is doeks' moto server (or AWS_ENDPOINT_URL)", _STORE_URI),
+    _key("CHECKPOINT_URI", "elasticjob", "", "Where the job's checkpoints go, under <it>/<JOB_NAME>/step-N/ (PyTorch Distributed Checkpoint, `latest` written last): s3://bucket/prefix, or a folder the training processes see (empty = the shared volume's checkpoints/<JOB_NAME>; eks: s3://S3_BUCKET/doeks/checkpoints, since `down` deletes its volume; SageMaker: its checkpoint channel, synced to s3://S3_BUCKET/doeks/<JOB_NAME>/checkpoints). On local and docker s3:// is doeks' moto server (or AWS_ENDPOINT_URL)", _STORE_URI),
     _key("KEEP_CHECKPOINTS", "elasticjob", "3", "Complete checkpoints kept per job (older ones are removed once a newer one is complete)", _int(1, 1000)),
-    _key("MODEL_URI", "elasticjob", "", "Where the final model goes when the job ends, as <it>/<JOB_NAME>/model.pt: s3://bucket/prefix, or a folder the training processes see (empty = the shared volume's models/<JOB_NAME>; SageMaker: model.tar.gz in its output path)", _STORE_URI),
+    _key("MODEL_URI", "elasticjob", "", "Where the final model goes when the job ends, as <it>/<JOB_NAME>/model.pt: s3://bucket/prefix, or a folder the training processes see (empty = the shared volume's models/<JOB_NAME>; eks: s3://S3_BUCKET/doeks/models, since `down` deletes its volume; SageMaker: model.tar.gz in its output path)", _STORE_URI),
     _key("DATA_WORKERS", "elasticjob", "auto", "DataLoader worker processes per training process (auto = the node's CPUs / processes per node - 1, at most 16)", _pattern(re.compile(r"auto|[0-9]|[1-5][0-9]|6[0-4]"), "auto or an integer from 0 to 64")),
     _key("DATA_CLASSES", "elasticjob", "4", "Classes (WordNet-id folders) in the generated ImageNet-shaped data set", _int(2, 1000)),
     _key("DATA_TRAIN_PER_CLASS", "elasticjob", "400", "Generated training images per class", _int(1, 100000)),
@@ -462,6 +462,8 @@ class Settings:
         self._raw = raw
         self._sources = sources
         self._problems = problems or {}  # key -> its error, when loaded leniently (config, doctor): default used
+        self._filled: dict[str, str] = {}  # key -> why: a target's default for a key left empty (with_defaults)
+        self._filled_for = ""  # the TARGET whose defaults those are
 
     @property
     def problems(self) -> dict[str, str]:
@@ -492,7 +494,27 @@ class Settings:
                 continue
             raw[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
             sources[name.upper()] = "flag"
-        return _validate(raw, sources)
+        result = _validate(raw, sources)
+        kept = {k: self._values[k] for k in self._filled if not raw[k].strip()}
+        if kept and result.target == self._filled_for:  # the target's defaults stay while TARGET does
+            result = result.with_defaults(self._filled_for, {k: self._filled[k] for k in kept}, **kept)
+        return result
+
+    def with_defaults(self, target: str, why: dict[str, str], **values: Any) -> "Settings":
+        """A copy in which keys left empty take `values`: what TARGET `target` uses when the user names nothing
+        (doeks.targets.settled asks the target). The raw value stays empty (`.env` is the user's); `invoke config`
+        shows the value in effect and `why[key]`; with_overrides keeps them while TARGET stays `target`."""
+        filled = {k: v for k, v in values.items() if not self._raw[k].strip()}
+        if not filled:
+            return self
+        result = Settings({**self._values, **filled}, self._raw, self._sources, self._problems)
+        result._filled = {**self._filled, **{k: why[k] for k in filled}}
+        result._filled_for = target
+        return result
+
+    def filled(self, name: str) -> str:
+        """Why `name` has the value it has when the user left it empty and the target filled it ("" otherwise)."""
+        return self._filled.get(name, "")
 
     @property
     def on_this_machine(self) -> bool:
@@ -532,6 +554,8 @@ class Settings:
 
     def rows(self) -> list[list[str]]:
         def shown(k: Key) -> list[str]:
+            if k.name in self._filled:
+                return [str(self._values[k.name]), f"{self._sources[k.name]} ({self._filled[k.name]})"]
             if k.name in _DERIVED and not self._raw[k.name].strip():
                 return [str(self._values[k.name]), f"{self._sources[k.name]} ({_DERIVED[k.name]})"]
             marked = " (NOT ACCEPTED: see below)" if k.name in self._problems else ""

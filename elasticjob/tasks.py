@@ -482,6 +482,14 @@ def _cluster_needs(target, s, dry_run):
 STAGE_TIMEOUT = 6 * 3600  # ImageNet (150 GB) from S3 into FSx takes hours; a failing stager ends the wait at once
 
 
+@task(name="delete", help={"dry_run": "print what would be stopped and removed"})
+def _down(c, dry_run=False):
+    """Stop the job (as elasticjob.delete; its checkpoints and model are kept) and remove the AWS identity deploys gave
+    the training pods (TARGET=eks: role, Pod Identity association, service account)."""
+    delete(c, dry_run=dry_run)
+    _target().job_identity_delete(runner(dry_run))
+
+
 ns = Collection("elasticjob", data, build, push, deploy, status, describe, logs, history, scale, delete, artifacts, plot,
                 scaling, tensorboard)
-UNIT = Unit("elasticjob", order=60, up=_up, down=delete)
+UNIT = Unit("elasticjob", order=60, up=_up, down=_down)

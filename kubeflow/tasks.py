@@ -38,8 +38,8 @@ def submit(c, elastic=True, replicas=None, fresh=False, dry_run=False):
     """Submit a PyTorchJob running the repo's training script (kubectl server-side apply)."""
     from doeks import jobspec, kube
 
-    s = settings(replicas=replicas)
-    where = target(s)
+    where = target(settings(replicas=replicas))
+    s = where.without_identity(where.settings)  # its pods have no AWS role of their own: checkpoints on the claim
     if not dry_run:
         where.require_cluster("PyTorchJobs", "use `invoke elasticjob.deploy`")
         from doeks import kueue
@@ -132,8 +132,8 @@ def trainjob_submit(c, replicas=None, fresh=False, dry_run=False):
     """Submit the fixed-size job as a Trainer v2 TrainJob (torch-distributed runtime), server-side apply."""
     from doeks import kube, trainjob
 
-    s = settings(replicas=replicas)
-    where = target(s)
+    where = target(settings(replicas=replicas))
+    s = where.without_identity(where.settings)  # its pods have no AWS role of their own: checkpoints on the claim
     if not dry_run:
         where.require_cluster("TrainJobs", "use `invoke elasticjob.deploy`")
         from doeks import kueue

@@ -27,6 +27,9 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 print(f"VERSION step 1/1 world={dist.get_world_size()} data={os.environ.get('DOEKS_DATA_DIR')}", flush=True)
 dist.barrier()
+if dist.get_rank() == 0:  # the documented helper (docs/your-own-script.md): DOEKS_MODEL_URI, S3 on eks
+    import doeks
+    print("model saved to", doeks.save_model({"version": "VERSION"}), flush=True)
 dist.destroy_process_group()
 '''
 
@@ -93,6 +96,26 @@ def platform_stand_in(state) -> None:
     assert applied.returncode == 0, applied.stderr
 
 
+MODEL = "s3://doeks-training/doeks/models/rehearsal/model.pt"  # TARGET=eks keeps the model in S3 (MODEL_URI empty)
+
+
+def model_in_account(env) -> dict:
+    """The model the job saved, read from the account (the rehearsal's moto server, which outlives `down`) with doeks'
+    administrator key."""
+    import io
+
+    import boto3
+    import torch
+
+    from doeks import rehearsal
+
+    admin = rehearsal.admin_credentials(Path(env["STATE_DIR"]))
+    s3 = boto3.client("s3", endpoint_url=admin["endpoint"], region_name="us-west-2",
+                      aws_access_key_id=admin["aws_access_key_id"], aws_secret_access_key=admin["aws_secret_access_key"])
+    bucket, key = MODEL[len("s3://"):].split("/", 1)
+    return torch.load(io.BytesIO(s3.get_object(Bucket=bucket, Key=key)["Body"].read()))
+
+
 def test_up_job_up_again_code_edit_down_audit(env):
     timings = {}
     up, timings["up"] = ok("up", env=env, timeout=3600)
@@ -105,6 +128,7 @@ def test_up_job_up_again_code_edit_down_audit(env):
     timings["job"] = time.monotonic() - started
     logs, _ = ok("elasticjob.logs", env=env)
     assert "v1 step 1/1 world=" in logs.stdout and "data=/fsx-shared/data" in logs.stdout, logs.stdout[-2000:]
+    assert f"model saved to {MODEL}" in logs.stdout, logs.stdout[-2000:]  # with the pods' own role, from EKS Auth
     again, timings["up again"] = ok("up", env=env, timeout=1800)
     assert "is in ECR already: not pushed again" in again.stdout + again.stderr
 
@@ -125,8 +149,10 @@ def test_up_job_up_again_code_edit_down_audit(env):
     down, timings["down"] = ok("down", "--yes", env=env, timeout=1800)
     said = down.stdout + down.stderr
     assert 'namespace "istio-system" deleted' in said and 'namespace "cert-manager" deleted' in said, said[-3000:]
+    assert f"job rehearsal: model {MODEL} (kept" in said, said[:3000]  # down says where the model is
     audit, _ = ok("audit", env=env)
     assert "audit: nothing left for cluster doeks in us-west-2" in audit.stdout + audit.stderr, audit.stderr
+    assert model_in_account(env) == {"version": "v2"}  # after down the model is in S3 (the account's: moto)
     print("rehearsal timings (s):", json.dumps({k: round(v) for k, v in timings.items()}))
 
 

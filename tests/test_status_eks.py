@@ -112,7 +112,10 @@ def test_a_run_on_eks_is_recorded_and_its_end_seen_by_history(world):  # noqa: F
                                            {"match": ["get"], "stdout": ""}]))
     # a prebuilt image (doeks' own content-tagged one must be in ECR first: tests/test_eks_user_script.py)
     image = "123456789012.dkr.ecr.us-west-2.amazonaws.com/doeks-train:prebuilt"
-    deployed = invoke("elasticjob.deploy", env={"TARGET": "eks", "TRAIN_IMAGE": image})
+    # checkpoints and model on the claim: the S3 default's Pod Identity role needs EKS' API, which this account
+    # (plain moto) lacks (tests/test_eks_outputs.py deploys with it)
+    deployed = invoke("elasticjob.deploy", env={"TARGET": "eks", "TRAIN_IMAGE": image, "CHECKPOINT_URI": "/fsx-shared/ck",
+                                                "MODEL_URI": "/fsx-shared/models"})
     assert deployed.returncode == 0, deployed.stderr
     applied = [json.loads(line) for line in world["record"].read_text().splitlines() if "apply" in line][-1]
     job = list(yaml.safe_load_all(applied["stdin"]))[-1]

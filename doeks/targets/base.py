@@ -200,6 +200,13 @@ class Target:
     def __init__(self, settings):
         self.settings = settings
 
+    @classmethod
+    def store_defaults(cls, settings) -> dict[str, str]:
+        """Where the job's checkpoints and final model go on this target when CHECKPOINT_URI / MODEL_URI are left
+        empty ({key: value}; doeks.targets.settled fills them in). The base: nothing, the shared volume (a folder
+        here, the cluster's claim), which outlives the job."""
+        return {}
+
     def say(self, line: str, **kwargs) -> None:
         from .. import ui
 
@@ -316,6 +323,41 @@ class Target:
 
     def identity_remove(self, runner, workload: str) -> None:
         """Remove what identity_ensure made (nothing where there is no Pod Identity)."""
+
+    def without_identity(self, settings):
+        """`settings` for a job whose pods get no AWS identity of their own (kubeflow.pytorchjob.submit and
+        trainjob.submit, the pipeline's kubernetes branch): where this target's own defaults put checkpoints or the
+        model in S3, they stay on the shared volume instead. The same settings where nothing needs one."""
+        return settings
+
+    def save_model(self, runner, destination: str | None) -> None:
+        """csi.data.save-model: the job's checkpoints (and final model) copied to S3 under a dated prefix, from where
+        this target keeps them on this machine (default s3://S3_BUCKET/models/JOB_NAME/<date>)."""
+        import time
+
+        from .. import aws, datastage, ui
+
+        s = self.settings
+        folder = self.local_artifact("checkpoints", "csi.data.save-model", "the checkpoints are in {where}, not on "
+                                     "this machine (SageMaker keeps the model in S3 already)")
+        if not folder.is_dir() or not any(folder.iterdir()):
+            raise DoeksError(f"no checkpoints in {folder}: train first (invoke elasticjob.deploy)")
+        uri = f"{(destination or f's3://{s.s3_bucket}/models/{s.job_name}').rstrip('/')}/{time.strftime('%Y-%m-%d-%H%M%S')}"
+        datastage.split_s3(uri)
+        if runner.dry_run:
+            runner.step(f"upload {folder} -> {uri}", lambda: None)
+            return
+        client = datastage.s3_client(aws.endpoint_url(s), s.aws_region, 16, aws.credentials_of(s))
+        count = datastage.upload_tree(client, folder, uri)
+        ui.say(f"uploaded {count} files to {uri}")
+
+    def job_identity_delete(self, runner) -> None:
+        """Remove the AWS identity a deploy gave the training pods (`down`'s elasticjob step); nothing where the pods
+        have none."""
+
+    def before_down(self, runner, force: bool = False) -> None:
+        """Before `down` deletes anything: where each job's model and last checkpoint are; raise when `down` would
+        delete the only copy of a model (unless `force`). Nothing where `down` deletes no job's outputs."""
 
     # -- unit kueue: queues, quotas, topology ------------------------------------------------------------------------
     def queue_deploy(self, runner) -> None:

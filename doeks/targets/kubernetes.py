@@ -323,7 +323,7 @@ class KubernetesTarget(Target):
         runs it (no instance-type selector, KUBE_GPUS, the image as the cluster has it)."""
         from .. import trainjob
 
-        s = self.settings.with_overrides(namespace=self.settings.kfp_namespace)
+        s = self.without_identity(self.settings.with_overrides(namespace=self.settings.kfp_namespace))
         if s.pipeline_job_kind == "trainjob":
             return trainjob.trainjob(s, placement=self.placement())
         return jobspec.pytorchjob_fixed(s, placement=self.placement())

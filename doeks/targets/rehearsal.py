@@ -306,6 +306,72 @@ class RehearsalTarget(EksTarget):
         kube.delete(runner, [job])
         kube.apply(runner, [job])
 
+    # -- the job's pods: their role's session, as the Pod Identity Agent would hand it to them ------------------------
+    TRAIN_SECRET = "doeks-train-aws"
+
+    def manifests(self, job):
+        """eks's manifests; the training containers take the role's session and the account's endpoint from a
+        Secret (what the Pod Identity Agent's endpoint gives an EKS pod; `job_identity` writes it)."""
+        found = super().manifests(job)
+        if self.train_service_account(job.settings) is None:
+            return found
+        for manifest in found:
+            if manifest["kind"] == "PyTorchJob":
+                for spec in manifest["spec"]["pytorchReplicaSpecs"].values():
+                    for container in spec["template"]["spec"]["containers"]:
+                        container.setdefault("envFrom", []).append({"secretRef": {"name": self.TRAIN_SECRET}})
+        return found
+
+    def job_identity_step(self, job):
+        step = super().job_identity_step(job)
+        if step is not None:
+            step.what += (f"; then the role's session for the pods (EKS Auth AssumeRoleForPodIdentity with the service "
+                          f"account's token, as the Pod Identity Agent calls it) in Secret {self.TRAIN_SECRET}")
+        return step
+
+    def job_identity(self, job, runner=None) -> None:
+        """eks's (bucket, role, association); then the service account and the role's session in the Secret the
+        training pods read (pod_session)."""
+        from .. import identity
+        from ..runner import Runner
+
+        s = job.settings
+        runner = runner or Runner(secrets=s.secrets())
+        super().job_identity(job, runner)
+        kube.apply(runner, [self.train_service_account(s)])
+        self.pod_session(runner, identity.get("train"))
+
+    def pod_session(self, runner, workload) -> str | None:
+        """What the Pod Identity Agent gives an EKS pod of `workload`: its service account's token exchanged with EKS
+        Auth for the associated role's session, with the account's endpoint, here in Secret <service account>-aws
+        that its pods read through envFrom (applied without being printed). The service account must exist."""
+        from ..runner import Runner, to_yaml_stream
+
+        s = self.settings
+        env = self.pod_environment(workload.ns(s), workload.sa(s))
+        name = f"{workload.sa(s)}-aws"
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                  "metadata": {"name": name, "namespace": workload.ns(s)}, "stringData": env}
+        quiet = Runner(secrets=[*s.secrets(), env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env["AWS_SESSION_TOKEN"]])
+        kube.run(quiet, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
+                 input=to_yaml_stream([secret]))
+        return name
+
+    def job_identity_delete(self, runner) -> None:
+        super().job_identity_delete(runner)
+        if runner.dry_run or self.cluster_running():
+            from .. import identity
+
+            s = self.settings
+            for key in ("train", "save-model"):
+                workload = identity.get(key)
+                secret = {"apiVersion": "v1", "kind": "Secret",
+                          "metadata": {"name": f"{workload.sa(s)}-aws", "namespace": workload.ns(s)}}
+                try:
+                    kube.delete(runner, [secret], wait=False)
+                except DoeksError as error:
+                    self.say(f"secret {workload.sa(s)}-aws: {error}", style="yellow")
+
     def pod_environment(self, namespace: str, service_account: str) -> dict[str, str]:
         from ..cluster import versions
 

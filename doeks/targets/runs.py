@@ -170,6 +170,20 @@ def kept_runs(settings) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.log")) if folder.is_dir() else []
 
 
+def jobs(settings, target: str) -> list[str]:
+    """The names of the jobs deployed from this machine (STATE_DIR) to `target`, sorted."""
+    folder = settings.state_dir / "runs"
+    found = set()
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        try:
+            records = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(records, list) and any(isinstance(r, dict) and r.get("target") == target for r in records):
+            found.add(next((r.get("job") for r in records if isinstance(r, dict) and r.get("job")), path.stem))
+    return sorted(found)
+
+
 def rows(settings) -> list[list[str]]:
     def when(t):
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
