@@ -499,14 +499,16 @@ def _s3_state(settings, uri: str, what: str) -> str:
     if not uri.startswith("s3://"):
         return f"{uri} (on the shared volume: deleted with it)"
     from ..aws import client
+    from ..datastage import split_s3
+    from ..workload.checkpoints import LATEST
 
-    bucket, _, key = uri[len("s3://"):].partition("/")
+    bucket, key = split_s3(uri)
     try:
         s3 = client(settings, "s3")
         if what == "model":
             s3.head_object(Bucket=bucket, Key=key)
             return f"{uri} (kept: `down` does not delete S3)"
-        latest = s3.get_object(Bucket=bucket, Key=f"{key}/latest")["Body"].read().decode().strip()
+        latest = s3.get_object(Bucket=bucket, Key=f"{key}/{LATEST}")["Body"].read().decode().strip()
         return f"{uri}, the last {uri}/{latest} (kept: `down` does not delete S3)"
     except Exception as error:  # noqa: BLE001 - 404 (none written), or no credentials (a dry run)
         code = getattr(error, "response", {}).get("Error", {}).get("Code", "")
