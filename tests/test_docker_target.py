@@ -13,13 +13,15 @@ import time
 
 import pytest
 
+from doeks import settings as S
 from doeks import trainimage
 from doeks.targets import reasons
 
-from .conftest import invoke, training_processes, wait_for
+from .conftest import ROOT, invoke, training_processes, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
+SHARED_MOUNT = S.load(environ={}, path=ROOT / ".env").shared_mount
 REGISTRY = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
 JOB = {"DATA_TRAIN_PER_CLASS": "40", "DATA_VAL_PER_CLASS": "8", "REPLICAS": "2", "NPROC_PER_NODE": "1", "EPOCHS": "1",
        "BATCH_SIZE": "8", "MIN_REPLICAS": "1", "MAX_REPLICAS": "2", "CHECKPOINT_EVERY": "2", "TARGET": "docker",
@@ -75,7 +77,10 @@ def test_build_then_train_in_containers_of_the_clusters_manifest(client, job_env
 
     # byte for byte the manifests `TARGET=eks invoke elasticjob.deploy --dry-run` prints, but for the run id
     ran = (state_dir / "docker" / "dockerjob" / "manifests.yaml").read_text()
-    eks = invoke("elasticjob.deploy", "--epochs", "1", "--dry-run", env={"TARGET": "eks"})
+    # EKS keeps checkpoints and model in S3 by default (its FSx volume goes with `down`: tests/test_eks_outputs.py);
+    # named on the shared volume, as docker keeps them, its manifests are the ones docker ran
+    shared = {"CHECKPOINT_URI": f"{SHARED_MOUNT}/checkpoints", "MODEL_URI": f"{SHARED_MOUNT}/models"}
+    eks = invoke("elasticjob.deploy", "--epochs", "1", "--dry-run", env={"TARGET": "eks", **shared})
     assert eks.returncode == 0, eks.stderr
     run_id = re.compile(r"dockerjob-(\d{8}-\d{6}-[0-9a-f]{4}|dry-run)")  # a shown plan's run id is always dry-run
     assert run_id.sub("RUN", ran) == run_id.sub("RUN", eks.stdout)

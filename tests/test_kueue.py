@@ -178,14 +178,20 @@ def test_simulated_p5_nodes_are_eks_shaped_and_spread_in_blocks():
         simnodes.manifests(1, "x1.32xlarge", "us-west-2", "us-west-2a", seed="s")
 
 
-def test_on_doeks_cluster_the_simulated_type_is_a_tas_flavor_beside_the_node(state_dir):
+def test_on_doeks_cluster_the_simulated_type_is_a_tas_flavor_beside_the_node():
     """Kueue v0.19 gives a job without a topology request a flavor with a Topology only in a queue whose every flavor
     has one: the real node gets a Topology of its own (the node level), so jobs reach either; the simulated type has
-    no CPU or memory quota, so a job that trains here (it asks for CPU) never lands on nodes that run nothing."""
-    env = {"TARGET": "kubernetes", "KUBECONFIG": "", "KUBE_SIM_NODES": "8", "KUBE_SIM_NODE_TYPE": "p5.48xlarge"}
-    docs = _docs(invoke("kueue.deploy", "--dry-run", env=env, check=True).stdout)
-    custom = docs[0]
+    no CPU or memory quota, so a job that trains here (it asks for CPU) never lands on nodes that run nothing.
+    What doeks' cluster's `kueue.deploy` applies, rendered from the target's own flavors: Kueue's build is opt-in
+    (`invoke setup --kueue`), and without it the plan is "no queue" (test below); applied for real in
+    tests/test_kubernetes_kueue.py."""
+    from doeks.cluster import operators
+    from doeks.targets.kubernetes import KubernetesTarget
+
+    custom = kueue.kustomization(str(operators.module_dir(operators.KUEUE) / operators.KUEUE.overlay), own=True)
     assert custom["resources"][0].endswith("config/default") and custom["images"][0]["newName"] == "registry.k8s.io/kueue/kueue"
+    s = load(TARGET="kubernetes", KUBE_SIM_NODES=8, KUBE_SIM_NODE_TYPE="p5.48xlarge")
+    docs = kueue.queue_manifests(s, KubernetesTarget(s).queue_flavors())
     topologies = {d["metadata"]["name"]: [level["nodeLabel"] for level in d["spec"]["levels"]]
                   for d in docs if d["kind"] == "Topology"}
     assert topologies == {"eks-network": [*kueue.LAYERS, "kubernetes.io/hostname"], "node": ["kubernetes.io/hostname"]}
@@ -196,5 +202,6 @@ def test_on_doeks_cluster_the_simulated_type_is_a_tas_flavor_beside_the_node(sta
     quota = {f["name"]: {r["name"]: r["nominalQuota"] for r in f["resources"]} for f in queue}
     assert quota["p5.48xlarge"]["cpu"] == 0 and quota["p5.48xlarge"]["memory"] == 0
     assert quota["doeks-node"]["nvidia.com/gpu"] == 0 and quota["p5.48xlarge"]["nvidia.com/gpu"] == 64
-    plain = _docs(invoke("kueue.deploy", "--dry-run", env={"TARGET": "kubernetes", "KUBECONFIG": ""}, check=True).stdout)
+    plain_s = load(TARGET="kubernetes")
+    plain = kueue.queue_manifests(plain_s, KubernetesTarget(plain_s).queue_flavors())
     assert "Topology" not in [d["kind"] for d in plain]  # the node alone: no topology to place by
