@@ -68,6 +68,13 @@ class Workload:
         return self.service_account_of(settings) if self.service_account_of else self.service_account
 
 
+def service_account(settings, workload: Workload) -> dict:
+    """The workload's Kubernetes ServiceAccount (what its Pod Identity association names)."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": workload.sa(settings), "namespace": workload.ns(settings),
+                         "labels": {"app.kubernetes.io/part-of": "doeks"}}}
+
+
 def role_name(settings, workload: Workload) -> str:
     """doeks-<cluster>-<key>; where that passes IAM's 64 characters, the cluster part is cut and a digest of the whole
     cluster name keeps the roles of two clusters (and the workloads of one) apart."""

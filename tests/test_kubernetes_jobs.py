@@ -271,7 +271,7 @@ def test_an_image_the_node_cannot_pull_is_named_and_nothing_leaves_the_machine(e
         assert "fix: `invoke elasticjob.push`" in said
         # containerd pulled through doeks' loopback proxy: refused at once, no registry looked up
         assert "127.0.0.1:9" in said
-        assert guard.dropped() == 0
+        assert guard.dropped() == 0, guard.listing()
     finally:
         _gone(env, "noimage")
 

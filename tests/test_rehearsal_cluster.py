@@ -120,7 +120,7 @@ def test_the_node_pulls_an_ecr_named_image_from_the_registry_built_here(cluster)
         wait_for(lambda: "ErrImagePull" in events("missing") or "Failed to pull" in events("missing"), 120,
                  "the missing tag to fail")
         assert "127.0.0.1:9" not in events("missing")  # it went to the registry, never to the no-pull proxy
-        assert guard.dropped() == 0
+        assert guard.dropped() == 0, guard.listing()
     finally:
         kubectl("delete", "pod", "pulled", "stored", "missing", "-n", "default", "--ignore-not-found", "--wait=false")
         registry.delete_repository("doeks-train")

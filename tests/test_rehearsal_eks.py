@@ -121,6 +121,7 @@ def test_up_job_up_again_code_edit_down_audit(env):
     up, timings["up"] = ok("up", env=env, timeout=3600)
     said = up.stdout + up.stderr
     assert "EKS rehearsal" in said and "nothing staged" in said, said[-3000:]  # a user's script needs no data
+    assert "AWS_SESSION_TOKEN" not in said  # the pods' role session reaches them by a Secret, never printed
     doctor, _ = ok("doctor", env=env)
     assert "EKS rehearsal (EKS_REHEARSAL=true)" in doctor.stdout + doctor.stderr
     started = time.monotonic()
@@ -212,6 +213,7 @@ def test_the_built_in_job_on_data_staged_from_s3(imagenet_env, tmp_path):
     up, timings["up"] = ok("up", env=env, timeout=3600)
     said = up.stdout + up.stderr
     assert "imagenet-stage" in said, said[-3000:]  # the staging Job, applied, waited for and deleted
+    assert "AWS_SESSION_TOKEN" not in said  # its role's session reaches its pod by a Secret, never printed
     started = time.monotonic()
     assert ended(env, "the ImageNet job to end") == "Succeeded"
     timings["job"] = time.monotonic() - started

@@ -103,6 +103,12 @@ def remove() -> bool:
     return True
 
 
+def listing() -> str:
+    """The chain with each rule's packet and byte counters (what a failed "nothing left the machine" check shows)."""
+    result = _ipt("-n", "-v", "-x", "-L", CHAIN, check=False)
+    return result.stdout if result.returncode == 0 else result.stderr.strip()
+
+
 def dropped() -> int:
     """Packets the guard's DROP rules have stopped since it was installed (0 when it is not installed)."""
     result = _ipt("-n", "-v", "-x", "-L", CHAIN, check=False)

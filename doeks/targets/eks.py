@@ -93,7 +93,7 @@ class OnAws:
     def stage_data(self, runner, source: str, relayout_val: bool) -> None:
         from .. import storage
 
-        storage.stage_on_cluster(self.settings, runner, source, relayout_val)
+        storage.stage_on_cluster(self.settings, runner, source, relayout_val, session=self.pod_session)
 
     # efa
     def efa_deploy(self, runner) -> None:
@@ -257,7 +257,7 @@ class EksTarget(OnAws, KubernetesTarget):
         from .. import identity, jobpaths
 
         s = settings or self.settings
-        return _account(s, identity.get("train")) if jobpaths.in_s3(s) else None
+        return identity.service_account(s, identity.get("train")) if jobpaths.in_s3(s) else None
 
     def manifests(self, job):
         """The job's manifests as on a cluster, and where its checkpoints or model are in S3 (TARGET=eks's default):
@@ -336,7 +336,7 @@ class EksTarget(OnAws, KubernetesTarget):
             identity.remove(s, runner, workload)
             if runner.dry_run or self.cluster_running():
                 try:
-                    kube.delete(runner, [_account(s, workload)], wait=False)
+                    kube.delete(runner, [identity.service_account(s, workload)], wait=False)
                 except DoeksError as error:  # the cluster may be out of reach; it goes with the cluster
                     self.say(f"service account {workload.ns(s)}/{workload.sa(s)}: {error}", style="yellow")
 
@@ -373,7 +373,7 @@ class EksTarget(OnAws, KubernetesTarget):
         datastage.split_s3(dest)
         workload = identity.get("save-model")
         identity.ensure(s, runner, workload)
-        manifests = [_account(s, workload), _save_job(s, workload, sources, dest)]
+        manifests = [identity.service_account(s, workload), _save_job(s, workload, sources, dest)]
         job = manifests[-1]
         if not runner.dry_run:
             kube.apply(runner, manifests[:1])
@@ -516,12 +516,6 @@ def _s3_state(settings, uri: str, what: str) -> str:
             return f"{uri} (none written there yet)" if code in ("404", "NoSuchKey", "NoSuchBucket") else \
                 f"{uri} (not readable here: {code})"
         return f"{uri} (not looked up: {type(error).__name__})"
-
-
-def _account(settings, workload) -> dict:
-    return {"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": workload.sa(settings), "namespace": workload.ns(settings),
-                         "labels": {"app.kubernetes.io/part-of": "doeks"}}}
 
 
 def _save_job(settings, workload, sources: dict[str, str], destination: str) -> dict:

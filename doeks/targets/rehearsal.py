@@ -287,25 +287,6 @@ class RehearsalTarget(EksTarget):
             storage.efs_delete(s, runner)
             storage.efs_destroy(s, runner)
 
-    def stage_data(self, runner, source: str, relayout_val: bool) -> None:
-        """The staging Job as on EKS, its pods given the data-stage role's session (Pod Identity), the account's
-        endpoint through the bridge."""
-        from .. import identity, storage
-
-        s = self.settings
-        workload = identity.get("data-stage")
-        identity.ensure(s, runner, workload)
-        manifests = storage.stage_manifests(s, source, relayout_val)
-        if runner.dry_run:
-            kube.apply(runner, manifests)
-            return
-        kube.apply(runner, [m for m in manifests if m["kind"] == "ServiceAccount"])
-        env = self.pod_environment(workload.ns(s), workload.sa(s))
-        job = next(m for m in manifests if m["kind"] == "Job")
-        job["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": k, "value": v} for k, v in env.items()]
-        kube.delete(runner, [job])
-        kube.apply(runner, [job])
-
     # -- the job's pods: their role's session, as the Pod Identity Agent would hand it to them ------------------------
     TRAIN_SECRET = "doeks-train-aws"
 
@@ -363,7 +344,7 @@ class RehearsalTarget(EksTarget):
             from .. import identity
 
             s = self.settings
-            for key in ("train", "save-model"):
+            for key in ("train", "save-model", "data-stage"):  # their Secrets (pod_session)
                 workload = identity.get(key)
                 secret = {"apiVersion": "v1", "kind": "Secret",
                           "metadata": {"name": f"{workload.sa(s)}-aws", "namespace": workload.ns(s)}}
