@@ -10,7 +10,6 @@ from typing import Any
 
 ETCD_PORT = 2379
 CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks/workload/train.py (doeks.code)
-ETCD_SERVICE = "etcd-service"  # the rendezvous Service's name: rdzvHost, and the URL etcd advertises
 RDZV_CONF = {"last_call_timeout": "1", "timeout": "600"}
 
 from .catalog import EFA_ADAPTERS, GPUS  # noqa: E402,F401 - offline stand-ins (doeks.instancetypes asks EC2)
@@ -57,25 +56,36 @@ def topology_annotations(settings) -> dict[str, str]:
     return {TOPOLOGY_ANNOTATIONS[settings.topology]: BLOCK}
 
 
+def etcd_name(settings) -> str:
+    """The job's etcd Deployment and Service (rdzvHost): <JOB_NAME>-etcd. One per job: two jobs in a namespace shared
+    `etcd` / `etcd-service` before (the second's apply took the first's over, deleting either deleted the other's
+    rendezvous, the Service chose among both jobs' etcd pods), and a job started right after another's was deleted
+    looked up `etcd-service` in the cluster DNS' cache and sent its first connections to the deleted Service's address
+    (no kube-proxy rule for it any more: toward the default interface, where doeks' guard dropped them)."""
+    return f"{settings.job_name}-etcd"
+
+
 def etcd_manifests(settings) -> list[dict[str, Any]]:
-    """etcd for torch's etcd rendezvous: pinned image, v2 API on, one replica, a ClusterIP Service `etcd-service`.
+    """etcd for torch's etcd rendezvous: pinned image, v2 API on, one replica, a ClusterIP Service (etcd_name).
 
     It advertises the Service's URL, the one torch's client uses: python-etcd (allow_reconnect, as torch makes it)
     moves to the next advertised URL when a request fails and never back, so an etcd pod made again after its
     predecessor died left every agent on `http://0.0.0.0:2379` (its own pod) with "No more machines in the cluster"
     until the rendezvous timed out; with its own URL advertised there is no other to move to."""
+    name = etcd_name(settings)
     meta = {"namespace": settings.namespace, "labels": {**labels(settings), "app": "etcd"}}
+    selector = {"app": "etcd", "doeks/job": settings.job_name}  # this job's etcd pod only
     command = ["/usr/local/bin/etcd", "--data-dir", "/var/lib/etcd", "--enable-v2",
                f"--listen-client-urls=http://0.0.0.0:{ETCD_PORT}",
-               f"--advertise-client-urls=http://{ETCD_SERVICE}:{ETCD_PORT}", "--initial-cluster-state=new"]
+               f"--advertise-client-urls=http://{name}:{ETCD_PORT}", "--initial-cluster-state=new"]
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "etcd", **meta},
+        "metadata": {"name": name, **meta},
         "spec": {
             "replicas": 1,
-            "selector": {"matchLabels": {"app": "etcd"}},
+            "selector": {"matchLabels": selector},
             "template": {
-                "metadata": {"labels": {"app": "etcd"}},
+                "metadata": {"labels": selector},
                 "spec": {"containers": [{
                     "name": "etcd", "image": settings.etcd_image, "command": command,
                     "ports": [{"name": "client", "containerPort": ETCD_PORT}],
@@ -88,8 +98,8 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
     }
     service = {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": ETCD_SERVICE, **meta},
-        "spec": {"selector": {"app": "etcd"}, "ports": [{"name": "client", "port": ETCD_PORT, "targetPort": ETCD_PORT}]},
+        "metadata": {"name": name, **meta},
+        "spec": {"selector": selector, "ports": [{"name": "client", "port": ETCD_PORT, "targetPort": ETCD_PORT}]},
     }
     return [deployment, service]
 
@@ -187,7 +197,7 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         "rdzvConf": [{"key": k, "value": v} for k, v in RDZV_CONF.items()],
     }
     if settings.rdzv_backend.startswith("etcd"):
-        elastic.update(rdzvHost=ETCD_SERVICE, rdzvPort=ETCD_PORT)
+        elastic.update(rdzvHost=etcd_name(settings), rdzvPort=ETCD_PORT)
     from .code import CODE_DIR, contract, env_list, host_names, resolve
 
     code = code or resolve(settings)

@@ -151,14 +151,14 @@ def test_the_etcd_pod_deleted_is_named_then_training_goes_on(env):
     """The rendezvous server's pod deleted: its Deployment makes a new one and the agents rejoin (seen once in ~10 s).
     Held down (replicas 0) until describe names it, so the reason is not a race with the recovery."""
     step = max(p["step"] for p in progress(env).values())
-    assert kubectl(env, "scale", "deployment", "etcd", "-n", "default", "--replicas=0").returncode == 0
+    assert kubectl(env, "scale", "deployment", f"{JOB}-etcd", "-n", "default", "--replicas=0").returncode == 0
     assert kubectl(env, "delete", "pod", "-n", "default", "-l", "app=etcd", "--wait=false").returncode == 0
     try:
         said = wait_for(lambda: "reason: rendezvous server unreachable" in (text := describe(env)) and text, 180,
                         "describe naming the lost rendezvous server", poll=1)
-        assert "etcd-service" in said
+        assert "<JOB_NAME>-etcd" in said  # the fix names the job's etcd
     finally:
-        assert kubectl(env, "scale", "deployment", "etcd", "-n", "default", "--replicas=1").returncode == 0
+        assert kubectl(env, "scale", "deployment", f"{JOB}-etcd", "-n", "default", "--replicas=1").returncode == 0
     trains_past(env, step, 2, timeout=420)
     assert "reason: none" in describe(env)
 
@@ -317,7 +317,7 @@ def test_data_missing_on_the_claim_fails_the_job_at_once_with_the_reason(env):
         result = invoke("elasticjob.deploy", "--follow", env=values, timeout=600)
         assert result.returncode != 0
         out = result.stdout + result.stderr
-        assert "data missing: data folder" in out
+        assert "data missing: data folder" in out, (data, moved, sorted(map(str, volume.iterdir())), result.stderr[-4000:])
         ours = [line for line in result.stderr.splitlines() if not line.startswith("[pod/")]
         assert "Traceback" not in "\n".join(ours) and ours[-1].startswith("error: job nodata ended Failed"), ours[-5:]
         text = describe(values)

@@ -154,7 +154,7 @@ class DockerTarget(OnThisMachine, Target):
             server = etcd(s.state_dir)
             what = (f"use etcd at {s.etcd_endpoint}" if s.etcd_endpoint else
                     "use the running local etcd" if server.info() else "start the local etcd (v2 API)")
-            plan.steps.append(Step(f"{what} for rendezvous (stands in for Deployment etcd / Service etcd-service)",
+            plan.steps.append(Step(f"{what} for rendezvous (stands in for Deployment and Service {jobspec.etcd_name(s)})",
                                    lambda: start_rendezvous(s, ctx)))
             shown = "127.0.0.1:ETCD_PORT"
         else:
