@@ -45,6 +45,8 @@ def submit(c, elastic=True, replicas=None, fresh=False, dry_run=False):
         from doeks import kueue
 
         kueue.require_local_queue(s)  # QUEUE set: the job waits in that queue, which must exist
+        if s.queue:  # Kueue takes TrainJobs of a runtime once its cache has read it (Trainer deployed after Kueue)
+            kueue.trainjobs_admitted(s, runner())
     placement = where.placement()
     job = jobspec.pytorchjob(s, placement=placement) if elastic else jobspec.pytorchjob_fixed(s, placement=placement)
     _start_over(where, fresh, dry_run)
