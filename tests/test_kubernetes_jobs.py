@@ -166,12 +166,12 @@ def test_the_etcd_pod_deleted_is_named_then_training_goes_on(env):
 def test_logs_follow_ends_with_the_job_twice_and_delete_twice_leaves_nothing(env):
     for attempt in range(2):  # the second deploy --fresh replaces the first run
         if attempt:  # someone else's change to what doeks applies: a label of their own on the etcd Deployment
-            assert kubectl(env, "label", "deployment", "etcd", "-n", "default", "team=vision").returncode == 0
+            assert kubectl(env, "label", "deployment", f"{JOB}-etcd", "-n", "default", "team=vision").returncode == 0
         deploy = invoke("elasticjob.deploy", "--fresh", "--epochs", "2", env=env, timeout=600)
         assert deploy.returncode == 0, deploy.stderr[-2000:]
         # server-side apply: doeks owns what it applies (manager "doeks", operation Apply); a field another manager
         # set is theirs and survives doeks' next apply (a client-side apply would have dropped or fought over it)
-        etcd = json.loads(kubectl(env, "get", "deployment", "etcd", "-n", "default", "-o", "json",
+        etcd = json.loads(kubectl(env, "get", "deployment", f"{JOB}-etcd", "-n", "default", "-o", "json",
                                   "--show-managed-fields").stdout)  # kubectl hides them by default
         owners = {(f["manager"], f["operation"]) for f in etcd["metadata"]["managedFields"]}
         assert ("doeks", "Apply") in owners, owners
