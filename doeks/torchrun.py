@@ -208,15 +208,34 @@ def patch_whole_lines() -> None:
     handler._doeks_lines = True
 
 
-def run_quietly(entry) -> int:
+# In a pod, an agent that finds its run's rendezvous closed waits this long before its container ends (see run_quietly)
+CLOSED_WAIT_S = 30
+
+
+def run_quietly(entry, closed_wait_s: float | None = None) -> int:
     """Run torchrun's main, ending in one line where torch ends in a traceback of its own: stopped by a signal (a
     delete, a scale down, the supervisor: its workers are already stopped; SignalException, ~20 lines per node at every
     delete), or out of restarts (ChildFailedError's banner, ~25 lines, after the workers' own tracebacks)."""
+    import time
+
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
+    if closed_wait_s is None:  # in a Kubernetes pod (its container restarted by the kubelet), else at once
+        closed_wait_s = CLOSED_WAIT_S if os.environ.get("KUBERNETES_SERVICE_HOST") else 0
     try:
         entry()
+    except RendezvousClosedError:
+        # a node of this run spent its restarts and closed the rendezvous: no node can join it again, so a restart of
+        # this container cannot help. In a pod it ends only after a while: the kubelet keeps one ended container per
+        # container, so this one's end removes the previous one's log, which holds the error that ended the run (a
+        # missing data folder ended a run in three lives of its pods and 13 s, and no log said why any more)
+        _say(f"doeks: RendezvousClosedError: a node of this run gave up and closed its rendezvous: nothing to rejoin"
+             + (f"; this container ends in {closed_wait_s:.0f} s" if closed_wait_s else ""))
+        sys.stdout.flush()
+        time.sleep(closed_wait_s)
+        return 1
     except SignalException as stopped:
         _say(f"doeks: torchrun stopped by {stopped.sigval.name}: its workers are stopped")
         sys.stdout.flush()

@@ -115,3 +115,27 @@ def test_frames_of_doeks_and_installed_packages_are_not_the_scripts():
                  "<frozen runpy>", "/usr/lib/python3.11/json/decoder.py",
                  "/home/me/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py"):
         assert not reasons.user_code(path), path
+
+
+def test_an_agent_that_finds_its_runs_rendezvous_closed_ends_in_a_pod_only_after_a_while(monkeypatch, capsys):
+    """A closed rendezvous (a node spent its restarts) cannot be rejoined, and in a pod the kubelet keeps one ended
+    container: the agent of the next container waits before it ends, so the previous container's log, which says why
+    the run ended, stays readable (CI lost a missing-data reason this way: three lives of the pods in 13 s). Its line
+    still names RendezvousClosedError, which is what reasons reads; on this machine (no pod) it ends at once."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
+
+    from doeks import torchrun
+
+    def closed():
+        raise RendezvousClosedError
+
+    slept = []
+    monkeypatch.setattr("time.sleep", slept.append)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert torchrun.run_quietly(closed) == 1 and slept == [0]
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    assert torchrun.run_quietly(closed) == 1 and slept == [0, torchrun.CLOSED_WAIT_S]
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1].endswith(f"this container ends in {torchrun.CLOSED_WAIT_S} s") and len(said) == 2
+    reason = reasons.classify(lines=said, failed=True)
+    assert reason.code == "rendezvous-closed"
