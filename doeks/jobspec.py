@@ -217,6 +217,9 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         "resources": resources,
         "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
+        # a failed container's last log lines (80, 2 KB) kept in the pod's status (lastState.terminated.message): its
+        # log file goes when the kubelet removes the container, and the error that ended a run must still be read
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],

@@ -219,3 +219,23 @@ def test_a_job_deleted_because_it_failed_keeps_its_status_events_and_traceback(w
     assert "Stopped" in after.stderr and "no PyTorchJob imagenet" in after.stderr, after.stderr
     earlier = invoke("elasticjob.logs", "--errors", "--run", followed.run, env=env)
     assert "RuntimeError: boom at step 2" in earlier.stdout, earlier.stderr
+
+
+def test_an_error_whose_log_is_gone_is_read_from_the_last_lines_the_kubelet_kept(world):  # noqa: F811
+    """The container that said why the run ended was removed with its log (the kubelet keeps one ended container, and
+    a pod lived three times in 13 s on doeks' cluster); its last lines stay in lastState.terminated.message
+    (terminationMessagePolicy FallbackToLogsOnError, on the training container): a permanent error there is the
+    reason, not the closed rendezvous the current life says."""
+    from doeks import jobspec
+
+    s = settings_for("eks")
+    container = jobspec.pytorchjob(s)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    closed = pod("imagenet-worker-0", "Running", 1)
+    closed["status"]["containerStatuses"][0]["lastState"] = {"terminated": {
+        "exitCode": 1, "reason": "Error",
+        "message": "error: data folder /fsx-shared/data is missing or empty\ndoeks: torchrun gives up: rank 0 exited with 2"}}
+    script(world, [closed], [], logs="[pod/imagenet-worker-0/pytorch] doeks: RendezvousClosedError: a node of this run "
+                                     "gave up and closed its rendezvous: nothing to rejoin; this container ends in 30 s\n")
+    status = targets.get(s).describe()
+    assert status.permanent and status.reason == "data missing: data folder /fsx-shared/data is missing or empty", status

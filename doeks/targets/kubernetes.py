@@ -453,11 +453,16 @@ class KubernetesTarget(Target):
         signals: list[str] = []     # container waiting / terminated reasons (CrashLoopBackOff, OOMKilled, ...)
         exit_codes: list[int] = []
         messages: list[str] = [reason] if reason else []
+        last_words: list[str] = []  # the failed lives' last log lines the kubelet kept (terminationMessagePolicy)
         for pod in pods:
             statuses = pod.get("status", {}).get("containerStatuses", [])
             restarts = sum(c.get("restartCount", 0) for c in statuses)
             waiting = next((c["state"]["waiting"].get("reason") for c in statuses if "waiting" in c.get("state", {})), "")
             for c in statuses:
+                for when in ("lastState", "state"):
+                    ended = c.get(when, {}).get("terminated") or {}
+                    if ended.get("exitCode"):
+                        last_words += ended.get("message", "").splitlines()
                 # lastState stays after a recovery: it only explains a container that is not running again
                 for when in ("state", "lastState") if "running" not in c.get("state", {}) else ("state",):
                     ended = c.get(when, {}).get("terminated")
@@ -495,6 +500,9 @@ class KubernetesTarget(Target):
         recent = _since_last_step(by_pod)
         everything = [f"[{pod}] {line}" for pod in sorted(by_pod) for line in by_pod[pod]]
         said = reasons.tracebacks(everything).permanent() or reasons.from_lines(recent)
+        earlier = reasons.from_lines(last_words) if last_words and not (said and said.permanent) else None
+        if earlier is not None and earlier.permanent:  # an error no restart cures, said by a life whose log is gone
+            said = earlier
         limit = job["spec"].get("elasticPolicy", {}).get("maxRestarts")
         over = [r for r in replicas if limit is not None and r.restarts > int(limit)]
         if over and (said is None or said.code in reasons.GENERIC):  # MAX_RESTARTS: the pod's and torchrun's in it
@@ -674,8 +682,11 @@ class KubernetesTarget(Target):
                 for previous in lives:
                     argv = [kube.kubectl(), "logs", "-n", s.namespace, name, "-c", c.get("name", "pytorch")]
                     result = subprocess.run(argv + ([previous] if previous else []), capture_output=True, text=True)
-                    if result.returncode == 0:
-                        lines += [f"[pod/{name}/{c.get('name', 'pytorch')}] {line}" for line in result.stdout.splitlines()]
+                    said = result.stdout.splitlines() if result.returncode == 0 else []
+                    if previous and (not said or said[0].startswith("unable to retrieve container logs")):
+                        # the kubelet removed that life's container and its log: the last lines it kept in status
+                        said = (c.get("lastState", {}).get("terminated") or {}).get("message", "").splitlines()
+                    lines += [f"[pod/{name}/{c.get('name', 'pytorch')}] {line}" for line in said]
         return lines
 
     def artifacts(self) -> dict[str, str]:
