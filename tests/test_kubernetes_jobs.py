@@ -263,6 +263,10 @@ def test_an_image_the_node_cannot_pull_is_named_and_nothing_leaves_the_machine(e
     from doeks.cluster import guard
 
     values = {**_user_cluster(env, tmp_path), "JOB_NAME": "noimage", "TRAIN_IMAGE": "doeks-train:does-not-exist"}
+    # what this test's pull sends: the guard's count since `up` is the whole run's (in 4 of 7 runs of this module it
+    # held 18 SYNs from the pods of the test before, test_a_users_script_that_raises...; not yet explained: see
+    # docs/kubernetes.md, Network safety)
+    before = guard.dropped()
     try:
         result = invoke("elasticjob.deploy", env=values, timeout=300)
         assert result.returncode == 0, result.stderr[-2000:]
@@ -271,7 +275,7 @@ def test_an_image_the_node_cannot_pull_is_named_and_nothing_leaves_the_machine(e
         assert "fix: `invoke elasticjob.push`" in said
         # containerd pulled through doeks' loopback proxy: refused at once, no registry looked up
         assert "127.0.0.1:9" in said
-        assert guard.dropped() == 0, guard.listing()
+        assert guard.dropped() == before, guard.listing()
     finally:
         _gone(env, "noimage")
 
