@@ -248,10 +248,6 @@ def deploy(settings, runner, base: str, flavors: list[Flavor], own: bool, attemp
     manifests = queue_manifests(settings, flavors)
     if runner.dry_run:
         kube.apply(runner, manifests)
-        from . import trainjob
-
-        runner.step(f"wait until Kueue takes a TrainJob of Trainer's runtime {trainjob.RUNTIME}, where it is installed (a "
-                    f"server-side dry run; at most {attempts * wait_s:.0f} s)", lambda: None)
         return
     from .runner import to_yaml_stream
 
@@ -268,46 +264,8 @@ def deploy(settings, runner, base: str, flavors: list[Flavor], own: bool, attemp
     else:
         raise DoeksError(f"Kueue's queues did not apply in {attempts * wait_s:.0f}s ({last[:300]}): "
                          f"`kubectl -n {NAMESPACE} logs deployment/{DEPLOYMENT}`")
-    trainjobs_admitted(settings, runner, attempts, wait_s)
     ui.say(f"Kueue {VERSION}: ClusterQueue {CLUSTER_QUEUE} ({', '.join(f.name for f in flavors)}), LocalQueue "
            f"{settings.namespace}/{queue_name(settings)}; jobs go to it with QUEUE={queue_name(settings)}")
-
-
-PROBE = "doeks-kueue-probe"
-
-
-def trainjobs_admitted(settings, runner, attempts: int = 30, wait_s: float = 5) -> bool:
-    """Wait until Kueue's TrainJob webhook takes a TrainJob of Trainer's default runtime (a server-side dry run: nothing
-    is made). Right after it starts, Kueue refuses one whose runtime its cache has not read yet ("unsupported
-    runtime", kueue v0.19.2 pkg/controller/jobs/trainjob/trainjob_controller.go): a `kubeflow.trainjob.submit` right
-    after `up` failed so. Where Trainer or its runtime is not installed there is nothing to wait for; a refusal for
-    another reason is said and not waited on. True once one is taken."""
-    from . import kube, trainjob
-    from .runner import to_yaml_stream
-
-    if kube.get_json([f"clustertrainingruntime.{trainjob.API_VERSION.split('/')[0]}", trainjob.RUNTIME]) is None:
-        return False
-    probe = {"apiVersion": trainjob.API_VERSION, "kind": "TrainJob",
-             "metadata": {"name": PROBE, "namespace": settings.namespace,
-                          "labels": {QUEUE_LABEL: queue_name(settings)}},
-             "spec": {"runtimeRef": {"apiGroup": trainjob.API_VERSION.split("/")[0], "kind": trainjob.RUNTIME_KIND,
-                                     "name": trainjob.RUNTIME}}}
-    last = ""
-    for attempt in range(attempts):
-        result = runner.run([kube.kubectl(), "create", "--dry-run=server", "-o", "name", "-f", "-"],
-                            input=to_yaml_stream([probe]), check=False, capture=True)
-        if result.returncode == 0:
-            return True
-        last = (result.stderr.strip().splitlines() or ["?"])[-1]
-        if "unsupported runtime" not in last:
-            ui.say(f"  a TrainJob's server-side dry run was refused: {last[:300]}", style="yellow")
-            return False
-        if attempt == 0:
-            ui.say(f"  waiting for Kueue to know Trainer's runtime {trainjob.RUNTIME} (its webhook refuses TrainJobs "
-                   "until then)", style="dim")
-        time.sleep(wait_s)
-    raise DoeksError(f"Kueue still refuses TrainJobs of runtime {trainjob.RUNTIME} after {attempts * wait_s:.0f}s "
-                     f"({last[:300]}): `kubectl -n {NAMESPACE} logs deployment/{DEPLOYMENT}`")
 
 
 KUEUE_KINDS = ("workloads", "localqueues", "clusterqueues", "resourceflavors", "topologies")

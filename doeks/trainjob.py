@@ -87,6 +87,32 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
     }
 
 
+KUEUE_UNSUPPORTED = "unsupported runtime"  # kueue v0.19.2 pkg/controller/jobs/trainjob: its runtime cache lags
+
+
+def apply(runner, job: dict[str, Any], attempts: int = 30, wait_s: float = 5) -> None:
+    """The TrainJob applied (server-side). Kueue's TrainJob webhook refuses one whose runtime its cache has not read
+    yet ("admission webhook "vtrainjob.kb.io" denied the request: unsupported runtime: ClusterTrainingRuntime...", right
+    after Kueue or Trainer is deployed): that refusal is retried, at most attempts x wait_s (150 s), said once; any
+    other error at once."""
+    import time
+
+    from . import kube, ui
+
+    for attempt in range(attempts):
+        try:
+            kube.apply(runner, [job])
+            return
+        except DoeksError as refused:
+            if runner.dry_run or KUEUE_UNSUPPORTED not in str(refused) or attempt == attempts - 1:
+                raise
+            if attempt == 0:
+                ui.say(f"  Kueue does not know runtime {job['spec']['runtimeRef']['name']} yet (its webhook refuses the "
+                       f"TrainJob until its cache has read it): trying again, at most {attempts * wait_s:.0f} s",
+                       style="dim")
+            time.sleep(wait_s)
+
+
 def selector(name: str) -> str:
     return POD_SELECTOR.format(name=name)
 

@@ -45,8 +45,6 @@ def submit(c, elastic=True, replicas=None, fresh=False, dry_run=False):
         from doeks import kueue
 
         kueue.require_local_queue(s)  # QUEUE set: the job waits in that queue, which must exist
-        if s.queue:  # Kueue takes TrainJobs of a runtime once its cache has read it (Trainer deployed after Kueue)
-            kueue.trainjobs_admitted(s, runner())
     placement = where.placement()
     job = jobspec.pytorchjob(s, placement=placement) if elastic else jobspec.pytorchjob_fixed(s, placement=placement)
     _start_over(where, fresh, dry_run)
@@ -148,7 +146,7 @@ def trainjob_submit(c, replicas=None, fresh=False, dry_run=False):
     job = trainjob.trainjob(s, placement=where.placement())
     _start_over(where, fresh, dry_run)
     _image_on_the_node(where, {"containers": [{"image": job["spec"]["trainer"]["image"]}]}, dry_run)
-    kube.apply(runner(dry_run), [job])
+    trainjob.apply(runner(dry_run), job)
 
 
 @task(name="status")
