@@ -263,7 +263,7 @@ def test_an_image_the_node_cannot_pull_is_named_and_nothing_leaves_the_machine(e
     from doeks.cluster import guard
 
     values = {**_user_cluster(env, tmp_path), "JOB_NAME": "noimage", "TRAIN_IMAGE": "doeks-train:does-not-exist"}
-    # what this test's pull sends: the guard's count since `up` is the whole run's (in 4 of 7 runs of this module it
+    # what this test's pull sends: the guard's count since `up` is the whole run's (in 4 of 8 runs of this module it
     # held 18 SYNs from the pods of the test before, test_a_users_script_that_raises...; not yet explained: see
     # docs/kubernetes.md, Network safety)
     before = guard.dropped()
