@@ -642,8 +642,10 @@ def stage_on_cluster(settings, runner, source: str, relayout_val: bool, session=
     identity.ensure(settings, runner, workload)
     manifests = stage_manifests(settings, source, relayout_val)
     job = next(m for m in manifests if m["kind"] == "Job")
+    rest = manifests
     if session is not None and not runner.dry_run:
         kube.apply(runner, [m for m in manifests if m["kind"] == "ServiceAccount"])
+        rest = [job]
         secret = session(runner, workload)  # applied without being printed: the manifests below name it only
         if secret:
             for container in job["spec"]["template"]["spec"]["containers"]:
@@ -651,4 +653,4 @@ def stage_on_cluster(settings, runner, source: str, relayout_val: bool, session=
     # a Job's pod template cannot change ("field is immutable"): a previous staging Job (another image after a code
     # change, another source) is deleted first, with its pods
     kube.delete(runner, [job])
-    kube.apply(runner, manifests)
+    kube.apply(runner, rest)

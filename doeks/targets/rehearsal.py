@@ -288,7 +288,11 @@ class RehearsalTarget(EksTarget):
             storage.efs_destroy(s, runner)
 
     # -- the job's pods: their role's session, as the Pod Identity Agent would hand it to them ------------------------
-    TRAIN_SECRET = "doeks-train-aws"
+    def session_secret(self, key: str) -> str:
+        """The Secret that holds workload `key`'s role session for its pods: <service account>-aws."""
+        from .. import identity
+
+        return f"{identity.get(key).sa(self.settings)}-aws"
 
     def manifests(self, job):
         """eks's manifests; the training containers take the role's session and the account's endpoint from a
@@ -300,14 +304,14 @@ class RehearsalTarget(EksTarget):
             if manifest["kind"] == "PyTorchJob":
                 for spec in manifest["spec"]["pytorchReplicaSpecs"].values():
                     for container in spec["template"]["spec"]["containers"]:
-                        container.setdefault("envFrom", []).append({"secretRef": {"name": self.TRAIN_SECRET}})
+                        container.setdefault("envFrom", []).append({"secretRef": {"name": self.session_secret("train")}})
         return found
 
     def job_identity_step(self, job):
         step = super().job_identity_step(job)
         if step is not None:
             step.what += (f"; then the role's session for the pods (EKS Auth AssumeRoleForPodIdentity with the service "
-                          f"account's token, as the Pod Identity Agent calls it) in Secret {self.TRAIN_SECRET}")
+                          f"account's token, as the Pod Identity Agent calls it) in Secret {self.session_secret('train')}")
         return step
 
     def job_identity(self, job, runner=None) -> None:
@@ -330,7 +334,7 @@ class RehearsalTarget(EksTarget):
 
         s = self.settings
         env = self.pod_environment(workload.ns(s), workload.sa(s))
-        name = f"{workload.sa(s)}-aws"
+        name = self.session_secret(workload.key)
         secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                   "metadata": {"name": name, "namespace": workload.ns(s)}, "stringData": env}
         quiet = Runner(secrets=[*s.secrets(), env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env["AWS_SESSION_TOKEN"]])
@@ -347,11 +351,11 @@ class RehearsalTarget(EksTarget):
             for key in ("train", "save-model", "data-stage"):  # their Secrets (pod_session)
                 workload = identity.get(key)
                 secret = {"apiVersion": "v1", "kind": "Secret",
-                          "metadata": {"name": f"{workload.sa(s)}-aws", "namespace": workload.ns(s)}}
+                          "metadata": {"name": self.session_secret(key), "namespace": workload.ns(s)}}
                 try:
                     kube.delete(runner, [secret], wait=False)
                 except DoeksError as error:
-                    self.say(f"secret {workload.sa(s)}-aws: {error}", style="yellow")
+                    self.say(f"secret {self.session_secret(key)}: {error}", style="yellow")
 
     def pod_environment(self, namespace: str, service_account: str) -> dict[str, str]:
         from ..cluster import versions
