@@ -14,7 +14,8 @@ the directory is never renewed: 2 h after the job started it lapses with the ren
 fails after that cannot rendezvous again ("Unexpected state of EtcdRendezvousHandler, worker needs to die"). Here the
 directory lives 7 days and nobody tries to renew it: each deploy makes a new run id, and the job's etcd goes with it.
 
-Standard library and torch only: in the image it runs without the rest of doeks.
+Standard library and torch only, and doeks.targets.reasons (standard library: how doeks reads a traceback, staged
+beside it): in the image it runs without the rest of doeks.
 """
 from __future__ import annotations
 
@@ -132,10 +133,14 @@ def patch_restarts() -> None:
         result = monitor(self, worker_group)
         if result.is_failed():
             codes = sorted({f.exitcode for f in result.failures.values()})
-            if PERMANENT_EXIT in codes:
+            raised = _script_error() if PERMANENT_EXIT not in codes else None
+            if PERMANENT_EXIT in codes or raised:
                 if self._remaining_restarts:
-                    _say(f"doeks: a worker exited with {PERMANENT_EXIT} (permanent error): not restarting the workers")
+                    _say(f"doeks: a worker exited with {PERMANENT_EXIT} (permanent error): not restarting the workers"
+                         if raised is None else f"doeks: {raised}: the same code raises it again, not restarting the "
+                                                 f"workers")
                 self._remaining_restarts = 0
+                _ENDED_FOR_GOOD.set()
             elif self._remaining_restarts > 0:
                 self._doeks_failed = codes  # torchrun restarts the group next: said once the old workers are gone
         return result
@@ -147,6 +152,7 @@ def patch_restarts() -> None:
             spec = worker_group.spec
             _say(f"{RESTART_SAID} (exit codes {failed}): torchrun restarts it "
                  f"({spec.max_restarts - self._remaining_restarts} of {spec.max_restarts})")
+        _SEEN.clear()  # a new attempt: what the stopped workers raised was read (drain_relays above)
         result = initialize(self, worker_group)
         if failed is not None:
             self._doeks_failed = None
@@ -160,6 +166,45 @@ def patch_restarts() -> None:
 
 _RELAYS: list[threading.Thread] = []
 _WRITE = threading.Lock()
+# What the workers of this attempt raised: one reading per worker stream (doeks.targets.reasons.Tracebacks), so two
+# workers' tracebacks written at once are read apart
+_SEEN: list = []
+# The agent stopped because no restart could help (a permanent exit code, the script's own exception)
+_ENDED_FOR_GOOD = threading.Event()
+
+
+def _script_error(wait: float = 5.0) -> str:
+    """The script's own exception a failed worker of this attempt logged ("the script raised RuntimeError: ... (fit.py,
+    line 60, in main)"), or "" when none did: its innermost frame is the job's code (a bug, its own `raise`, a
+    checkpoint of another model), which a restart runs again to the same end. An error a library raised (a lost peer)
+    or out of memory is not one: a restart may help. Waits up to `wait` seconds for the relays of the workers that have
+    ended to read their last lines."""
+    import time
+
+    deadline = time.monotonic() + wait
+    for relay in list(_RELAYS):
+        process = getattr(relay, "doeks_process", None)
+        if process is not None and process.poll() is not None:
+            relay.join(max(0.0, deadline - time.monotonic()))
+    with _WRITE:
+        seen = list(_SEEN)
+    for reading in seen:
+        found = reading.permanent()
+        if found is not None:
+            return found.text
+    return ""
+
+
+def _reader():
+    """A reader of one worker stream's tracebacks for this attempt (None where doeks' reader is not staged)."""
+    try:
+        from .targets.reasons import Tracebacks
+    except ImportError:
+        return None
+    reading = Tracebacks()
+    with _WRITE:
+        _SEEN.append(reading)
+    return reading
 
 
 def drain_relays(timeout: float = 5.0) -> None:
@@ -187,11 +232,14 @@ def patch_whole_lines() -> None:
     popen = handler._popen
 
     def relay(source, sink) -> None:
+        reading = _reader()
         with source:
             for line in iter(source.readline, b""):
                 with _WRITE:
                     sink.write(line)
                     sink.flush()
+                    if reading is not None:
+                        reading.feed(line.decode(errors="replace").rstrip("\n"))
 
     def start(self, args, env):
         if self._stdout is not None or self._stderr is not None:
@@ -200,6 +248,7 @@ def patch_whole_lines() -> None:
                                    start_new_session=True)
         for source, sink in ((process.stdout, sys.stdout.buffer), (process.stderr, sys.stderr.buffer)):
             thread = threading.Thread(target=relay, args=(source, sink), name="doeks-lines", daemon=True)
+            thread.doeks_process = process
             thread.start()
             _RELAYS.append(thread)
         return process
@@ -244,7 +293,13 @@ def run_quietly(entry, closed_wait_s: float | None = None) -> int:
         os._exit(128 + int(stopped.sigval))
     except ChildFailedError as failed:  # the workers' own tracebacks are above it in the log
         rank, failure = failed.get_first_failure()
-        _say(f"doeks: torchrun gives up: rank {rank} exited with {failure.exitcode} and no restart is left")
+        wait = closed_wait_s if _ENDED_FOR_GOOD.is_set() else 0
+        # an error no restart cures: in a pod the container (and the log that says why) stays a while, so that what
+        # follows the job ends it before the kubelet restarts the container into a closed rendezvous
+        _say(f"doeks: torchrun gives up: rank {rank} exited with {failure.exitcode} and no restart is left"
+             + (f"; this container ends in {wait:.0f} s" if wait else ""))
+        sys.stdout.flush()
+        time.sleep(wait)
         return 1
     return 0
 

@@ -39,10 +39,12 @@ WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
 # At /opt/doeks-stage: the stager, for the cluster's staging Job (`python -m doeks.datastage`, standard library only),
 # the image's torchrun (`python3 -m doeks.torchrun`: torch's, with its etcd run directory fixed), its default command
 # (`doeks-launch`: doeks.launch, the job under torchrun with whatever started the container's settings), and
-# doeks.checkpoints() for a user's script (doeks/workload/checkpoints.py: torch, s3fs, s3torchconnector).
+# doeks.checkpoints() for a user's script (doeks/workload/checkpoints.py: torch, s3fs, s3torchconnector), and
+# doeks.targets.reasons, by which the image's torchrun tells the script's own exception (no restart) from a lost peer's.
 STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py",
                                                           "launch.py", "workload/__init__.py",
-                                                          "workload/checkpoints.py")]
+                                                          "workload/checkpoints.py", "targets/__init__.py",
+                                                          "targets/base.py", "targets/reasons.py")]
 
 
 def _cpu_base() -> str:

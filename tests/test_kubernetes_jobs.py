@@ -194,8 +194,8 @@ def test_logs_follow_ends_with_the_job_twice_and_delete_twice_leaves_nothing(env
 def test_a_users_script_that_raises_ends_failed_with_its_exception_and_one_restart_count(env, tmp_path):
     """A user's own script raising RuntimeError at step 2 in the cluster's pods (tests/test_status_eks.py reads the
     same from scripted pod logs; docker and local: tests/test_your_own_script*.py): the deploy builds and imports this
-    code's image, the job ends Failed with the script's own exception, file and line as the reason, within
-    MAX_RESTARTS, and `history` keeps it. CI: ~2 min (127 s measured, most of it `docker save | ctr import` of this
+    code's image, the job ends Failed with the script's own exception, file and line as the reason, without a
+    restart, and `history` keeps it. CI: ~2 min (127 s measured, most of it `docker save | ctr import` of this
     code's image, whose layers but the last few are the module's training image's).
 
     `--follow` ends the failed job by deleting its PyTorchJob (nothing crash-loops on); `status` and `logs --errors`
@@ -220,7 +220,9 @@ def test_a_users_script_that_raises_ends_failed_with_its_exception_and_one_resta
                              r"--fail-at 2: failing on purpose at step 2 \(fit\.py, line (\d+), in main\) .*", ours[-1])
         assert ended and int(ended.group(2)) == line, ours[-5:]
         restarts = int(ended.group(1))
-        assert restarts <= 2, ours[-1]
+        # the image's torchrun does not restart workers for the script's own exception, and the node's container
+        # stays 30 s, so --follow ends the job first: no restart, as on local and docker (CI counted 4 before)
+        assert restarts == 0, ours[-1]
         runs = _said(invoke("elasticjob.history", env={**values, "COLUMNS": "400"}))
         assert re.search(r"│ Failed │ the script raised RuntimeError: --fail-at 2: failing on purpose at step 2 \(fit\.py, "
                          rf"line {line}", runs), runs

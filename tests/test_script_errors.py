@@ -139,3 +139,74 @@ def test_an_agent_that_finds_its_runs_rendezvous_closed_ends_in_a_pod_only_after
     assert said[-1].endswith(f"this container ends in {torchrun.CLOSED_WAIT_S} s") and len(said) == 2
     reason = reasons.classify(lines=said, failed=True)
     assert reason.code == "rendezvous-closed"
+
+
+def _torchrun(folder, script: str, *args: str, restarts: int = 2):
+    """doeks' torchrun (the training image's), two workers of `script` on this machine, as a pod runs it."""
+    import subprocess
+    import sys
+
+    (folder / "fit.py").write_text(script)
+    return subprocess.run([sys.executable, "-m", "doeks.torchrun", "--standalone", "--nproc-per-node", "2",
+                           "--max-restarts", str(restarts), "fit.py", *args], cwd=folder, capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_the_images_torchrun_does_not_restart_workers_for_the_scripts_own_exception(tmp_path):
+    """Real torchrun: the script's own exception is not retried by the node's agent (it spent every restart, and on a
+    cluster the restart count grew past MAX_RESTARTS before `--follow` ended the job: CI, 4 restarts for one
+    RuntimeError); a library's error is (a lost peer may come back), up to --max-restarts."""
+    own = _torchrun(tmp_path, "import sys\nif __name__ == '__main__':\n    raise RuntimeError('bad value at step 2')\n")
+    said = own.stderr.splitlines()
+    assert own.returncode == 1 and not [line for line in said if reasons.WORKER_RESTART.search(line)], own.stderr
+    assert "doeks: the script raised RuntimeError: bad value at step 2 (" in own.stderr, own.stderr
+    assert said[-1].startswith("doeks: torchrun gives up: rank ") and said[-1].endswith("no restart is left"), said[-3:]
+    library = _torchrun(tmp_path, "import json\nif __name__ == '__main__':\n    json.loads('{not json')\n")
+    restarts = [line for line in library.stderr.splitlines() if reasons.WORKER_RESTART.search(line)]
+    assert library.returncode == 1 and len(restarts) == 2, library.stderr[-3000:]
+    assert "not restarting" not in library.stderr
+
+
+def test_an_agent_that_ended_for_good_keeps_its_container_a_while_in_a_pod(monkeypatch, capsys):
+    """After an error no restart cures, a pod's container ends only after CLOSED_WAIT_S, so `--follow` (which polls
+    every 3 s) reads its log and ends the job before the kubelet restarts the container into a closed rendezvous; an
+    agent out of restarts for a transient error ends at once (the kubelet's restart may help)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from doeks import torchrun
+
+    def failed():
+        raise ChildFailedError("fit.py", {0: ProcessFailure(0, 1, 1, "")})
+
+    slept = []
+    monkeypatch.setattr("time.sleep", slept.append)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    torchrun._ENDED_FOR_GOOD.clear()
+    assert torchrun.run_quietly(failed) == 1 and slept == [0]
+    torchrun._ENDED_FOR_GOOD.set()
+    try:
+        assert torchrun.run_quietly(failed) == 1 and slept == [0, torchrun.CLOSED_WAIT_S]
+    finally:
+        torchrun._ENDED_FOR_GOOD.clear()
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1].endswith(f"no restart is left; this container ends in {torchrun.CLOSED_WAIT_S} s"), said
+
+
+def test_the_images_stage_reads_tracebacks_with_nothing_else_of_doeks(tmp_path):
+    """The image's torchrun reads its workers' tracebacks with doeks.targets.reasons, staged beside it
+    (trainimage.STAGE_FILES): those files alone import (no settings, no invoke)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from doeks.settings import PROJECT_ROOT
+    from doeks.trainimage import STAGE_FILES
+
+    for path in STAGE_FILES:
+        target = tmp_path / "doeks" / path.relative_to(PROJECT_ROOT / "doeks")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    probe = subprocess.run([sys.executable, "-S", "-c", "import doeks.torchrun, doeks.targets.reasons as r; "
+                            "print(r.__file__)"], env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path, capture_output=True,
+                           text=True)
+    assert probe.returncode == 0 and probe.stdout.strip() == str(tmp_path / "doeks" / "targets" / "reasons.py"), probe
