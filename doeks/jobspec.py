@@ -199,6 +199,7 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     if settings.rdzv_backend.startswith("etcd"):
         elastic.update(rdzvHost=etcd_name(settings), rdzvPort=ETCD_PORT)
     from .code import CODE_DIR, contract, env_list, host_names, resolve
+    from .torchrun import CLOSED_WAIT_S, END_WAIT_ENV
 
     code = code or resolve(settings)
     hosts = host_names(settings.job_name, settings.replicas)
@@ -211,7 +212,10 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         "workingDir": CODE_DIR,
         "env": [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
-                {"name": "NCCL_DEBUG", "value": "INFO"}]
+                {"name": "NCCL_DEBUG", "value": "INFO"},
+                # after an error no restart cures the container stays this long (doeks.torchrun.run_quietly), so the
+                # follow reads why and ends the job before the kubelet or docker restarts it
+                {"name": END_WAIT_ENV, "value": str(CLOSED_WAIT_S)}]
         + env_list(contract(settings, settings.shared_mount, f"{settings.job_name}-{run}", hosts))
         + [{"name": "SM_CURRENT_HOST", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "resources": resources,

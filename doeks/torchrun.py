@@ -259,9 +259,21 @@ def patch_whole_lines() -> None:
 
 # In a pod, an agent that finds its run's rendezvous closed waits this long before its container ends (see run_quietly)
 CLOSED_WAIT_S = 30
+# A container its supervisor restarts on failure (the kubelet, docker's on-failure policy: the job's manifest sets it,
+# doeks.jobspec) waits this long before it ends after an error no restart cures (see run_quietly)
+END_WAIT_ENV = "DOEKS_END_WAIT_S"
 
 
-def run_quietly(entry, closed_wait_s: float | None = None) -> int:
+def _end_wait() -> float:
+    """How long an agent that gave up for good waits before it ends: DOEKS_END_WAIT_S where the job's manifest sets it,
+    else CLOSED_WAIT_S in a pod, else 0."""
+    try:
+        return max(0.0, float(os.environ[END_WAIT_ENV]))
+    except (KeyError, ValueError):
+        return CLOSED_WAIT_S if os.environ.get("KUBERNETES_SERVICE_HOST") else 0
+
+
+def run_quietly(entry, closed_wait_s: float | None = None, end_wait_s: float | None = None) -> int:
     """Run torchrun's main, ending in one line where torch ends in a traceback of its own: stopped by a signal (a
     delete, a scale down, the supervisor: its workers are already stopped; SignalException, ~20 lines per node at every
     delete), or out of restarts (ChildFailedError's banner, ~25 lines, after the workers' own tracebacks)."""
@@ -273,6 +285,8 @@ def run_quietly(entry, closed_wait_s: float | None = None) -> int:
 
     if closed_wait_s is None:  # in a Kubernetes pod (its container restarted by the kubelet), else at once
         closed_wait_s = CLOSED_WAIT_S if os.environ.get("KUBERNETES_SERVICE_HOST") else 0
+    if end_wait_s is None:
+        end_wait_s = _end_wait()
     try:
         entry()
     except RendezvousClosedError:
@@ -293,9 +307,10 @@ def run_quietly(entry, closed_wait_s: float | None = None) -> int:
         os._exit(128 + int(stopped.sigval))
     except ChildFailedError as failed:  # the workers' own tracebacks are above it in the log
         rank, failure = failed.get_first_failure()
-        wait = closed_wait_s if _ENDED_FOR_GOOD.is_set() else 0
-        # an error no restart cures: in a pod the container (and the log that says why) stays a while, so that what
-        # follows the job ends it before the kubelet restarts the container into a closed rendezvous
+        wait = end_wait_s if _ENDED_FOR_GOOD.is_set() else 0
+        # an error no restart cures: a container its supervisor restarts (a pod's, docker's) stays a while, with the
+        # log that says why, so that what follows the job ends it before the container is restarted into a closed
+        # rendezvous (on docker that restart was counted: "Failed after 1 restarts" for the script's own error)
         _say(f"doeks: torchrun gives up: rank {rank} exited with {failure.exitcode} and no restart is left"
              + (f"; this container ends in {wait:.0f} s" if wait else ""))
         sys.stdout.flush()

@@ -181,15 +181,34 @@ def test_an_agent_that_ended_for_good_keeps_its_container_a_while_in_a_pod(monke
     slept = []
     monkeypatch.setattr("time.sleep", slept.append)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.delenv(torchrun.END_WAIT_ENV, raising=False)
     torchrun._ENDED_FOR_GOOD.clear()
     assert torchrun.run_quietly(failed) == 1 and slept == [0]
     torchrun._ENDED_FOR_GOOD.set()
     try:
         assert torchrun.run_quietly(failed) == 1 and slept == [0, torchrun.CLOSED_WAIT_S]
+        said = capsys.readouterr().err.strip().splitlines()
+        assert said[-1].endswith(f"no restart is left; this container ends in {torchrun.CLOSED_WAIT_S} s"), said
+        # docker's containers (on-failure restarts) have it from the job's manifest; the local agent never waits
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+        monkeypatch.setenv(torchrun.END_WAIT_ENV, "7")
+        assert torchrun.run_quietly(failed) == 1 and slept[-1] == 7
+        assert torchrun.run_quietly(failed, end_wait_s=0) == 1 and slept[-1] == 0
     finally:
         torchrun._ENDED_FOR_GOOD.clear()
-    said = capsys.readouterr().err.strip().splitlines()
-    assert said[-1].endswith(f"no restart is left; this container ends in {torchrun.CLOSED_WAIT_S} s"), said
+
+
+def test_the_jobs_manifest_tells_its_containers_to_wait_before_they_end_for_good(monkeypatch):
+    """Every container of the job's PyTorchJob (a pod, or docker's container made from it) has DOEKS_END_WAIT_S: on
+    docker, where nothing set it, the script's own error ended the agent at once and docker's on-failure policy
+    restarted the container before `--follow` ended the job ("Failed after 1 restarts", CI)."""
+    from doeks import jobspec, settings, torchrun
+    from doeks.settings import PROJECT_ROOT
+
+    s = settings.load(environ={}, path=PROJECT_ROOT / ".env")
+    env = {e["name"]: e.get("value") for e in jobspec.pytorchjob(s)["spec"]["pytorchReplicaSpecs"]["Worker"]
+           ["template"]["spec"]["containers"][0]["env"]}
+    assert env[torchrun.END_WAIT_ENV] == str(torchrun.CLOSED_WAIT_S)
 
 
 def test_the_images_stage_reads_tracebacks_with_nothing_else_of_doeks(tmp_path):

@@ -109,4 +109,4 @@ if __name__ == "__main__":
         patch_worker_start(zygote_module.start())  # in a worker, start() runs the script and exits
     patch_rendezvous()
     patch_restarts()
-    sys.exit(run_quietly(main))
+    sys.exit(run_quietly(main, end_wait_s=0))  # the supervisor reads why itself (the manifest's wait is a container's)
