@@ -627,7 +627,9 @@ def stage_job(settings, source: str, relayout_val: bool) -> dict[str, Any]:
                 "restartPolicy": "OnFailure", "serviceAccountName": identity.get("data-stage").service_account,
                 "containers": [{"name": "stage", "image": image, "command": args,
                                 "env": [{"name": "AWS_REGION", "value": s.aws_region}],
-                                "resources": {"requests": {"cpu": "2", "memory": "2Gi"}},
+                                # a request, not a limit: the stager uses what CPU is idle; 2 never fit a node
+                                # with 2 allocatable (the rehearsal's: Pending, and `up` waited on it for hours)
+                                "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
                                 "volumeMounts": [{"name": "shared", "mountPath": s.shared_mount}]}],
                 "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": s.shared_pvc}}]}}}}
 
