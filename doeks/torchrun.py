@@ -179,13 +179,7 @@ def _script_error(wait: float = 5.0) -> str:
     checkpoint of another model), which a restart runs again to the same end. An error a library raised (a lost peer)
     or out of memory is not one: a restart may help. Waits up to `wait` seconds for the relays of the workers that have
     ended to read their last lines."""
-    import time
-
-    deadline = time.monotonic() + wait
-    for relay in list(_RELAYS):
-        process = getattr(relay, "doeks_process", None)
-        if process is not None and process.poll() is not None:
-            relay.join(max(0.0, deadline - time.monotonic()))
+    drain_relays(wait, ended_only=True)
     with _WRITE:
         seen = list(_SEEN)
     for reading in seen:
@@ -207,10 +201,17 @@ def _reader():
     return reading
 
 
-def drain_relays(timeout: float = 5.0) -> None:
-    """Wait until what the workers that are gone wrote has reached the agent's output."""
+def drain_relays(timeout: float = 5.0, ended_only: bool = False) -> None:
+    """Wait until what the workers that are gone wrote has reached the agent's output (`ended_only`: only the relays
+    of workers whose process has ended, the others may run on; at most `timeout` seconds in all)."""
+    import time
+
+    deadline = time.monotonic() + timeout
     for relay in list(_RELAYS):
-        relay.join(timeout)
+        process = getattr(relay, "doeks_process", None)
+        if ended_only and (process is None or process.poll() is None):
+            continue
+        relay.join(max(0.0, deadline - time.monotonic()) if ended_only else timeout)
         if not relay.is_alive():
             _RELAYS.remove(relay)
 
@@ -238,8 +239,8 @@ def patch_whole_lines() -> None:
                 with _WRITE:
                     sink.write(line)
                     sink.flush()
-                    if reading is not None:
-                        reading.feed(line.decode(errors="replace").rstrip("\n"))
+                if reading is not None:  # this stream's own reading: read outside the lock every relay writes under
+                    reading.feed(line.decode(errors="replace").rstrip("\n"))
 
     def start(self, args, env):
         if self._stdout is not None or self._stderr is not None:
@@ -270,7 +271,12 @@ def _end_wait() -> float:
     try:
         return max(0.0, float(os.environ[END_WAIT_ENV]))
     except (KeyError, ValueError):
-        return CLOSED_WAIT_S if os.environ.get("KUBERNETES_SERVICE_HOST") else 0
+        return _pod_wait()
+
+
+def _pod_wait() -> float:
+    """CLOSED_WAIT_S in a Kubernetes pod (its container restarted by the kubelet), else 0 (at once)."""
+    return CLOSED_WAIT_S if os.environ.get("KUBERNETES_SERVICE_HOST") else 0
 
 
 def run_quietly(entry, closed_wait_s: float | None = None, end_wait_s: float | None = None) -> int:
@@ -283,8 +289,8 @@ def run_quietly(entry, closed_wait_s: float | None = None, end_wait_s: float | N
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
-    if closed_wait_s is None:  # in a Kubernetes pod (its container restarted by the kubelet), else at once
-        closed_wait_s = CLOSED_WAIT_S if os.environ.get("KUBERNETES_SERVICE_HOST") else 0
+    if closed_wait_s is None:
+        closed_wait_s = _pod_wait()
     if end_wait_s is None:
         end_wait_s = _end_wait()
     try:
@@ -294,7 +300,7 @@ def run_quietly(entry, closed_wait_s: float | None = None, end_wait_s: float | N
         # this container cannot help. In a pod it ends only after a while: the kubelet keeps one ended container per
         # container, so this one's end removes the previous one's log, which holds the error that ended the run (a
         # missing data folder ended a run in three lives of its pods and 13 s, and no log said why any more)
-        _say(f"doeks: RendezvousClosedError: a node of this run gave up and closed its rendezvous: nothing to rejoin"
+        _say("doeks: RendezvousClosedError: a node of this run gave up and closed its rendezvous: nothing to rejoin"
              + (f"; this container ends in {closed_wait_s:.0f} s" if closed_wait_s else ""))
         sys.stdout.flush()
         time.sleep(closed_wait_s)
