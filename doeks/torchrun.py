@@ -14,8 +14,8 @@ the directory is never renewed: 2 h after the job started it lapses with the ren
 fails after that cannot rendezvous again ("Unexpected state of EtcdRendezvousHandler, worker needs to die"). Here the
 directory lives 7 days and nobody tries to renew it: each deploy makes a new run id, and the job's etcd goes with it.
 
-Standard library and torch only, and doeks.targets.reasons (standard library: how doeks reads a traceback, staged
-beside it): in the image it runs without the rest of doeks.
+Standard library and torch only, doeks.targets.reasons (standard library: how doeks reads a traceback) and doeks.worker
+(how a worker runs the script), staged beside it: in the image it runs without the rest of doeks.
 """
 from __future__ import annotations
 
@@ -216,6 +216,16 @@ def drain_relays(timeout: float = 5.0, ended_only: bool = False) -> None:
             _RELAYS.remove(relay)
 
 
+def _worker_command(args):
+    """`python -u script.py` as `python -u -m doeks.worker script.py` (doeks.worker: the script's process groups end
+    without the hang at exit of gloo's DDP), where doeks.worker is staged beside this module."""
+    try:
+        from .worker import command
+    except ImportError:
+        return args
+    return command(args)
+
+
 def patch_whole_lines() -> None:
     """Each line a worker writes reaches the node's log whole. torchrun starts workers as `python -u script` (every
     write unbuffered, print's text and its newline two writes) on the agent's own stdout and stderr, so two ranks'
@@ -243,6 +253,7 @@ def patch_whole_lines() -> None:
                     reading.feed(line.decode(errors="replace").rstrip("\n"))
 
     def start(self, args, env):
+        args = _worker_command(args)
         if self._stdout is not None or self._stderr is not None:
             return popen(self, args, env)
         process = subprocess.Popen(args=args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -44,7 +44,8 @@ WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
 STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py",
                                                           "launch.py", "workload/__init__.py",
                                                           "workload/checkpoints.py", "targets/__init__.py",
-                                                          "targets/base.py", "targets/reasons.py")]
+                                                          "targets/base.py", "targets/reasons.py",
+                                                          "worker.py")]
 
 
 def _cpu_base() -> str:

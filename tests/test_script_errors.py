@@ -225,7 +225,7 @@ def test_the_images_stage_reads_tracebacks_with_nothing_else_of_doeks(tmp_path):
         target = tmp_path / "doeks" / path.relative_to(PROJECT_ROOT / "doeks")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
-    probe = subprocess.run([sys.executable, "-S", "-c", "import doeks.torchrun, doeks.targets.reasons as r; "
+    probe = subprocess.run([sys.executable, "-S", "-c", "import doeks.torchrun, doeks.worker, doeks.targets.reasons as r; "
                             "print(r.__file__)"], env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path, capture_output=True,
                            text=True)
     assert probe.returncode == 0 and probe.stdout.strip() == str(tmp_path / "doeks" / "targets" / "reasons.py"), probe

@@ -21,6 +21,8 @@ import sys
 import threading
 from typing import Any
 
+from .. import worker
+from ..worker import runnable  # noqa: F401 - the agent asks the zygote module which commands it can start
 from .services import reap_exited
 
 PRELOAD = ("torchvision", "torchvision.datasets", "torchvision.models", "torchvision.transforms", "torch.nn.parallel",
@@ -29,11 +31,6 @@ PRELOAD = ("torchvision", "torchvision.datasets", "torchvision.models", "torchvi
 
 class ZygoteGone(RuntimeError):
     """The zygote is not there any more: start the worker the usual way."""
-
-
-def runnable(args: tuple | list) -> bool:
-    """True for the command torchrun builds for a script: `<this python> -u script.py ...`."""
-    return len(args) >= 3 and args[0] == sys.executable and args[1] == "-u" and str(args[2]).endswith(".py")
 
 
 def _title(text: str) -> None:
@@ -216,7 +213,6 @@ def _redirect(path: str | None, fd: int) -> None:
 def _become_worker(request: dict[str, Any]) -> None:
     """Turn this fresh fork into `python -u script args...` as torchrun asked, then run the script."""
     import io
-    import runpy
 
     os.setsid()  # torchrun starts workers in a session of their own and signals the group
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
@@ -236,17 +232,5 @@ def _become_worker(request: dict[str, Any]) -> None:
     if numpy is not None:  # a fresh interpreter seeds numpy's global generator from the OS; forks would all share one
         numpy.random.seed()
     args = request["args"]
-    script = args[2]
     _title(" ".join(args))
-    sys.argv = [script] + args[3:]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except Exception as error:  # noqa: BLE001 - shown as `python script.py` shows it, then exit 1 as it does
-        trace = error.__traceback__
-        while trace is not None and trace.tb_frame.f_code.co_filename != script:
-            trace = trace.tb_next  # the zygote's and runpy's frames are doeks' own, not the script's
-        error = error.with_traceback(trace or error.__traceback__)  # Python prints the exception's own traceback
-        sys.excepthook(type(error), error, error.__traceback__)  # torch's, once the script made its process group
-        sys.exit(1)
-    sys.exit(0)
+    worker.run(args[2], args[3:])  # the script as `python -u script args`, its process groups' end made safe
