@@ -388,10 +388,31 @@ def shared_claim(settings) -> list[dict[str, Any]]:
     ]
 
 
-def wait_job(namespace: str, name: str, what: str, timeout: float, poll: float = 2) -> None:
+# A pod the scheduler has not placed for this long will not be placed by waiting: a node group's autoscaler adds a
+# node in minutes; nothing else frees CPU, memory or GPUs a finished pod does not hold
+UNSCHEDULABLE_S = 600
+
+
+def unschedulable_for(pod: dict, now: float | None = None) -> float | None:
+    """Seconds since the scheduler last said `pod` cannot be placed (PodScheduled False, Unschedulable), or None."""
+    import time
+    from datetime import datetime
+
+    for condition in pod.get("status", {}).get("conditions", []):
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
+                and condition.get("reason") == "Unschedulable" and condition.get("lastTransitionTime"):
+            since = datetime.fromisoformat(condition["lastTransitionTime"].replace("Z", "+00:00")).timestamp()
+            return max(0.0, (time.time() if now is None else now) - since)
+    return None
+
+
+def wait_job(namespace: str, name: str, what: str, timeout: float, poll: float = 2,
+             unschedulable_s: float = UNSCHEDULABLE_S) -> None:
     """Until Job `name` completes, with progress; a container of it that exits non-zero ends the wait at once with
     its last log lines (the reason a program gives is what a user needs, not the retries that would follow), as
-    does the Job's Failed condition; past `timeout` seconds, one line saying what was waited for."""
+    does the Job's Failed condition, and a pod of it that the scheduler could not place for `unschedulable_s` seconds
+    (with the scheduler's words: no node frees what it asks for while hours go by); past `timeout` seconds, one line
+    saying what was waited for."""
     import subprocess
     import time
 
@@ -420,6 +441,13 @@ def wait_job(namespace: str, name: str, what: str, timeout: float, poll: float =
                         raise DoeksError(f"{what} failed (Job {namespace}/{name}, pod {pod['metadata']['name']}): {reason}")
             if "Failed" in conditions:
                 raise DoeksError(f"{what} failed (Job {namespace}/{name}): {conditions['Failed'].get('message', '')}")
+            for pod in pods:
+                since = unschedulable_for(pod)
+                if since is not None and since > unschedulable_s:
+                    message = next(c.get("message", "") for c in pod["status"]["conditions"] if c.get("type") == "PodScheduled")
+                    raise DoeksError(f"{what}: pod {pod['metadata']['name']} of Job {namespace}/{name} could not be "
+                                     f"scheduled for {since:.0f} s: {message.strip()} (fix: a node with what it asks "
+                                     f"for: `kubectl describe pod {pod['metadata']['name']} -n {namespace}`)")
             if time.monotonic() - started > timeout:
                 raise DoeksError(f"waited {timeout:.0f} s for {what} (Job {namespace}/{name}) to complete: "
                                  f"`kubectl describe job {name} -n {namespace}` says why not")

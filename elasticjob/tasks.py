@@ -472,8 +472,8 @@ def _cluster_needs(target, s, dry_run):
     name = f"{s.job_name}-stage"
     if dry_run:  # the plan shows the wait; a real run waits (the job must not start on an empty volume)
         runner(dry_run).step(f"wait for Job {s.namespace}/{name} to complete (at most {STAGE_TIMEOUT // 3600} h; the "
-                             "stager's first failure ends the wait with its reason), then delete it and its pod (a "
-                             "finished pod keeps the claim)", lambda: None)
+                             f"stager's first failure, or its pod unplaced for {kube.UNSCHEDULABLE_S // 60} min, ends the wait with "
+                             "its reason), then delete it and its pod (a finished pod keeps the claim)", lambda: None)
         return
     kube.wait_job(s.namespace, name, f"staging {source} into {s.shared_pvc}", timeout=STAGE_TIMEOUT)
     kube.delete(runner(), [{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": s.namespace}}])

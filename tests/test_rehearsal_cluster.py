@@ -328,3 +328,30 @@ def test_a_failing_stager_ends_the_wait_at_once_with_its_reason(cluster, tmp_pat
         kubectl("delete", "job", "i31-failing", "-n", "default", "--ignore-not-found", "--cascade=foreground", "--wait=true",
                 "--timeout=120s")
         kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=to_yaml_stream([claim, volume]))
+
+
+def test_a_stager_the_scheduler_cannot_place_ends_the_wait_with_the_schedulers_words(cluster, tmp_path):
+    """Found by the ImageNet rehearsal: the staging Job asked for 2 CPUs on a node with 2 allocatable and 50m taken;
+    its pod stayed Pending (FailedScheduling 'Insufficient cpu') and `up` waited on it for the 6 h the stager may take.
+    A pod the scheduler has not placed for a while now ends the wait, in the scheduler's words."""
+    import time as clock
+
+    from doeks import kube
+    from doeks.errors import DoeksError
+    from doeks.runner import to_yaml_stream
+
+    volume, claim = claim_manifests(tmp_path / "volume")
+    kubectl("apply", "-f", "-", input=to_yaml_stream([volume, claim]))
+    job = stage_like_job("i31-unplaced", "echo never")
+    job["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "64"}}
+    kubectl("apply", "-f", "-", input=json.dumps(job))
+    try:
+        started = clock.monotonic()
+        with pytest.raises(DoeksError, match=r"staging: pod i31-unplaced-\S+ of Job default/i31-unplaced could not be "
+                                             r"scheduled for \d+ s: 0/1 nodes are available: 1 Insufficient cpu"):
+            kube.wait_job("default", "i31-unplaced", "staging", timeout=300, unschedulable_s=5)
+        assert clock.monotonic() - started < 60
+    finally:
+        kubectl("delete", "job", "i31-unplaced", "-n", "default", "--ignore-not-found", "--cascade=foreground",
+                "--wait=true", "--timeout=120s")
+        kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=to_yaml_stream([claim, volume]))
