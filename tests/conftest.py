@@ -57,10 +57,54 @@ def schema_path(name: str) -> Path:
                 f"(`invoke setup --kubernetes` downloads it)")
 
 
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], []))
+    return found
+
+
+def _stuck(pid: int) -> str:
+    """What a task that ran past its test's limit was doing: its processes and, where py-spy is installed, their Python
+    stacks (an intermittent hang is seen once in a CI log, and only this says where)."""
+    import shutil
+
+    said = []
+    for each in _descendants(pid):
+        try:
+            command = Path(f"/proc/{each}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except OSError:
+            continue
+        said.append(f"--- process {each}: {command}")
+        if shutil.which("py-spy") and "python" in command:
+            dump = subprocess.run(["py-spy", "dump", "--pid", str(each)], capture_output=True, text=True, timeout=30)
+            said.append((dump.stdout or dump.stderr)[-3000:])
+    return "\n".join(said)
+
+
 def invoke(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
-    result = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=full_env, capture_output=True,
-                            text=True, timeout=timeout)
+    process = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stuck = _stuck(process.pid)
+        process.kill()
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"invoke {' '.join(args)} did not end in {timeout:.0f} s; its output ends:\n"
+                             f"{stderr[-6000:]}\n{stdout[-2000:]}\nits processes then:\n{stuck}") from None
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     if check and result.returncode != 0:
         raise AssertionError(f"invoke {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result

@@ -66,7 +66,11 @@ def never_starts(selector: str, unschedulable_s: float = 120) -> str:
         for c in pod.get("status", {}).get("initContainerStatuses", []) + pod.get("status", {}).get("containerStatuses", []):
             waiting = c.get("state", {}).get("waiting", {})
             if waiting.get("reason") in NEVER_STARTS:
-                return f"{pod['metadata']['name']}: {waiting['reason']}: {waiting.get('message', '')[:300]}"
+                said = ""
+                if waiting["reason"] == "CrashLoopBackOff":  # what the container said before it ended, each time
+                    said = "\n" + kubectl({}, "logs", "-n", "default", pod["metadata"]["name"], "-c", c["name"],
+                                           "--previous", "--tail", "60").stdout[-4000:]
+                return f"{pod['metadata']['name']}: {waiting['reason']}: {waiting.get('message', '')[:300]}{said}"
         for condition in pod.get("status", {}).get("conditions", []):
             if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
                 since = datetime.fromisoformat(condition["lastTransitionTime"].replace("Z", "+00:00"))
