@@ -1,5 +1,6 @@
 """A training script's process as doeks starts it on every target: what `python -u script.py args...` does (its
-sys.argv, sys.path[0], `__main__`, its traceback and exit code), with the end of torch's process groups made safe.
+arguments, sys.path[0], `__main__`, `__file__`, its traceback and exit code; sys.argv[0] is the script's absolute path),
+with the end of torch's process groups made safe.
 
 torchrun starts each worker as `python -u script.py`; the training image's torchrun (doeks.torchrun) starts
 `python -u -m doeks.worker script.py` instead, and doeks' local zygote runs `run()` in each fork.
@@ -82,19 +83,21 @@ def run(script: str, args: list[str]) -> None:
         print(f"{sys.executable}: can't open file {os.path.abspath(script)!r}: [Errno 2] No such file or directory",
               file=sys.stderr, flush=True)
         sys.exit(2)
-    sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    # its __file__ and its frames' file absolute, as python 3.9+ has them (and sys.argv[0]: runpy sets it so)
+    path = os.path.abspath(script)
+    sys.argv = [path, *args]
+    sys.path[0] = os.path.dirname(path)
     if "torch" in sys.modules or _imports_torch():
         hold_process_groups()
     try:
-        runpy.run_path(script, run_name="__main__")
+        runpy.run_path(path, run_name="__main__")
     except SystemExit as stop:
         if stop.code in (None, 0):
             release_process_groups()
         raise
     except Exception as error:  # noqa: BLE001 - shown as `python script.py` shows it, then exit 1 as it does
         trace = error.__traceback__
-        while trace is not None and trace.tb_frame.f_code.co_filename != script:
+        while trace is not None and trace.tb_frame.f_code.co_filename != path:
             trace = trace.tb_next  # doeks' and runpy's frames are not the script's
         error = error.with_traceback(trace or error.__traceback__)  # Python prints the exception's own traceback
         sys.excepthook(type(error), error, error.__traceback__)  # torch's, once the script made its process group

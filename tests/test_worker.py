@@ -75,14 +75,14 @@ def test_the_images_torchrun_runs_the_script_as_python_does_through_doeks_worker
     assert ran.returncode == 0, ran.stderr[-3000:]
     lines = [line for line in ran.stdout.splitlines() if line.startswith("argv")]
     assert len(lines) == 2, ran.stdout
-    assert f"argv ['fit.py', '--steps', '3'] name __main__ file fit.py path0 {tmp_path} cmd ['-u', '-m', 'doeks.worker', 'fit.py']" \
-        in lines[0], lines
+    assert f"argv ['{tmp_path}/fit.py', '--steps', '3'] name __main__ file {tmp_path}/fit.py path0 {tmp_path} cmd ['-u', '-m', " \
+           "'doeks.worker', 'fit.py']" in lines[0], lines
     assert ran.stdout.count("at exit the group is gone") == 2, ran.stdout
 
     raised = _run(tmp_path, "def main():\n    raise ValueError('bad input at step 2')\nif __name__ == '__main__':\n    main()\n")
     assert raised.returncode == 1
     trace = [line for line in raised.stderr.splitlines() if "Traceback" in line or 'File "' in line or "ValueError" in line]
-    assert 'File "fit.py", line 4, in <module>' in trace[1] and "doeks" not in " ".join(trace[:4]), trace
+    assert f'File "{tmp_path}/fit.py", line 4, in <module>' in trace[1] and "doeks" not in " ".join(trace[:4]), trace
 
     missing = subprocess.run([sys.executable, "-m", "doeks.worker", "gone.py"], cwd=tmp_path, capture_output=True,
                              text=True, timeout=60)
