@@ -342,6 +342,9 @@ def test_a_stager_the_scheduler_cannot_place_ends_the_wait_with_the_schedulers_w
 
     volume, claim = claim_manifests(tmp_path / "volume")
     kubectl("apply", "-f", "-", input=to_yaml_stream([volume, claim]))
+    # the claim bound first: an unbound claim is a scheduler's reason of its own for a moment
+    bound = kubectl("wait", "-n", "default", "--for=jsonpath={.status.phase}=Bound", "pvc/i31-claim", "--timeout=60s")
+    assert bound.returncode == 0, bound.stderr
     job = stage_like_job("i31-unplaced", "echo never")
     job["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "64"}}
     kubectl("apply", "-f", "-", input=json.dumps(job))
