@@ -11,13 +11,14 @@ torch's tables; the model's C++ reducer then holds the group's last reference, a
 the reducer is freed with the GIL held: the group's destructor joins gloo's threads while one of them waits for the GIL
 to free what its last collective kept (pytorch/pytorch#56297). Seen here: a worker of examples/sagemaker-style at
 `<module>` under `c10d::Reducer::~Reducer` -> `~ProcessGroupGloo` -> `std::thread::join`, its gloo thread in
-`gil_scoped_acquire`, the job `Running` after its model was saved, once in ~10 runs on 2 loaded cores. Here every
+`gil_scoped_acquire`, the job `Running` after its model was saved (CI; here once in ~36 runs on 2 loaded cores). Here every
 group the script destroys is kept until the script has returned and is then dropped from Python (a group's Python
 binding frees it with the GIL released). A gloo group the script left open is destroyed when it returns: otherwise the
 interpreter's end can abort with gloo's threads alive (`terminate called without an active exception`, exit -6: the
 job's work done, its pod failed and restarted). An NCCL group left open is left to torch.
 
-Standard library only (torch only when the script imported it): staged into the training image beside doeks.torchrun.
+Standard library, and torch.distributed where torch is installed (imported before the script: it imports torch
+anyway): staged into the training image beside doeks.torchrun.
 """
 from __future__ import annotations
 
