@@ -59,10 +59,10 @@ def dockerfile_installs() -> set[str]:
 
 def imported_modules() -> dict[str, set[str]]:
     """Top-level third-party module -> files importing it (function-level imports included)."""
-    # doeks/torchrun.py runs only in the training image (its torchrun) and under the local agent, doeks/launch.py only
-    # in the training image (its default command): never a task's import
+    # doeks/torchrun.py and doeks/worker.py run only in the training image (its torchrun, its workers) and under the
+    # local agent, doeks/launch.py only in the training image (its default command): never a task's import
     files = [ROOT / f for f in TASK_FILES] + [p for p in (ROOT / "doeks").glob("*.py")
-                                             if p.name not in ("torchrun.py", "launch.py")]
+                                             if p.name not in ("torchrun.py", "worker.py", "launch.py")]
     found: dict[str, set[str]] = {}
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
