@@ -393,8 +393,9 @@ def shared_claim(settings) -> list[dict[str, Any]]:
 UNSCHEDULABLE_S = 600
 
 
-def unschedulable_for(pod: dict, now: float | None = None) -> float | None:
-    """Seconds since the scheduler last said `pod` cannot be placed (PodScheduled False, Unschedulable), or None."""
+def unschedulable(pod: dict) -> tuple[float, str] | None:
+    """(seconds since the scheduler last said `pod` cannot be placed, its words: PodScheduled False, Unschedulable),
+    or None."""
     import time
     from datetime import datetime
 
@@ -402,7 +403,7 @@ def unschedulable_for(pod: dict, now: float | None = None) -> float | None:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
                 and condition.get("reason") == "Unschedulable" and condition.get("lastTransitionTime"):
             since = datetime.fromisoformat(condition["lastTransitionTime"].replace("Z", "+00:00")).timestamp()
-            return max(0.0, (time.time() if now is None else now) - since)
+            return max(0.0, time.time() - since), condition.get("message", "").strip()
     return None
 
 
@@ -442,11 +443,11 @@ def wait_job(namespace: str, name: str, what: str, timeout: float, poll: float =
             if "Failed" in conditions:
                 raise DoeksError(f"{what} failed (Job {namespace}/{name}): {conditions['Failed'].get('message', '')}")
             for pod in pods:
-                since = unschedulable_for(pod)
-                if since is not None and since > unschedulable_s:
-                    message = next(c.get("message", "") for c in pod["status"]["conditions"] if c.get("type") == "PodScheduled")
+                unplaced = unschedulable(pod)
+                if unplaced is not None and unplaced[0] > unschedulable_s:
+                    since, message = unplaced
                     raise DoeksError(f"{what}: pod {pod['metadata']['name']} of Job {namespace}/{name} could not be "
-                                     f"scheduled for {since:.0f} s: {message.strip()} (fix: a node with what it asks "
+                                     f"scheduled for {since:.0f} s: {message} (fix: a node with what it asks "
                                      f"for: `kubectl describe pod {pod['metadata']['name']} -n {namespace}`)")
             if time.monotonic() - started > timeout:
                 raise DoeksError(f"waited {timeout:.0f} s for {what} (Job {namespace}/{name}) to complete: "

@@ -88,8 +88,7 @@ def run(script: str, args: list[str]) -> None:
     path = os.path.abspath(script)
     sys.argv = [path, *args]
     sys.path[0] = os.path.dirname(path)
-    if "torch" in sys.modules or _imports_torch():
-        hold_process_groups()
+    hold_process_groups()  # where torch is installed
     try:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as stop:
@@ -105,13 +104,6 @@ def run(script: str, args: list[str]) -> None:
         sys.exit(1)
     release_process_groups()
     sys.exit(0)
-
-
-def _imports_torch() -> bool:
-    """Whether torch can be imported here (a worker of a torch job: the group's end needs the hold in place first)."""
-    import importlib.util
-
-    return importlib.util.find_spec("torch") is not None
 
 
 def main() -> None:

@@ -57,30 +57,15 @@ def schema_path(name: str) -> Path:
                 f"(`invoke setup --kubernetes` downloads it)")
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (ValueError, OSError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        found.append(todo.pop())
-        todo.extend(children.get(found[-1], []))
-    return found
-
-
 def _stuck(pid: int) -> str:
     """What a task that ran past its test's limit was doing: its processes and, where py-spy is installed, their Python
     stacks (an intermittent hang is seen once in a CI log, and only this says where)."""
     import shutil
 
+    from doeks.local import jobs
+
     said = []
-    for each in _descendants(pid):
+    for each in [pid, *jobs.descendants(pid)]:
         try:
             command = Path(f"/proc/{each}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
         except OSError:

@@ -31,6 +31,7 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import subproc
 from torch.distributed.elastic.rendezvous import etcd_rendezvous
 from torch.distributed.run import main
 
+from .. import worker
 from ..torchrun import patch_rendezvous as patch_torchrun
 from ..torchrun import patch_restarts, patch_whole_lines, run_quietly
 from . import zygote as zygote_module
@@ -93,7 +94,7 @@ def patch_worker_start(zygote: zygote_module.Zygote) -> None:
     popen = handler._popen
 
     def start_worker(self, args, env):
-        if zygote_module.runnable(args):
+        if worker.runnable(args):
             try:
                 return zygote.spawn(list(args), env, self._stdout and self._stdout.name, self._stderr and self._stderr.name)
             except zygote_module.ZygoteGone:

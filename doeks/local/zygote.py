@@ -22,7 +22,6 @@ import threading
 from typing import Any
 
 from .. import worker
-from ..worker import runnable  # noqa: F401 - the agent asks the zygote module which commands it can start
 from .services import reap_exited
 
 PRELOAD = ("torchvision", "torchvision.datasets", "torchvision.models", "torchvision.transforms", "torch.nn.parallel",
