@@ -14,7 +14,8 @@ from doeks.taskkit import runner, settings, target, task
 ROOT = Path(__file__).resolve().parent
 UNIT_FILES = {"eks": "eks/tasks.py", "csi": "csi/tasks.py", "efa": "efa-device-plugin/tasks.py",
               "gpu-metrics": "gpu-metrics/tasks.py", "kubeflow": "kubeflow/tasks.py", "sagemaker": "kubeflow/sagemaker.py",
-              "elasticjob": "elasticjob/tasks.py", "cluster": "cluster/tasks.py", "dev": "dev/tasks.py"}
+              "kueue": "kueue/tasks.py", "elasticjob": "elasticjob/tasks.py", "cluster": "cluster/tasks.py",
+              "dev": "dev/tasks.py"}
 
 
 def _load_unit(name, path):
@@ -104,14 +105,18 @@ def _confirm_teardown(where, units) -> None:
 
 @task(help={"dry_run": "print every unit's plan; change nothing (what cannot be looked up is shown as unknown)",
             "yes": "confirm the whole teardown without asking (scripts); TARGET=eks asks once otherwise",
-            "force": "delete the cluster even after an earlier unit failed (what that unit left may be stranded)"})
+            "force": "delete the cluster even after an earlier unit failed (what that unit left may be stranded), and "
+                     "the shared volume even where it holds a job's only model (TARGET=eks with MODEL_URI not in S3)"})
 def down(c, dry_run=False, yes=False, force=False):
     """Tear everything down: each unit's delete step in exactly the reverse order, going on past what is gone.
 
     TARGET=eks: asks once, up front, for the whole teardown (--yes: not at all); each unit waits until what it
     deletes is really gone; when a unit fails the others still run, but the cluster is not deleted (its VPC
     would keep what the failed unit left) unless --force. Run `invoke audit` afterwards: it exits non-zero while
-    anything is left."""
+    anything is left.
+
+    First it says where each job's model and last checkpoint are (TARGET=eks: S3, which `down` keeps), and refuses
+    while a model is only on the shared volume it would delete (`invoke csi.data.save-model` copies it), unless --force."""
     from invoke import Exit
 
     from doeks import ui
@@ -120,6 +125,7 @@ def down(c, dry_run=False, yes=False, force=False):
     s = where.settings
     cluster = where.asks_before_down   # a cluster that costs money and is asked for; kubernetes: doeks' own or the user's
     units = list(reversed(_ordered_units()))
+    where.before_down(runner(dry_run), force=force)  # before anything is asked or deleted
     if cluster and not dry_run and not yes:
         _confirm_teardown(where, units)
     failed = []
@@ -168,6 +174,12 @@ def config(c, json=False, key=None):
     from doeks.errors import DoeksError
 
     s = settings_module.current(lenient=True)  # a bad value is shown marked, then named: config is how to find it
+    from doeks import targets
+
+    try:
+        s = targets.settled(s)  # what the target uses where a key is empty (TARGET=eks: checkpoints and model in S3)
+    except DoeksError:
+        pass
     rows = s.rows()
     wanted = [k.strip().upper() for k in key or [] if k.strip()]
     if key and not wanted:
@@ -199,12 +211,13 @@ def _settings_problems(s) -> None:
 @task(help={"docker": "also install and start a local docker daemon (Debian docker.io) and make a base image",
             "kubernetes": "also build doeks' own single-node Kubernetes (once per version, cached outside the repo; "
                           "implies --docker) and its images",
+            "kueue": "also build Kueue and kwok for doeks' cluster (the kueue unit, KUBE_SIM_NODES; implies --kubernetes)",
             "dry_run": "print what would be installed and built"})
-def setup(c, docker=False, kubernetes=False, dry_run=False):
+def setup(c, docker=False, kubernetes=False, kueue=False, dry_run=False):
     """Install what pip cannot (torchvision CPU shim, etcd check, optional docker daemon, optional cluster); idempotent."""
     from doeks import preflight
 
-    preflight.setup(runner(dry_run), docker=docker or kubernetes, kubernetes=kubernetes)
+    preflight.setup(runner(dry_run), docker=docker or kubernetes or kueue, kubernetes=kubernetes or kueue, kueue=kueue)
 
 
 @task

@@ -238,6 +238,8 @@ class S3Protocol(asyncio.Protocol):
             status, body = b"404 Not Found", _error("NoSuchKey", key)
         else:
             status, body = b"501 Not Implemented", _error("NotImplemented", method)
+        if method == "HEAD":  # a HEAD answer has no body, an error's neither (s3fs's next request read it as its status)
+            body = b""
         self._send(status, extra, body, len(body))
 
     def _write(self, method: str, key: str, query: dict[str, str], headers: dict) -> tuple[bytes, bytes, bytes]:

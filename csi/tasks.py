@@ -90,33 +90,13 @@ def stage_manifests(s, source: str, relayout_val: bool) -> list[dict]:
     return storage.stage_manifests(s, source, relayout_val)
 
 
-@task(name="save-model", help={"destination": "s3://bucket/prefix (default: s3://S3_BUCKET/models/JOB_NAME)",
+@task(name="save-model", help={"destination": "s3://bucket/prefix (default: s3://S3_BUCKET/models/JOB_NAME; eks: "
+                                              "s3://S3_BUCKET/doeks/saved/JOB_NAME)",
+                               "job_name": "the job whose model and checkpoints to copy (JOB_NAME)",
                                "dry_run": "print; change nothing"})
-def data_save_model(c, destination=None, dry_run=False):
-    """Upload the job's checkpoints and final model to S3 under a dated prefix."""
-    import time
-
-    from doeks import aws, datastage, ui
-    from doeks.errors import DoeksError
-
-    s = settings()
-    folder = _checkpoints_here(s)
-    if not folder.is_dir() or not any(folder.iterdir()):
-        raise DoeksError(f"no checkpoints in {folder}: train first (invoke elasticjob.deploy)")
-    uri = f"{(destination or f's3://{s.s3_bucket}/models/{s.job_name}').rstrip('/')}/{time.strftime('%Y-%m-%d-%H%M%S')}"
-    datastage.split_s3(uri)
-    if dry_run:
-        runner(True).step(f"upload {folder} -> {uri}", lambda: None)
-        return
-    client = datastage.s3_client(aws.endpoint_url(s), s.aws_region, 16, aws.credentials_of(s))
-    count = datastage.upload_tree(client, folder, uri)
-    ui.say(f"uploaded {count} files to {uri}")
-
-
-def _checkpoints_here(s):
-    """The job's checkpoint folder when its target keeps it on this machine; one line saying where it is otherwise."""
-    return target(s).local_artifact("checkpoints", "csi.data.save-model", "the checkpoints are in {where}, not on "
-                                         "this machine (SageMaker keeps the model in S3 already)")
+def data_save_model(c, destination=None, job_name=None, dry_run=False):
+    """Copy the job's checkpoints and final model to S3 under a dated prefix (eks: a Job reads them on the claim)."""
+    target(settings(job_name=job_name)).save_model(runner(dry_run), destination)
 
 
 @task(help={"dry_run": "print; change nothing"})

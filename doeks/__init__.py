@@ -23,6 +23,24 @@ def checkpoints(uri: str | None = None, keep: int | None = None):
     return Store(where, keep=keep or int(os.environ.get("DOEKS_KEEP_CHECKPOINTS", "3") or 3))
 
 
+def save_model(obj, name: str = "model.pt", uri: str | None = None) -> str:
+    """Save your script's final model where doeks keeps the job's model (docs/your-own-script.md): torch.save(obj) as
+    `name` at DOEKS_MODEL_URI (TARGET=eks: s3://S3_BUCKET/doeks/models/<JOB_NAME>, which `invoke down` keeps; else
+    MODEL_URI or the shared volume's models/<JOB_NAME>; SageMaker: SM_MODEL_DIR), whole or not at all. Call it from
+    rank 0 once training is done:
+
+        if dist.get_rank() == 0: doeks.save_model(model.state_dict())
+
+    Returns where it went (the s3:// URI or the file). doeks.workload.checkpoints.save_file."""
+    import os
+
+    from .workload.checkpoints import save_file
+
+    where = (uri or os.environ.get("DOEKS_MODEL_URI") or os.environ.get("DOEKS_MODEL_DIR")
+             or os.environ.get("SM_MODEL_DIR") or "/opt/ml/model")
+    return save_file(where, name, obj)
+
+
 def report(step: int, loss: float | None = None, samples: int | None = None, total: int | None = None,
            productive: float | None = None) -> str:
     """Print one progress line in the format doeks reads from any training script's log (docs/your-own-script.md):

@@ -128,3 +128,9 @@ GPUS = {"p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8, 
 EFA_ADAPTERS = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
                 "p6-b200.48xlarge": 8, "trn1.32xlarge": 8, "trn1n.32xlarge": 16, "g5.48xlarge": 1, "g6.48xlarge": 1,
                 "g4dn.metal": 1, "c5n.18xlarge": 1, "hpc7g.16xlarge": 1}
+
+# vCPUs, memory (GiB) and the pods EKS lets a node run (the VPC CNI's eni-max-pods, awslabs/amazon-eks-ami) per
+# instance type: what a simulated node of the type has (doeks.cluster.simnodes, KUBE_SIM_NODES)
+NODE_SHAPES = {"p4d.24xlarge": (96, 1152, 737), "p4de.24xlarge": (96, 1152, 737), "p5.48xlarge": (192, 2048, 100),
+               "p5e.48xlarge": (192, 2048, 100), "p5en.48xlarge": (192, 2048, 100), "g5.48xlarge": (192, 768, 345),
+               "g6.48xlarge": (192, 768, 737), "trn1.32xlarge": (128, 512, 247), "c5.4xlarge": (16, 32, 234)}

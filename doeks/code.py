@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +78,7 @@ class Code:
 
 
 def _path(raw: str) -> Path:
-    path = Path(raw).expanduser()
+    path = Path(os.path.expanduser(raw))  # an unknown ~user stays as written (Path.expanduser raises)
     return (path if path.is_absolute() else PROJECT_ROOT / path).resolve()
 
 

@@ -582,14 +582,19 @@ class LineProgress:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="stage s3://bucket/prefix into a folder (resumable, verified)")
+    parser = argparse.ArgumentParser(description="stage s3://bucket/prefix into a folder (resumable, verified); "
+                                                 "--upload: a folder to s3://bucket/prefix")
     parser.add_argument("source")
     parser.add_argument("destination")
+    parser.add_argument("--upload", action="store_true",
+                        help="copy the folder SOURCE to s3://DESTINATION (csi.data.save-model's Job on a cluster)")
     parser.add_argument("--threads", type=int, default=64, help="GET requests in flight")
     parser.add_argument("--writers", type=int, default=4, help="threads that create and write files (0: in the event loop)")
     parser.add_argument("--relayout-val", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
+    if args.upload:
+        return _upload(Path(args.source), args.destination)
     try:
         result = stage(args.source, Path(args.destination), region=os.environ.get("AWS_REGION", "us-west-2"),
                        credentials=credentials_from_environment(), endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
@@ -601,6 +606,29 @@ def main(argv=None) -> int:
     except DoeksError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _upload(folder: Path, destination: str) -> int:
+    """The folder's files to s3://bucket/prefix/, with the credentials of the environment (the pod's role)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        split_s3(destination)
+        if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
+            raise DoeksError(f"no files in {folder}: nothing to copy")
+        found = credentials_from_environment()  # keys, or botocore's chain (Pod Identity), which boto3 then uses
+        client = s3_client(os.environ.get("AWS_ENDPOINT_URL") or None, os.environ.get("AWS_REGION", "us-west-2"), 16,
+                           found if isinstance(found, dict) else None)
+        count = upload_tree(client, folder, destination)
+    except (DoeksError, ClientError) as error:
+        detail = error.response["Error"] if isinstance(error, ClientError) else None
+        print(f"error: {detail['Code']}: {detail.get('Message', '')}" if detail else f"error: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:  # noqa: BLE001 - boto3's upload wraps a refusal in S3UploadFailedError
+        print(f"error: {type(error).__name__}: {str(error).splitlines()[0][:300]}", file=sys.stderr)
+        return 1
+    print(f"copied {count} files from {folder} to {destination.rstrip('/')}/", flush=True)
     return 0
 
 

@@ -83,8 +83,14 @@ def is_credentials_error(error: BaseException) -> bool:
     return isinstance(response, dict) and response.get("Error", {}).get("Code") in _AUTH_CODES
 
 
+# An API server that answers but cannot reach an admission webhook's Service says so in the same words as an
+# unreachable API server ("failed calling webhook ...: dial tcp 10.96.x.y:443: connect: connection refused"): that is
+# the webhook's pod not serving yet (kubernetes apiserver/pkg/admission/plugin/webhook/errors), not a missing cluster.
+_WEBHOOK = re.compile(r"failed call(ing|ed)? webhook|failed to call webhook")
+
+
 def kube_unreachable(text: str) -> bool:
-    return bool(_KUBE_UNREACHABLE.search(text or ""))
+    return any(_KUBE_UNREACHABLE.search(line) and not _WEBHOOK.search(line) for line in (text or "").splitlines())
 
 
 def library_error(error: BaseException) -> DoeksError | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import ui
+from .jobpaths import JOB_S3_CALLS, TRAIN_SERVICE_ACCOUNT
 
 TAG = "doeks/cluster"
 POD_IDENTITY_TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
@@ -65,6 +66,13 @@ class Workload:
 
     def sa(self, settings) -> str:
         return self.service_account_of(settings) if self.service_account_of else self.service_account
+
+
+def service_account(settings, workload: Workload) -> dict:
+    """The workload's Kubernetes ServiceAccount (what its Pod Identity association names)."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": workload.sa(settings), "namespace": workload.ns(settings),
+                         "labels": {"app.kubernetes.io/part-of": "doeks"}}}
 
 
 def role_name(settings, workload: Workload) -> str:
@@ -142,6 +150,24 @@ def pipeline_runner_policy(settings) -> dict[str, Any]:
         {"Effect": "Allow", "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{bucket}/doeks/*"}]}
 
 
+def train_policy(settings) -> dict[str, Any] | None:
+    """The training jobs' S3: CHECKPOINT_URI's and MODEL_URI's prefixes (doeks.jobpaths.job_s3_policy); None when
+    neither is in S3 (the pods then need no AWS identity)."""
+    from .jobpaths import job_s3_policy
+
+    return job_s3_policy(settings)
+
+
+def save_model_policy(settings) -> dict[str, Any]:
+    """csi.data.save-model's Job: write (and abort a failed multipart upload) under s3://S3_BUCKET/doeks/saved/ only,
+    where it copies each job's model and checkpoints (doeks.jobpaths.saved_uri); no read, no list, no delete."""
+    from .jobpaths import STORE_PREFIX
+
+    return {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": ["s3:PutObject", "s3:AbortMultipartUpload"],
+         "Resource": f"arn:aws:s3:::{settings.s3_bucket}/{STORE_PREFIX}/saved/*"}]}
+
+
 # -- the table ----------------------------------------------------------------------------------------------------
 WORKLOADS: tuple[Workload, ...] = (
     Workload("fsx-csi", "csi", "FSx for Lustre CSI controller", "kube-system", "fsx-csi-controller-sa",
@@ -183,6 +209,20 @@ WORKLOADS: tuple[Workload, ...] = (
              calls=("s3:ListBucket", "s3:GetObject"),
              source="doeks/datastage.py: list_objects_v2 (s3:ListBucket), get_object (s3:GetObject)",
              inline=stage_policy, namespace_of=lambda s: s.namespace),
+    Workload("train", "elasticjob", "the training job's pods (checkpoints and the model in S3: CHECKPOINT_URI, MODEL_URI)",
+             "", TRAIN_SERVICE_ACCOUNT, calls=JOB_S3_CALLS,
+             # doeks/workload/checkpoints.py through s3fs and DCP's fsspec writer/reader (or s3torchconnector):
+             # ListObjectsV2 (names), HeadObject/GetObject (complete, latest, reads), PutObject and the multipart calls
+             # (data, .metadata, latest, model.pt, the connector's probe), CopyObject (DCP's rename: GetObject +
+             # PutObject), DeleteObject(s) (prune, clear_after, the probe), AbortMultipartUpload (a failed upload)
+             source="doeks/workload/checkpoints.py (_S3, Store, save_file); doeks/jobpaths.py JOB_S3_CALLS",
+             inline=train_policy, namespace_of=lambda s: s.namespace),
+    Workload("save-model", "csi", "csi.data.save-model's Job (a job's model and checkpoints on the claim to S3)", "",
+             "doeks-save-model", calls=("s3:PutObject", "s3:AbortMultipartUpload"),
+             # boto3's upload_file: PutObject, or CreateMultipartUpload/UploadPart/CompleteMultipartUpload (all
+             # authorized as s3:PutObject) and AbortMultipartUpload when a part fails
+             source="doeks/datastage.py _upload (upload_tree: boto3 S3 upload_file)",
+             inline=save_model_policy, namespace_of=lambda s: s.namespace),
     Workload("pipeline-runner", "kubeflow", "KFP pipeline pods in the profile namespace (the sagemaker branch)", "",
              "default-editor",
              calls=("s3:PutObject", "sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob",
@@ -207,9 +247,8 @@ def policies(settings, workload: Workload) -> list[dict[str, Any]]:
     """Every policy document the workload's role carries (managed ones as recorded in MANAGED)."""
     docs = [{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": MANAGED[arn], "Resource": "*"}]}
             for arn in workload.managed]
-    if workload.inline:
-        docs.append(workload.inline(settings))
-    return docs
+    inline = workload.inline(settings) if workload.inline else None
+    return docs + ([inline] if inline else [])
 
 
 def _listify(value) -> list[str]:
@@ -257,9 +296,10 @@ def ensure_role(settings, runner, workload: Workload) -> str:
         arn = created["Role"]["Arn"] if created else f"arn:aws:iam::<account>:role/{name}"
     for policy in workload.managed:
         runner.call(iam, "attach_role_policy", RoleName=name, PolicyArn=policy)
-    if workload.inline:
+    inline = workload.inline(settings) if workload.inline else None
+    if inline:
         runner.call(iam, "put_role_policy", RoleName=name, PolicyName=policy_name(workload),
-                    PolicyDocument=json.dumps(workload.inline(settings)))
+                    PolicyDocument=json.dumps(inline))
     return arn
 
 

@@ -60,6 +60,23 @@ def s3_env(settings, endpoint: str | None) -> dict[str, str]:
     return env
 
 
+STORE_PREFIX = "doeks"  # the S3 prefix of S3_BUCKET under which a target that keeps the job's outputs in S3 puts them
+TRAIN_SERVICE_ACCOUNT = "doeks-train"  # the training pods' service account where they have an AWS identity of their own
+
+
+def s3_store(settings) -> dict[str, str]:
+    """CHECKPOINT_URI and MODEL_URI in S3_BUCKET, under doeks' prefix (each job under its name below them): where a
+    target whose shared volume does not outlive `down` (eks) keeps them when the user names nothing."""
+    base = f"s3://{settings.s3_bucket}/{STORE_PREFIX}"
+    return {"CHECKPOINT_URI": f"{base}/checkpoints", "MODEL_URI": f"{base}/models"}
+
+
+def saved_uri(settings) -> str:
+    """Where `csi.data.save-model` copies a job's model and checkpoints from a cluster's claim, one dated prefix per
+    copy below it: s3://S3_BUCKET/doeks/saved/<JOB_NAME>."""
+    return f"s3://{settings.s3_bucket}/{STORE_PREFIX}/saved/{job_name(settings)}"
+
+
 def s3_buckets(settings) -> list[str]:
     return sorted({uri[len("s3://"):].split("/", 1)[0] for uri in in_s3(settings)})
 
@@ -69,21 +86,35 @@ def _bucket_key(uri: str) -> tuple[str, str]:
     return bucket, key.strip("/")
 
 
+def _bases_in_s3(settings) -> list[str]:
+    """CHECKPOINT_URI and MODEL_URI where they are in S3 (the bases every job's own prefix is under)."""
+    return [uri for uri in (settings.checkpoint_uri, settings.model_uri) if uri.startswith("s3://")]
+
+
 def job_s3_policy(settings) -> dict | None:
-    """The IAM policy of the training job's own role (EKS Pod Identity for its pods): exactly the S3 actions its
-    checkpoints and model need (doeks/workload/checkpoints.py: list the job's prefix, read, write, copy and delete its
-    objects, abort its multipart uploads), on the job's prefixes only. None when nothing of the job is in S3."""
-    uris = in_s3(settings)
+    """The IAM policy of the training jobs' own role (EKS Pod Identity for their pods, doeks.identity's `train` row):
+    exactly the S3 actions checkpoints and models need (doeks/workload/checkpoints.py: list the prefix, read, write,
+    copy and delete its objects, abort its multipart uploads), on CHECKPOINT_URI's and MODEL_URI's prefixes only,
+    where each job writes under its own name. The prefixes, not one job's: the cluster's jobs share the role (their
+    pods run as one service account per namespace), and a policy naming one job would be replaced by the next job's
+    deploy while the first still saves. None when nothing is in S3."""
+    uris = _bases_in_s3(settings)
     if not uris:
         return None
     statements = []
     for bucket in sorted({_bucket_key(u)[0] for u in uris}):
         prefixes = sorted({_bucket_key(u)[1] for u in uris if _bucket_key(u)[0] == bucket})
-        statements.append({"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}",
-                           "Condition": {"StringLike": {"s3:prefix": [p for prefix in prefixes for p in (prefix, f"{prefix}/*")]}}})
+        if "" in prefixes:  # a whole bucket named (s3://bucket): its every key
+            listing = {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}"}
+            objects = [f"arn:aws:s3:::{bucket}/*"]
+        else:
+            listing = {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}",
+                       "Condition": {"StringLike": {"s3:prefix": [p for prefix in prefixes for p in (prefix, f"{prefix}/*")]}}}
+            objects = [f"arn:aws:s3:::{bucket}/{prefix}/*" for prefix in prefixes]
+        statements.append(listing)
         statements.append({"Effect": "Allow",
                            "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                           "Resource": [f"arn:aws:s3:::{bucket}/{prefix}/*" for prefix in prefixes]})
+                           "Resource": objects})
     return {"Version": "2012-10-17", "Statement": statements}
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 ETCD_PORT = 2379
 CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks/workload/train.py (doeks.code)
-ETCD_SERVICE = "etcd-service"  # the rendezvous Service's name: rdzvHost, and the URL etcd advertises
 RDZV_CONF = {"last_call_timeout": "1", "timeout": "600"}
 # torchrun's --local-addr from the downward API. Without it rank 0's agent publishes its FQDN (the pod's name) as
 # MASTER_ADDR, and the other ranks look it up in the cluster DNS, which caches answers (CoreDNS `cache 30` on EKS as on
@@ -43,25 +42,56 @@ def labels(settings) -> dict[str, str]:
     return {"app.kubernetes.io/part-of": "doeks", "doeks/job": settings.job_name}
 
 
+# Kueue (doeks.kueue): the label that sends a job to a LocalQueue, and the pod-template annotations of its Topology
+# Aware Scheduling asking for every pod of the job in one block of EKS' network topology (the layer-3 network node)
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+TOPOLOGY_ANNOTATIONS = {"required": "kueue.x-k8s.io/podset-required-topology",
+                        "preferred": "kueue.x-k8s.io/podset-preferred-topology"}
+BLOCK = "topology.k8s.aws/network-node-layer-3"
+
+
+def queue_labels(settings) -> dict[str, str]:
+    """QUEUE set: the label that sends the job to that LocalQueue (Kueue holds it until all its pods fit)."""
+    return {QUEUE_LABEL: settings.queue} if settings.queue else {}
+
+
+def topology_annotations(settings) -> dict[str, str]:
+    """TOPOLOGY=required|preferred with a QUEUE: all the job's pods in one layer-3 block (Kueue places them)."""
+    if not settings.queue or not settings.topology:
+        return {}
+    return {TOPOLOGY_ANNOTATIONS[settings.topology]: BLOCK}
+
+
+def etcd_name(settings) -> str:
+    """The job's etcd Deployment and Service (rdzvHost): <JOB_NAME>-etcd. One per job: two jobs in a namespace shared
+    `etcd` / `etcd-service` before (the second's apply took the first's over, deleting either deleted the other's
+    rendezvous, the Service chose among both jobs' etcd pods), and a job started right after another's was deleted
+    looked up `etcd-service` in the cluster DNS' cache and sent its first connections to the deleted Service's address
+    (no kube-proxy rule for it any more: toward the default interface, where doeks' guard dropped them)."""
+    return f"{settings.job_name}-etcd"
+
+
 def etcd_manifests(settings) -> list[dict[str, Any]]:
-    """etcd for torch's etcd rendezvous: pinned image, v2 API on, one replica, a ClusterIP Service `etcd-service`.
+    """etcd for torch's etcd rendezvous: pinned image, v2 API on, one replica, a ClusterIP Service (etcd_name).
 
     It advertises the Service's URL, the one torch's client uses: python-etcd (allow_reconnect, as torch makes it)
     moves to the next advertised URL when a request fails and never back, so an etcd pod made again after its
     predecessor died left every agent on `http://0.0.0.0:2379` (its own pod) with "No more machines in the cluster"
     until the rendezvous timed out; with its own URL advertised there is no other to move to."""
+    name = etcd_name(settings)
     meta = {"namespace": settings.namespace, "labels": {**labels(settings), "app": "etcd"}}
+    selector = {"app": "etcd", "doeks/job": settings.job_name}  # this job's etcd pod only
     command = ["/usr/local/bin/etcd", "--data-dir", "/var/lib/etcd", "--enable-v2",
                f"--listen-client-urls=http://0.0.0.0:{ETCD_PORT}",
-               f"--advertise-client-urls=http://{ETCD_SERVICE}:{ETCD_PORT}", "--initial-cluster-state=new"]
+               f"--advertise-client-urls=http://{name}:{ETCD_PORT}", "--initial-cluster-state=new"]
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "etcd", **meta},
+        "metadata": {"name": name, **meta},
         "spec": {
             "replicas": 1,
-            "selector": {"matchLabels": {"app": "etcd"}},
+            "selector": {"matchLabels": selector},
             "template": {
-                "metadata": {"labels": {"app": "etcd"}},
+                "metadata": {"labels": selector},
                 "spec": {"containers": [{
                     "name": "etcd", "image": settings.etcd_image, "command": command,
                     "ports": [{"name": "client", "containerPort": ETCD_PORT}],
@@ -74,8 +104,8 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
     }
     service = {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": ETCD_SERVICE, **meta},
-        "spec": {"selector": {"app": "etcd"}, "ports": [{"name": "client", "port": ETCD_PORT, "targetPort": ETCD_PORT}]},
+        "metadata": {"name": name, **meta},
+        "spec": {"selector": selector, "ports": [{"name": "client", "port": ETCD_PORT, "targetPort": ETCD_PORT}]},
     }
     return [deployment, service]
 
@@ -208,8 +238,9 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         "rdzvConf": [{"key": k, "value": v} for k, v in RDZV_CONF.items()],
     }
     if settings.rdzv_backend.startswith("etcd"):
-        elastic.update(rdzvHost=ETCD_SERVICE, rdzvPort=ETCD_PORT)
+        elastic.update(rdzvHost=etcd_name(settings), rdzvPort=ETCD_PORT)
     from .code import CODE_DIR, contract, env_list, host_names, resolve
+    from .torchrun import CLOSED_WAIT_S, END_WAIT_ENV
 
     code = code or resolve(settings)
     hosts = host_names(settings.job_name, settings.replicas)
@@ -222,7 +253,10 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         "workingDir": CODE_DIR,
         "env": [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
-                {"name": "NCCL_DEBUG", "value": "INFO"}]
+                {"name": "NCCL_DEBUG", "value": "INFO"},
+                # after an error no restart cures the container stays this long (doeks.torchrun.run_quietly), so the
+                # follow reads why and ends the job before the kubelet or docker restarts it
+                {"name": END_WAIT_ENV, "value": str(CLOSED_WAIT_S)}]
         + env_list(contract(settings, settings.shared_mount, f"{settings.job_name}-{run}", hosts))
         + [{"name": "SM_CURRENT_HOST", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
            # the address each agent publishes through the rendezvous (torchrun --local-addr): the pod's own IP, so the
@@ -233,6 +267,9 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         "resources": resources,
         "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
+        # a failed container's last log lines (80, 2 KB) kept in the pod's status (lastState.terminated.message): its
+        # log file goes when the kubelet removes the container, and the error that ended a run must still be read
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
@@ -251,7 +288,8 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": {"name": settings.job_name, "namespace": settings.namespace, "labels": labels(settings)},
+        "metadata": {"name": settings.job_name, "namespace": settings.namespace,
+                     "labels": {**labels(settings), **queue_labels(settings)}},
         "spec": {
             "elasticPolicy": elastic,
             "nprocPerNode": str(settings.nproc_per_node),
@@ -260,11 +298,18 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
                 "Worker": {
                     "replicas": settings.replicas,
                     "restartPolicy": "OnFailure",
-                    "template": {"metadata": {"labels": labels(settings)}, "spec": pod_spec},
+                    "template": {"metadata": _pod_metadata(settings), "spec": pod_spec},
                 },
             },
         },
     }
+
+
+def _pod_metadata(settings) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": labels(settings)}
+    if topology_annotations(settings):
+        meta["annotations"] = topology_annotations(settings)
+    return meta
 
 
 def _cluster_image(settings, code=None) -> str:

@@ -4,6 +4,7 @@ Every mutating call goes through the Runner, so `--dry-run` prints the manifests
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from pathlib import Path
@@ -175,12 +176,30 @@ def show(runner, args: list[str]) -> None:
 def get_json(args: list[str]) -> dict[str, Any] | None:
     """`kubectl get ARGS -o json` read: None when the object does not exist; a cluster that cannot be read is one
     DoeksError line."""
+    return _read_json([kubectl(), "get"] + args + ["-o", "json"], " ".join(args))
+
+
+def get_raw(path: str) -> dict[str, Any] | None:
+    """`kubectl get --raw PATH`: the API server's own JSON of a list, handed on as it came (`kubectl get -o json`
+    decodes and prints it again: 1.9 s for 256 pods here, against 0.17 s); None when it does not exist."""
+    return _read_json([kubectl(), "get", "--raw", path], path)
+
+
+def list_path(namespace: str, resource: str, selector: str = "", group: str = "") -> str:
+    """The API path of a namespaced list (core resources when `group` is empty), with a label selector."""
+    from urllib.parse import quote
+
+    base = f"/apis/{group}" if group else "/api/v1"
+    return f"{base}/namespaces/{namespace}/{resource}" + (f"?labelSelector={quote(selector, safe='')}" if selector else "")
+
+
+def _read_json(argv: list[str], what: str) -> dict[str, Any] | None:
     import json
     import subprocess
 
     from .errors import DoeksError
 
-    result = subprocess.run([kubectl(), "get"] + args + ["-o", "json"], capture_output=True, text=True)
+    result = subprocess.run(argv, capture_output=True, text=True)
     if result.returncode != 0:
         if "NotFound" in result.stderr or "not found" in result.stderr:
             return None
@@ -191,7 +210,7 @@ def get_json(args: list[str]) -> dict[str, Any] | None:
     try:
         return json.loads(result.stdout)
     except ValueError:
-        raise DoeksError(f"kubectl get {' '.join(args)} answered something that is not JSON") from None
+        raise DoeksError(f"kubectl get {what} answered something that is not JSON") from None
 
 
 def pods_using_claim(namespace: str, claim: str) -> list[str]:
@@ -283,6 +302,40 @@ def follow_logs(runner, namespace: str, selector: str, follow: bool = True) -> N
     runner.run(argv + (["-f"] if follow else []), mutating=False)
 
 
+LOG_READERS = 16   # pod logs read at once (256 pods here: 0.9 s with 8, 0.6 s with 16)
+
+
+@functools.lru_cache(maxsize=None)
+def log_client():
+    """The official client's CoreV1Api for reading pod logs, from the current kubeconfig, with a connection for each
+    of LOG_READERS readers (importing the client takes about half a second: describe starts it early)."""
+    from kubernetes import client as k8s
+    from kubernetes import config
+
+    config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+    configuration = k8s.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = LOG_READERS
+    return k8s.CoreV1Api(k8s.ApiClient(configuration))
+
+
+def pod_logs(namespace: str, names: list[str], tail: int = 200) -> dict[str, list[str]]:
+    """Each named pod's last `tail` lines of its (one) container, fetched concurrently through the official client
+    (raw responses: its model classes take seconds to read hundreds of objects); a pod with no log yet has none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    api = log_client()
+
+    def one(name: str) -> tuple[str, list[str]]:
+        try:
+            response = api.read_namespaced_pod_log(name, namespace, tail_lines=tail, _preload_content=False)
+            return name, response.data.decode(errors="replace").splitlines()
+        except Exception:  # noqa: BLE001 - no log yet (waiting container), pod gone: nothing to read
+            return name, []
+
+    with ThreadPoolExecutor(LOG_READERS) as pool:
+        return dict(pool.map(one, names))
+
+
 def patch_replicas(runner, settings, replicas: int) -> None:
     from .errors import DoeksError
 
@@ -335,10 +388,32 @@ def shared_claim(settings) -> list[dict[str, Any]]:
     ]
 
 
-def wait_job(namespace: str, name: str, what: str, timeout: float, poll: float = 2) -> None:
+# A pod the scheduler has not placed for this long will not be placed by waiting: a node group's autoscaler adds a
+# node in minutes; nothing else frees CPU, memory or GPUs a finished pod does not hold
+UNSCHEDULABLE_S = 600
+
+
+def unschedulable(pod: dict) -> tuple[float, str] | None:
+    """(seconds since the scheduler last said `pod` cannot be placed, its words: PodScheduled False, Unschedulable),
+    or None."""
+    import time
+    from datetime import datetime
+
+    for condition in pod.get("status", {}).get("conditions", []):
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
+                and condition.get("reason") == "Unschedulable" and condition.get("lastTransitionTime"):
+            since = datetime.fromisoformat(condition["lastTransitionTime"].replace("Z", "+00:00")).timestamp()
+            return max(0.0, time.time() - since), condition.get("message", "").strip()
+    return None
+
+
+def wait_job(namespace: str, name: str, what: str, timeout: float, poll: float = 2,
+             unschedulable_s: float = UNSCHEDULABLE_S) -> None:
     """Until Job `name` completes, with progress; a container of it that exits non-zero ends the wait at once with
     its last log lines (the reason a program gives is what a user needs, not the retries that would follow), as
-    does the Job's Failed condition; past `timeout` seconds, one line saying what was waited for."""
+    does the Job's Failed condition, and a pod of it that the scheduler could not place for `unschedulable_s` seconds
+    (with the scheduler's words: no node frees what it asks for while hours go by); past `timeout` seconds, one line
+    saying what was waited for."""
     import subprocess
     import time
 
@@ -367,6 +442,13 @@ def wait_job(namespace: str, name: str, what: str, timeout: float, poll: float =
                         raise DoeksError(f"{what} failed (Job {namespace}/{name}, pod {pod['metadata']['name']}): {reason}")
             if "Failed" in conditions:
                 raise DoeksError(f"{what} failed (Job {namespace}/{name}): {conditions['Failed'].get('message', '')}")
+            for pod in pods:
+                unplaced = unschedulable(pod)
+                if unplaced is not None and unplaced[0] > unschedulable_s:
+                    since, message = unplaced
+                    raise DoeksError(f"{what}: pod {pod['metadata']['name']} of Job {namespace}/{name} could not be "
+                                     f"scheduled for {since:.0f} s: {message} (fix: a node with what it asks "
+                                     f"for: `kubectl describe pod {pod['metadata']['name']} -n {namespace}`)")
             if time.monotonic() - started > timeout:
                 raise DoeksError(f"waited {timeout:.0f} s for {what} (Job {namespace}/{name}) to complete: "
                                  f"`kubectl describe job {name} -n {namespace}` says why not")

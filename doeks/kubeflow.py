@@ -195,17 +195,47 @@ def deploy(settings, runner, attempts: int = 20, wait_s: float = 15) -> None:
            "(or KUBEFLOW_PASSWORD); `invoke kubeflow.expose` opens the dashboard")
 
 
-def remove(settings, runner) -> None:
+PLATFORM_DELETE_TIMEOUT = 900  # seconds: the platform's namespaces go once their pods and claims have (EBS on EKS)
+
+
+def platform_on_cluster() -> bool:
+    """Whether the cluster has a Kubeflow platform that doeks' kubeflow.deploy installed: it labels istio-system
+    `app.kubernetes.io/part-of: kubeflow` (NAMESPACE_PATCH), which upstream's manifests do not."""
+    from . import kube
+
+    found = kube.get_json(["namespace", OWNED_NAMESPACES[0]])
+    return bool(found) and (found["metadata"].get("labels") or {}).get("app.kubernetes.io/part-of") == "kubeflow"
+
+
+def remove(settings, runner, on_down: bool = False, timeout: int = PLATFORM_DELETE_TIMEOUT) -> None:
+    """Delete what kubeflow.deploy applied from this STATE_DIR's overlay, waiting at most `timeout` s for it to be
+    gone (on EKS its claims are EBS volumes, which a cluster deleted first would leave behind, billing). Without the
+    overlay: nothing of doeks' here; a platform doeks labelled on the cluster all the same is one error line (it
+    was deployed from another checkout or STATE_DIR: remove it from there). `on_down`: `invoke down`'s step, whose
+    plan shows the deletion only when there is one to do."""
     from . import kube
 
     overlay = overlay_dir(settings)
-    if not overlay.exists() and not runner.dry_run:
-        ui.say("Kubeflow was not deployed by doeks here (no overlay): nothing to remove")
-        return
+    argv = ["delete", "--ignore-not-found", "--wait=true", f"--timeout={timeout}s", "-k", str(overlay)]
     if runner.dry_run:
-        runner.run(["kubectl", "delete", "--ignore-not-found", "-k", str(overlay)])
+        if overlay.exists() or not on_down:
+            kube.run(runner, argv)
         return
-    runner.run([kube.kubectl(), "delete", "--ignore-not-found", "-k", str(overlay)], check=False)
+    if not overlay.exists():
+        if platform_on_cluster():
+            raise DoeksError(f"a Kubeflow platform deployed by doeks is on the cluster (namespace {OWNED_NAMESPACES[0]} "
+                             f"is labelled by kubeflow.deploy) but its overlay is not in {overlay.parent}: run "
+                             "`invoke kubeflow.remove` where it was deployed from (its STATE_DIR)")
+        ui.say("Kubeflow platform: not deployed by doeks here (no overlay): nothing to remove")
+        return
+    ui.say(f"removing the Kubeflow platform {VERSION} that kubeflow.deploy installed (at most {timeout} s)")
+    try:
+        kube.run(runner, argv)
+    except DoeksError as error:
+        if "timed out" in str(error):
+            raise DoeksError(f"waited {timeout} s for the Kubeflow platform's objects to be gone, and they were not "
+                             "(`kubectl get ns` shows what is left terminating)") from None
+        raise
 
 
 def pod_rows(api) -> list[list[Any]]:

@@ -42,7 +42,7 @@ def docker_reachable() -> bool:
         return False
 
 
-def setup(runner, docker: bool = False, kubernetes: bool = False) -> None:
+def setup(runner, docker: bool = False, kubernetes: bool = False, kueue: bool = False) -> None:
     from .local import torchvision_shim
 
     result = runner.step("torchvision CPU shim (CUDA stub libraries + rpath)", torchvision_shim.ensure)
@@ -59,8 +59,10 @@ def setup(runner, docker: bool = False, kubernetes: bool = False) -> None:
     if docker:
         ensure_docker(runner)
         ensure_base_image(runner)
-    if kubernetes:
+    if kubernetes or kueue:
         setup_kubernetes(runner)
+    if kueue:
+        setup_kueue(runner)
 
 
 def ensure_jpegcrop(runner) -> str:
@@ -94,6 +96,20 @@ def ensure_jpegcrop(runner) -> str:
     return "built"
 
 
+def _build_operators(runner, ops) -> None:
+    """Each operator built from the Go module proxy unless its binary is in the cache (the dry run names the build);
+    its build id is its version, with the library versions it is built against when it has `requires`."""
+    from .cluster import operators
+
+    for op in ops:
+        if operators.binary(op).exists():
+            ui.say(f"{op.name} {op.build_id}: already built in {operators.binary(op).parent}")
+        elif runner.dry_run:
+            runner.step(f"build {op.name} {op.build_id} from the Go module proxy ({op.module}/{op.package})", lambda: None)
+        else:
+            operators.build_binary(op)
+
+
 def setup_kubernetes(runner) -> None:
     """doeks' own cluster: the host packages its node needs (Debian's containerd, runc, CNI plugins, iptables), then
     Kubernetes, etcd and CoreDNS built from the Go module proxy (once per version, in the user cache folder)."""
@@ -106,13 +122,7 @@ def setup_kubernetes(runner) -> None:
         _apt(runner, missing)
     started = time.monotonic()
     build.build(runner)
-    for op in operators.OPERATORS.values():
-        if operators.binary(op).exists():
-            ui.say(f"{op.name} {op.version}: already built in {operators.binary(op).parent}")
-        elif runner.dry_run:
-            runner.step(f"build {op.name} {op.version} from the Go module proxy ({op.module}/{op.package})", lambda: None)
-        else:
-            operators.build_binary(op)
+    _build_operators(runner, operators.OPERATORS.values())
     from .cluster import registry  # the EKS rehearsal's registry (the node pulls the training image from it)
 
     if registry.built():
@@ -127,6 +137,19 @@ def setup_kubernetes(runner) -> None:
         eksctl.module()
     if not runner.dry_run:
         ui.say(f"doeks' cluster is built ({time.monotonic() - started:.0f}s this time; cached in {build.versions.cache_dir()})")
+
+
+def setup_kueue(runner) -> None:
+    """Kueue (with Trainer's library v2.3.0) and kwok built from the Go module proxy, once, in the user cache folder:
+    the kueue unit on doeks' own cluster and its simulated nodes (KUBE_SIM_NODES) need them."""
+    import time
+
+    from .cluster import operators
+
+    started = time.monotonic()
+    _build_operators(runner, operators.QUEUE_BUILDS.values())
+    if not runner.dry_run:
+        ui.say(f"Kueue and kwok are built ({time.monotonic() - started:.0f}s this time)")
 
 
 def _apt(runner, packages: list[str]) -> None:
@@ -172,19 +195,21 @@ from .container import BASE_IMAGE  # noqa: E402 - the name lives below the image
 
 def ensure_base_image(runner, name: str = BASE_IMAGE) -> None:
     """A Debian bookworm base image made here (debootstrap minbase + docker import), for builds with no registry."""
-    if runner.dry_run:
-        runner.run(["debootstrap", "--variant=minbase", "bookworm", "ROOTFS", "http://deb.debian.org/debian"])
-        runner.run(["docker", "import", "-", name])
-        return
     import docker as docker_sdk
 
-    client = docker_sdk.from_env(timeout=600)
-    try:
-        client.images.get(name)
+    try:  # a read: the dry run says what `setup` would do on this machine
+        docker_sdk.from_env(timeout=600).images.get(name)
         ui.say(f"base image {name}: present")
         return
     except docker_sdk.errors.ImageNotFound:
         pass
+    except docker_sdk.errors.DockerException:
+        if not runner.dry_run:
+            raise
+    if runner.dry_run:
+        runner.run(["debootstrap", "--variant=minbase", "bookworm", "ROOTFS", "http://deb.debian.org/debian"])
+        runner.run(["docker", "import", "-", name])
+        return
     if shutil.which("debootstrap") is None:
         _apt(runner, ["debootstrap"])
     import tempfile
@@ -194,6 +219,7 @@ def ensure_base_image(runner, name: str = BASE_IMAGE) -> None:
         runner.run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), "http://deb.debian.org/debian"])
         archive = Path(tmp) / "rootfs.tar"
         runner.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."])
+        client = docker_sdk.from_env(timeout=600)
         client.api.import_image_from_file(str(archive), repository=name.split(":")[0], tag=name.split(":")[1])
     ui.say(f"base image {name}: imported")
 
@@ -278,7 +304,7 @@ def kubeconfig_path() -> Path:
     import os
 
     first = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0]
-    return Path(first).expanduser() if first else Path.home() / ".kube" / "config"
+    return Path(os.path.expanduser(first)) if first else Path.home() / ".kube" / "config"
 
 
 def kube_context(settings, endpoint: str | None) -> tuple[bool, str]:
@@ -484,6 +510,11 @@ def kubernetes_checks(settings) -> list[Check]:
     rows.append(("training operator webhook serving", bool(served), ", ".join(sorted(set(served))) if served else
                  "no ready endpoint behind a kubeflow webhook with a CA bundle: `invoke kubeflow.training-operator.deploy`",
                  True))
+    from . import kueue
+
+    agree = kueue.check(settings, library=kueue.TRAINER_LIBRARY if own else "")
+    if agree is not None:
+        rows.append(agree)
     if own:
         from .cluster import images
         from .trainimage import reference

@@ -241,8 +241,10 @@ def training_request(settings, role_arn: str, name: str, max_steps: int = 0, cod
     if settings.sagemaker_spot:
         request["EnableManagedSpotTraining"] = True
         request["StoppingCondition"]["MaxWaitTimeInSeconds"] = settings.sagemaker_max_wait
-        request["CheckpointConfig"] = {"S3Uri": f"s3://{settings.s3_bucket}/doeks/{settings.job_name}/checkpoints",
-                                       "LocalPath": "/opt/ml/checkpoints"}
+    # every job's checkpoints in S3 through SageMaker's checkpoint channel (not only spot jobs': the instance's disk
+    # goes with the job, and CHECKPOINT_URI's help says this is where they are)
+    request["CheckpointConfig"] = {"S3Uri": f"s3://{settings.s3_bucket}/doeks/{settings.job_name}/checkpoints",
+                                   "LocalPath": "/opt/ml/checkpoints"}
     return request
 
 

@@ -256,6 +256,34 @@ def _memory(raw: str) -> str:
 _MEMORY = (_memory, "a memory size such as 512Mi or 16Gi (or empty)")
 
 
+def _quantity(raw: str) -> str:
+    """A CPU quantity as Kubernetes writes one: whole CPUs (64) or millicores (500m)."""
+    if not re.fullmatch(r"[1-9]\d{0,6}m?|0", raw):
+        raise _Bad("a number of CPUs such as 64, or millicores such as 500m")
+    return raw
+
+
+_QUANTITY = (_quantity, "a number of CPUs such as 64, or millicores such as 500m")
+
+
+def _memory_quota(raw: str) -> str:
+    if not re.fullmatch(r"[1-9]\d*(Ki|Mi|Gi|Ti|K|M|G|T)|0", raw):
+        raise _Bad("a memory size such as 512Mi or 16Ti")
+    return raw
+
+
+_MEMORY_QUOTA = (_memory_quota, "a memory size such as 512Mi or 16Ti")
+
+
+def _topology(raw: str) -> str:
+    if raw.lower() not in ("", "required", "preferred"):
+        raise _Bad("empty, required or preferred")
+    return raw.lower()
+
+
+_TOPOLOGY = (_topology, "empty, required or preferred")
+
+
 def _text(raw: str) -> str:
     if "\n" in raw or "\x00" in raw:
         raise _Bad("one line of text")
@@ -313,6 +341,8 @@ KEYS: tuple[Key, ...] = (
     _key("KUBE_GPUS", "kubernetes", "0", "nvidia.com/gpu each training pod asks for on TARGET=kubernetes (0 = train on CPU)", _int(0, 64)),
     _key("KUBE_NODES", "kubernetes", "1", "Nodes of doeks' own cluster (TARGET=kubernetes, KUBECONFIG empty): 1 = the host's; each more is a kubelet with its own containerd, network namespace and pod range on the same bridge, as kind runs nodes (`invoke cluster.node-stop NAME` loses one)", _int(1, 16)),
     _key("KUBE_MEMORY", "kubernetes", "", "Memory limit of each training pod on TARGET=kubernetes, also its request (empty = no limit); a pod over it is OOM-killed", _MEMORY),
+    _key("KUBE_SIM_NODES", "kubernetes", "0", "Simulated nodes added to doeks' own cluster (kwok: nodes and pods that exist only in the API server), labelled and sized as EKS labels a KUBE_SIM_NODE_TYPE node; tainted so only jobs that tolerate them go there (0 = none; `down` removes them)", _int(0, 1000)),
+    _key("KUBE_SIM_NODE_TYPE", "kubernetes", "", "Instance type of the simulated nodes: its GPUs, EFA adapters, CPUs and memory, and EKS' labels (empty = GPU_INSTANCE_TYPE)", _pattern(_INSTANCE_TYPE, "an EC2 instance type such as p5.48xlarge", optional=True)),
     _key("CLUSTER_NAME", "eks", "doeks", "EKS cluster name", _pattern(_CLUSTER_NAME, "a cluster name: a letter, then letters, digits and '-', at most 100")),
     _key("EKS_VERSION", "eks", "1.35", "Kubernetes version of the cluster (default: the newest in EKS standard support; older ones cost 6x in extended support)", _EKS_VERSION),
     _key("EKS_ZONES", "eks", "", "Availability zones for the cluster (empty = eksctl picks)", _zones),
@@ -365,9 +395,9 @@ KEYS: tuple[Key, ...] = (
     _key("LEARNING_RATE", "elasticjob", "0.1", "Peak learning rate for a global batch of 256, scaled linearly with the global batch (also after an elastic resize); linear warmup then cosine decay (SGD, nesterov)", _float(1e-6, 10.0)),
     _key("CROP_SIZE", "elasticjob", "0", "Training crop / val center-crop side in pixels (0 = 224 where GPUs train: eks, SageMaker; 32 where this machine trains: local, docker, SageMaker local mode, so the demo takes about a minute)", _int(0, 1024)),
     _key("CHECKPOINT_EVERY", "elasticjob", "10", "Write a checkpoint every N optimizer steps", _int(1, 1000000)),
-    _key("CHECKPOINT_URI", "elasticjob", "", "Where the job's checkpoints go, under <it>/<JOB_NAME>/step-N/ (PyTorch Distributed Checkpoint, `latest` written last): s3://bucket/prefix, or a folder the training processes see (empty = the shared volume's checkpoints/<JOB_NAME>; SageMaker: its checkpoint channel, synced to s3://S3_BUCKET/doeks/<JOB_NAME>/checkpoints). On local and docker s3:// is doeks' moto server (or AWS_ENDPOINT_URL)", _STORE_URI),
+    _key("CHECKPOINT_URI", "elasticjob", "", "Where the job's checkpoints go, under <it>/<JOB_NAME>/step-N/ (PyTorch Distributed Checkpoint, `latest` written last): s3://bucket/prefix, or a folder the training processes see (empty = the shared volume's checkpoints/<JOB_NAME>; eks: s3://S3_BUCKET/doeks/checkpoints, since `down` deletes its volume; SageMaker: its checkpoint channel, synced to s3://S3_BUCKET/doeks/<JOB_NAME>/checkpoints). On local and docker s3:// is doeks' moto server (or AWS_ENDPOINT_URL)", _STORE_URI),
     _key("KEEP_CHECKPOINTS", "elasticjob", "3", "Complete checkpoints kept per job (older ones are removed once a newer one is complete)", _int(1, 1000)),
-    _key("MODEL_URI", "elasticjob", "", "Where the final model goes when the job ends, as <it>/<JOB_NAME>/model.pt: s3://bucket/prefix, or a folder the training processes see (empty = the shared volume's models/<JOB_NAME>; SageMaker: model.tar.gz in its output path)", _STORE_URI),
+    _key("MODEL_URI", "elasticjob", "", "Where the final model goes when the job ends, as <it>/<JOB_NAME>/model.pt: s3://bucket/prefix, or a folder the training processes see (empty = the shared volume's models/<JOB_NAME>; eks: s3://S3_BUCKET/doeks/models, since `down` deletes its volume; SageMaker: model.tar.gz in its output path)", _STORE_URI),
     _key("DATA_WORKERS", "elasticjob", "auto", "DataLoader worker processes per training process (auto = the node's CPUs / processes per node - 1, at most 16)", _pattern(re.compile(r"auto|[0-9]|[1-5][0-9]|6[0-4]"), "auto or an integer from 0 to 64")),
     _key("DATA_CLASSES", "elasticjob", "4", "Classes (WordNet-id folders) in the generated ImageNet-shaped data set", _int(2, 1000)),
     _key("DATA_TRAIN_PER_CLASS", "elasticjob", "400", "Generated training images per class", _int(1, 100000)),
@@ -411,6 +441,13 @@ KEYS: tuple[Key, ...] = (
     _key("KFP_NAMESPACE", "kubeflow", "kubeflow-user-example-com", "Kubeflow profile namespace the pipeline runs in; its kubernetes branch creates the job there (the profile of user@example.com in the platform's example)", _dns_label()),
     _key("KFP_SERVICE_ACCOUNT", "kubeflow", "default-editor", "Service account of the pipeline's pods in KFP_NAMESPACE (multi-user KFP runs them as default-editor); kubeflow.pipeline.deploy gives it RBAC on PyTorchJobs/TrainJobs and a Pod Identity role for SageMaker", _dns_label()),
     _key("PIPELINE_JOB_KIND", "kubeflow", "trainjob", "What the pipeline's kubernetes branch submits: a Trainer v2 TrainJob or a fixed-size PyTorchJob (training operator v1)", _choice(("trainjob", "pytorchjob"))),
+    # kueue (queues, quotas, topology)
+    _key("QUEUE", "kueue", "", "Kueue LocalQueue the jobs go to (elasticjob.deploy, kubeflow.trainjob.submit, kubeflow.pytorchjob.submit): they carry the label kueue.x-k8s.io/queue-name and wait until Kueue admits all their pods at once (empty = no queue: they start at once); `invoke kueue.deploy` makes this queue (empty: one named doeks)", _pattern(_DNS1123_LABEL, "a Kubernetes name: lower-case letters, digits and '-'", optional=True)),
+    _key("QUEUE_CPU", "kueue", "1000", "CPUs the queue's ClusterQueue may use on each node type (its nominal quota per ResourceFlavor)", _QUANTITY),
+    _key("QUEUE_MEMORY", "kueue", "8Ti", "Memory the queue's ClusterQueue may use on each node type", _MEMORY_QUOTA),
+    _key("QUEUE_GPUS", "kueue", "64", "nvidia.com/gpu the queue's ClusterQueue may use on each node type that has GPUs (0 on one without)", _int(0, 100000)),
+    _key("QUEUE_EFA", "kueue", "256", "vpc.amazonaws.com/efa adapters the queue's ClusterQueue may use on each node type that has EFA (0 on one without)", _int(0, 100000)),
+    _key("TOPOLOGY", "kueue", "", "Put all of a queued job's pods in one network block (EKS' topology.k8s.aws/network-node-layer-3): required (wait until one block has room) or preferred (one block when one has room; empty = anywhere)", _TOPOLOGY),
     # secrets (masked in every output)
     _key("AWS_ACCESS_KEY_ID", "secrets", "", "Access key id (empty = default credentials chain)", _text),
     _key("AWS_SECRET_ACCESS_KEY", "secrets", "", "Secret access key (masked in all output)", _text),
@@ -432,6 +469,8 @@ class Settings:
         self._raw = raw
         self._sources = sources
         self._problems = problems or {}  # key -> its error, when loaded leniently (config, doctor): default used
+        self._filled: dict[str, str] = {}  # key -> why: a target's default for a key left empty (with_defaults)
+        self._filled_for = ""  # the TARGET whose defaults those are
 
     @property
     def problems(self) -> dict[str, str]:
@@ -462,7 +501,27 @@ class Settings:
                 continue
             raw[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
             sources[name.upper()] = "flag"
-        return _validate(raw, sources)
+        result = _validate(raw, sources)
+        kept = {k: self._values[k] for k in self._filled if not raw[k].strip()}
+        if kept and result.target == self._filled_for:  # the target's defaults stay while TARGET does
+            result = result.with_defaults(self._filled_for, {k: self._filled[k] for k in kept}, **kept)
+        return result
+
+    def with_defaults(self, target: str, why: dict[str, str], **values: Any) -> "Settings":
+        """A copy in which keys left empty take `values`: what TARGET `target` uses when the user names nothing
+        (doeks.targets.settled asks the target). The raw value stays empty (`.env` is the user's); `invoke config`
+        shows the value in effect and `why[key]`; with_overrides keeps them while TARGET stays `target`."""
+        filled = {k: v for k, v in values.items() if not self._raw[k].strip()}
+        if not filled:
+            return self
+        result = Settings({**self._values, **filled}, self._raw, self._sources, self._problems)
+        result._filled = {**self._filled, **{k: why[k] for k in filled}}
+        result._filled_for = target
+        return result
+
+    def filled(self, name: str) -> str:
+        """Why `name` has the value it has when the user left it empty and the target filled it ("" otherwise)."""
+        return self._filled.get(name, "")
 
     @property
     def on_this_machine(self) -> bool:
@@ -502,6 +561,8 @@ class Settings:
 
     def rows(self) -> list[list[str]]:
         def shown(k: Key) -> list[str]:
+            if k.name in self._filled:
+                return [str(self._values[k.name]), f"{self._sources[k.name]} ({self._filled[k.name]})"]
             if k.name in _DERIVED and not self._raw[k.name].strip():
                 return [str(self._values[k.name]), f"{self._sources[k.name]} ({_DERIVED[k.name]})"]
             marked = " (NOT ACCEPTED: see below)" if k.name in self._problems else ""
@@ -525,7 +586,7 @@ def job_name_of(train_script: str) -> str:
     if raw.startswith("-m"):
         parts = raw[2:].strip().split(".")
     elif raw:
-        path = Path(raw).expanduser()
+        path = Path(os.path.expanduser(raw))  # an unknown ~user stays as written (Path.expanduser raises)
         path = (path if path.is_absolute() else PROJECT_ROOT / path).resolve()
         if path == PROJECT_ROOT / "doeks" / "workload" / "train.py":
             return BUILTIN_JOB_NAME

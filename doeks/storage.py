@@ -607,11 +607,7 @@ def stage_manifests(settings, source: str, relayout_val: bool) -> list[dict[str,
     """The staging Job's service account (its Pod Identity association gives it S3 read) and the Job."""
     from . import identity
 
-    workload = identity.get("data-stage")
-    account = {"apiVersion": "v1", "kind": "ServiceAccount",
-               "metadata": {"name": workload.service_account, "namespace": settings.namespace,
-                            "labels": {"app.kubernetes.io/part-of": "doeks"}}}
-    return [account, stage_job(settings, source, relayout_val)]
+    return [identity.service_account(settings, identity.get("data-stage")), stage_job(settings, source, relayout_val)]
 
 
 def stage_job(settings, source: str, relayout_val: bool) -> dict[str, Any]:
@@ -631,18 +627,32 @@ def stage_job(settings, source: str, relayout_val: bool) -> dict[str, Any]:
                 "restartPolicy": "OnFailure", "serviceAccountName": identity.get("data-stage").service_account,
                 "containers": [{"name": "stage", "image": image, "command": args,
                                 "env": [{"name": "AWS_REGION", "value": s.aws_region}],
-                                "resources": {"requests": {"cpu": "2", "memory": "2Gi"}},
+                                # a request, not a limit: the stager uses what CPU is idle; 2 never fit a node
+                                # with 2 allocatable (the rehearsal's: Pending, and `up` waited on it for hours)
+                                "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
                                 "volumeMounts": [{"name": "shared", "mountPath": s.shared_mount}]}],
                 "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": s.shared_pvc}}]}}}}
 
 
-def stage_on_cluster(settings, runner, source: str, relayout_val: bool) -> None:
-    """The staging Job applied on the cluster, with S3 read on the data prefix for its service account."""
+def stage_on_cluster(settings, runner, source: str, relayout_val: bool, session=None) -> None:
+    """The staging Job applied on the cluster, with S3 read on the data prefix for its service account. `session`
+    (the target's pod_session) gives the name of a Secret its pods read their AWS session from (envFrom), or None where
+    the cluster hands it to them (EKS Pod Identity's agent); it is called once the service account exists."""
     from . import identity, kube
 
-    identity.ensure(settings, runner, identity.get("data-stage"))
+    workload = identity.get("data-stage")
+    identity.ensure(settings, runner, workload)
     manifests = stage_manifests(settings, source, relayout_val)
+    job = next(m for m in manifests if m["kind"] == "Job")
+    rest = manifests
+    if session is not None and not runner.dry_run:
+        kube.apply(runner, [m for m in manifests if m["kind"] == "ServiceAccount"])
+        rest = [job]
+        secret = session(runner, workload)  # applied without being printed: the manifests below name it only
+        if secret:
+            for container in job["spec"]["template"]["spec"]["containers"]:
+                container.setdefault("envFrom", []).append({"secretRef": {"name": secret}})
     # a Job's pod template cannot change ("field is immutable"): a previous staging Job (another image after a code
     # change, another source) is deleted first, with its pods
-    kube.delete(runner, [m for m in manifests if m["kind"] == "Job"])
-    kube.apply(runner, manifests)
+    kube.delete(runner, [job])
+    kube.apply(runner, rest)

@@ -129,9 +129,9 @@ def settings(**overrides):
             reset()
             base = current()
     if not any(v is not None for v in overrides.values()):
-        return base
+        return targets.settled(base)  # what the target fills in where the user named nothing (checkpoints, model)
     try:
-        return base.with_overrides(**overrides)
+        return targets.settled(base.with_overrides(**overrides))
     except SettingsError as error:  # name the flag the user typed, not the key it overrides
         for name, value in overrides.items():
             prefix = f"{name.upper()}="

@@ -16,12 +16,15 @@ directory lives 7 days and nobody tries to renew it: each deploy makes a new run
 
 Preloaded workers (doeks.zygote): the agent forks, right after its own `import torch`, a process that imports
 torchvision and the rest once; every worker (start and restart) is a fork of it instead of a new interpreter
-importing them again: a replaced pod's first step and a restarted container's come seconds sooner. DOEKS_PRELOAD=0
-in the pod's environment starts workers the usual way.
+importing them again: a replaced pod's first step and a restarted container's come seconds sooner. A fork runs the
+script through doeks.worker.run, as a new interpreter's `python -u -m doeks.worker script.py` does. DOEKS_PRELOAD=0
+in the pod's environment starts workers the usual way (that command).
 
 The hang watchdog (doeks.watchdog) runs in the agent's monitor loop when DOEKS_HANG_TIMEOUT is set.
 
-Standard library and torch only: in the image it runs without the rest of doeks.
+Standard library and torch only, doeks.targets.reasons (standard library: how doeks reads a traceback), doeks.worker
+(how a worker runs the script), doeks.zygote and doeks.watchdog, staged beside it: in the image it runs without the
+rest of doeks.
 """
 from __future__ import annotations
 
@@ -109,13 +112,14 @@ def patch_worker_start(zygote) -> None:
     """torchrun's worker start (SubprocessHandler._popen) forks `python -u script.py ...` from the zygote."""
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 
+    from . import worker
     from . import zygote as zygote_module
 
     handler = subprocess_handler.SubprocessHandler
     popen = handler._popen
 
     def start_worker(self, args, env):
-        if zygote_module.runnable(args):
+        if worker.runnable(args):
             try:
                 return zygote.spawn(list(args), env, self._stdout and self._stdout.name, self._stderr and self._stderr.name)
             except zygote_module.ZygoteGone:
@@ -159,10 +163,14 @@ def patch_restarts() -> None:
         result = monitor(self, worker_group)
         if result.is_failed():
             codes = sorted({f.exitcode for f in result.failures.values()})
-            if PERMANENT_EXIT in codes:
+            raised = _script_error() if PERMANENT_EXIT not in codes else None
+            if PERMANENT_EXIT in codes or raised:
                 if self._remaining_restarts:
-                    _say(f"doeks: a worker exited with {PERMANENT_EXIT} (permanent error): not restarting the workers")
+                    _say(f"doeks: a worker exited with {PERMANENT_EXIT} (permanent error): not restarting the workers"
+                         if raised is None else f"doeks: {raised}: the same code raises it again, not restarting the "
+                                                 f"workers")
                 self._remaining_restarts = 0
+                _ENDED_FOR_GOOD.set()
             elif self._remaining_restarts > 0:
                 self._doeks_failed = codes  # torchrun restarts the group next: said once the old workers are gone
         return result
@@ -174,6 +182,7 @@ def patch_restarts() -> None:
             spec = worker_group.spec
             _say(f"{RESTART_SAID} (exit codes {failed}): torchrun restarts it "
                  f"({spec.max_restarts - self._remaining_restarts} of {spec.max_restarts})")
+        _SEEN.clear()  # a new attempt: what the stopped workers raised was read (drain_relays above)
         result = initialize(self, worker_group)
         if failed is not None:
             self._doeks_failed = None
@@ -187,14 +196,64 @@ def patch_restarts() -> None:
 
 _RELAYS: list[threading.Thread] = []
 _WRITE = threading.Lock()
+# What the workers of this attempt raised: one reading per worker stream (doeks.targets.reasons.Tracebacks), so two
+# workers' tracebacks written at once are read apart
+_SEEN: list = []
+# The agent stopped because no restart could help (a permanent exit code, the script's own exception)
+_ENDED_FOR_GOOD = threading.Event()
 
 
-def drain_relays(timeout: float = 5.0) -> None:
-    """Wait until what the workers that are gone wrote has reached the agent's output."""
+def _script_error(wait: float = 5.0) -> str:
+    """The script's own exception a failed worker of this attempt logged ("the script raised RuntimeError: ... (fit.py,
+    line 60, in main)"), or "" when none did: its innermost frame is the job's code (a bug, its own `raise`, a
+    checkpoint of another model), which a restart runs again to the same end. An error a library raised (a lost peer)
+    or out of memory is not one: a restart may help. Waits up to `wait` seconds for the relays of the workers that have
+    ended to read their last lines."""
+    drain_relays(wait, ended_only=True)
+    with _WRITE:
+        seen = list(_SEEN)
+    for reading in seen:
+        found = reading.permanent()
+        if found is not None:
+            return found.text
+    return ""
+
+
+def _reader():
+    """A reader of one worker stream's tracebacks for this attempt (None where doeks' reader is not staged)."""
+    try:
+        from .targets.reasons import Tracebacks
+    except ImportError:
+        return None
+    reading = Tracebacks()
+    with _WRITE:
+        _SEEN.append(reading)
+    return reading
+
+
+def drain_relays(timeout: float = 5.0, ended_only: bool = False) -> None:
+    """Wait until what the workers that are gone wrote has reached the agent's output (`ended_only`: only the relays
+    of workers whose process has ended, the others may run on; at most `timeout` seconds in all)."""
+    import time
+
+    deadline = time.monotonic() + timeout
     for relay in list(_RELAYS):
-        relay.join(timeout)
+        process = getattr(relay, "doeks_process", None)
+        if ended_only and (process is None or process.poll() is None):
+            continue
+        relay.join(max(0.0, deadline - time.monotonic()) if ended_only else timeout)
         if not relay.is_alive():
             _RELAYS.remove(relay)
+
+
+def _worker_command(args):
+    """`python -u script.py` as `python -u -m doeks.worker script.py` (doeks.worker: the script's process groups end
+    without the hang at exit of gloo's DDP), where doeks.worker is staged beside this module."""
+    try:
+        from .worker import command
+    except ImportError:
+        return args
+    return command(args)
 
 
 def patch_whole_lines() -> None:
@@ -214,19 +273,24 @@ def patch_whole_lines() -> None:
     popen = handler._popen
 
     def relay(source, sink) -> None:
+        reading = _reader()
         with source:
             for line in iter(source.readline, b""):
                 with _WRITE:
                     sink.write(line)
                     sink.flush()
+                if reading is not None:  # this stream's own reading: read outside the lock every relay writes under
+                    reading.feed(line.decode(errors="replace").rstrip("\n"))
 
     def start(self, args, env):
+        args = _worker_command(args)
         if self._stdout is not None or self._stderr is not None:
             return popen(self, args, env)
         process = subprocess.Popen(args=args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    start_new_session=True)
         for source, sink in ((process.stdout, sys.stdout.buffer), (process.stderr, sys.stderr.buffer)):
             thread = threading.Thread(target=relay, args=(source, sink), name="doeks-lines", daemon=True)
+            thread.doeks_process = process
             thread.start()
             _RELAYS.append(thread)
         return process
@@ -235,15 +299,53 @@ def patch_whole_lines() -> None:
     handler._doeks_lines = True
 
 
-def run_quietly(entry) -> int:
+# In a pod, an agent that finds its run's rendezvous closed waits this long before its container ends (see run_quietly)
+CLOSED_WAIT_S = 30
+# A container its supervisor restarts on failure (the kubelet, docker's on-failure policy: the job's manifest sets it,
+# doeks.jobspec) waits this long before it ends after an error no restart cures (see run_quietly)
+END_WAIT_ENV = "DOEKS_END_WAIT_S"
+
+
+def _end_wait() -> float:
+    """How long an agent that gave up for good waits before it ends: DOEKS_END_WAIT_S where the job's manifest sets it,
+    else CLOSED_WAIT_S in a pod, else 0."""
+    try:
+        return max(0.0, float(os.environ[END_WAIT_ENV]))
+    except (KeyError, ValueError):
+        return _pod_wait()
+
+
+def _pod_wait() -> float:
+    """CLOSED_WAIT_S in a Kubernetes pod (its container restarted by the kubelet), else 0 (at once)."""
+    return CLOSED_WAIT_S if os.environ.get("KUBERNETES_SERVICE_HOST") else 0
+
+
+def run_quietly(entry, closed_wait_s: float | None = None, end_wait_s: float | None = None) -> int:
     """Run torchrun's main, ending in one line where torch ends in a traceback of its own: stopped by a signal (a
     delete, a scale down, the supervisor: its workers are already stopped; SignalException, ~20 lines per node at every
     delete), or out of restarts (ChildFailedError's banner, ~25 lines, after the workers' own tracebacks)."""
+    import time
+
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
+    if closed_wait_s is None:
+        closed_wait_s = _pod_wait()
+    if end_wait_s is None:
+        end_wait_s = _end_wait()
     try:
         entry()
+    except RendezvousClosedError:
+        # a node of this run spent its restarts and closed the rendezvous: no node can join it again, so a restart of
+        # this container cannot help. In a pod it ends only after a while: the kubelet keeps one ended container per
+        # container, so this one's end removes the previous one's log, which holds the error that ended the run (a
+        # missing data folder ended a run in three lives of its pods and 13 s, and no log said why any more)
+        _say("doeks: RendezvousClosedError: a node of this run gave up and closed its rendezvous: nothing to rejoin"
+             + (f"; this container ends in {closed_wait_s:.0f} s" if closed_wait_s else ""))
+        sys.stdout.flush()
+        time.sleep(closed_wait_s)
+        return 1
     except SignalException as stopped:
         _say(f"doeks: torchrun stopped by {stopped.sigval.name}: its workers are stopped")
         sys.stdout.flush()
@@ -252,7 +354,14 @@ def run_quietly(entry) -> int:
         os._exit(128 + int(stopped.sigval))
     except ChildFailedError as failed:  # the workers' own tracebacks are above it in the log
         rank, failure = failed.get_first_failure()
-        _say(f"doeks: torchrun gives up: rank {rank} exited with {failure.exitcode} and no restart is left")
+        wait = end_wait_s if _ENDED_FOR_GOOD.is_set() else 0
+        # an error no restart cures: a container its supervisor restarts (a pod's, docker's) stays a while, with the
+        # log that says why, so that what follows the job ends it before the container is restarted into a closed
+        # rendezvous (on docker that restart was counted: "Failed after 1 restarts" for the script's own error)
+        _say(f"doeks: torchrun gives up: rank {rank} exited with {failure.exitcode} and no restart is left"
+             + (f"; this container ends in {wait:.0f} s" if wait else ""))
+        sys.stdout.flush()
+        time.sleep(wait)
         return 1
     return 0
 

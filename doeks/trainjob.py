@@ -16,7 +16,7 @@ from typing import Any
 
 from . import trainimage
 from .errors import DoeksError
-from .jobspec import Placement, labels, node_type_placement, train_args
+from .jobspec import Placement, labels, node_type_placement, queue_labels, topology_annotations, train_args
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 TRAINER_VERSION = "v2.3.0"
@@ -65,10 +65,13 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
                         for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")]
         + copy.deepcopy(placement.tolerations),
     }
+    pod_template: dict[str, Any] = {"spec": pod_spec}
+    if topology_annotations(settings):  # Kueue reads it on the JobSet's pod template, which the runtime patch makes
+        pod_template["metadata"] = {"annotations": topology_annotations(settings)}
     return {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
-        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels(settings)},
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": {**labels(settings), **queue_labels(settings)}},
         "spec": {
             "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": RUNTIME_KIND, "name": RUNTIME},
             "trainer": {
@@ -84,11 +87,37 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
                 "manager": MANAGER,
                 "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
                     "name": REPLICATED_JOB,
-                    "template": {"spec": {"template": {"spec": pod_spec}}},
+                    "template": {"spec": {"template": pod_template}},
                 }]}}},
             }],
         },
     }
+
+
+KUEUE_UNSUPPORTED = "unsupported runtime"  # kueue v0.19.2 pkg/controller/jobs/trainjob: its runtime cache lags
+
+
+def apply(runner, job: dict[str, Any], attempts: int = 30, wait_s: float = 5) -> None:
+    """The TrainJob applied (server-side). Kueue's TrainJob webhook refuses one whose runtime its cache has not read
+    yet ("admission webhook "vtrainjob.kb.io" denied the request: unsupported runtime: ClusterTrainingRuntime...", right
+    after Kueue or Trainer is deployed): that refusal is retried, at most attempts x wait_s (150 s), said once; any
+    other error at once."""
+    import time
+
+    from . import kube, ui
+
+    for attempt in range(attempts):
+        try:
+            kube.apply(runner, [job])
+            return
+        except DoeksError as refused:
+            if runner.dry_run or KUEUE_UNSUPPORTED not in str(refused) or attempt == attempts - 1:
+                raise
+            if attempt == 0:
+                ui.say(f"  Kueue does not know runtime {job['spec']['runtimeRef']['name']} yet (its webhook refuses the "
+                       f"TrainJob until its cache has read it): trying again, at most {attempts * wait_s:.0f} s",
+                       style="dim")
+            time.sleep(wait_s)
 
 
 def selector(name: str) -> str:

@@ -4,12 +4,13 @@ torchrun starts every worker as a new interpreter, which spends seconds importin
 first step, at every start and every restart (a pod that recovers pays it twice: the agent's import, then each
 worker's). The agent forks a zygote right after its own `import torch` (before any thread exists); the zygote imports
 the rest once and then forks one process per worker, which takes the argv, environment, new session and output files
-torchrun asked for and runs the script with runpy. Anything else (`--no-python`, `-m`, a wrapped command) is started by
-torchrun the usual way. Nothing CUDA is touched before the fork: a worker initialises its GPU itself, as a fresh
-interpreter would. The local agent (doeks.local.agent) and the training image's torchrun (doeks.torchrun) both use it.
+torchrun asked for and runs the script (doeks.worker.run, as `python -u -m doeks.worker script.py` would). Anything
+else (`--no-python`, `-m`, a wrapped command) is started by torchrun the usual way. Nothing CUDA is touched before
+the fork: a worker initialises its GPU itself, as a fresh interpreter would. The local agent (doeks.local.agent) and the training image's torchrun (doeks.torchrun) both use it.
 
 If the agent dies the zygote sees its socket close, kills its workers and exits: like a pod's containers, nothing
-outlives the node. Standard library only (and what it preloads), so the training image carries it.
+outlives the node. Standard library only (and what it preloads) and doeks.worker, so the training image carries it
+with doeks.worker beside it.
 """
 from __future__ import annotations
 
@@ -23,17 +24,14 @@ import sys
 import threading
 from typing import Any
 
+from . import worker
+
 PRELOAD = ("torchvision", "torchvision.datasets", "torchvision.models", "torchvision.transforms", "torch.nn.parallel",
            "torch.utils.data", "PIL.Image")
 
 
 class ZygoteGone(RuntimeError):
     """The zygote is not there any more: start the worker the usual way."""
-
-
-def runnable(args: tuple | list) -> bool:
-    """True for the command torchrun builds for a script: `<this python> -u script.py ...`."""
-    return len(args) >= 3 and args[0] == sys.executable and args[1] == "-u" and str(args[2]).endswith(".py")
 
 
 def _title(text: str) -> None:
@@ -230,7 +228,6 @@ def _redirect(path: str | None, fd: int) -> None:
 def _become_worker(request: dict[str, Any]) -> None:
     """Turn this fresh fork into `python -u script args...` as torchrun asked, then run the script."""
     import io
-    import runpy
 
     os.setsid()  # torchrun starts workers in a session of their own and signals the group
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
@@ -250,17 +247,5 @@ def _become_worker(request: dict[str, Any]) -> None:
     if numpy is not None:  # a fresh interpreter seeds numpy's global generator from the OS; forks would all share one
         numpy.random.seed()
     args = request["args"]
-    script = args[2]
     _title(" ".join(args))
-    sys.argv = [script] + args[3:]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except Exception as error:  # noqa: BLE001 - shown as `python script.py` shows it, then exit 1 as it does
-        trace = error.__traceback__
-        while trace is not None and trace.tb_frame.f_code.co_filename != script:
-            trace = trace.tb_next  # the zygote's and runpy's frames are doeks' own, not the script's
-        error = error.with_traceback(trace or error.__traceback__)  # Python prints the exception's own traceback
-        sys.excepthook(type(error), error, error.__traceback__)  # torch's, once the script made its process group
-        sys.exit(1)
-    sys.exit(0)
+    worker.run(args[2], args[3:])  # the script as `python -u script args`, its process groups' end made safe

@@ -474,8 +474,8 @@ def _cluster_needs(target, s, dry_run):
     name = f"{s.job_name}-stage"
     if dry_run:  # the plan shows the wait; a real run waits (the job must not start on an empty volume)
         runner(dry_run).step(f"wait for Job {s.namespace}/{name} to complete (at most {STAGE_TIMEOUT // 3600} h; the "
-                             "stager's first failure ends the wait with its reason), then delete it and its pod (a "
-                             "finished pod keeps the claim)", lambda: None)
+                             f"stager's first failure, or its pod unplaced for {kube.UNSCHEDULABLE_S // 60} min, ends the wait with "
+                             "its reason), then delete it and its pod (a finished pod keeps the claim)", lambda: None)
         return
     kube.wait_job(s.namespace, name, f"staging {source} into {s.shared_pvc}", timeout=STAGE_TIMEOUT)
     kube.delete(runner(), [{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": s.namespace}}])
@@ -484,6 +484,14 @@ def _cluster_needs(target, s, dry_run):
 STAGE_TIMEOUT = 6 * 3600  # ImageNet (150 GB) from S3 into FSx takes hours; a failing stager ends the wait at once
 
 
+@task(name="delete", help={"dry_run": "print what would be stopped and removed"})
+def _down(c, dry_run=False):
+    """Stop the job (as elasticjob.delete; its checkpoints and model are kept) and remove the AWS identity deploys gave
+    the training pods (TARGET=eks: role, Pod Identity association, service account)."""
+    delete(c, dry_run=dry_run)
+    _target().job_identity_delete(runner(dry_run))
+
+
 ns = Collection("elasticjob", data, build, push, deploy, status, describe, logs, history, scale, delete, artifacts, plot,
                 scaling, tensorboard)
-UNIT = Unit("elasticjob", order=60, up=_up, down=delete)
+UNIT = Unit("elasticjob", order=60, up=_up, down=_down)

@@ -38,10 +38,13 @@ def submit(c, elastic=True, replicas=None, fresh=False, dry_run=False):
     """Submit a PyTorchJob running the repo's training script (kubectl server-side apply)."""
     from doeks import jobspec, kube
 
-    s = settings(replicas=replicas)
-    where = target(s)
+    where = target(settings(replicas=replicas))
+    s = where.without_identity(where.settings)  # its pods have no AWS role of their own: checkpoints on the claim
     if not dry_run:
         where.require_cluster("PyTorchJobs", "use `invoke elasticjob.deploy`")
+        from doeks import kueue
+
+        kueue.require_local_queue(s)  # QUEUE set: the job waits in that queue, which must exist
     placement = where.placement()
     job = jobspec.pytorchjob(s, placement=placement) if elastic else jobspec.pytorchjob_fixed(s, placement=placement)
     _start_over(where, fresh, dry_run)
@@ -129,10 +132,13 @@ def trainjob_submit(c, replicas=None, fresh=False, dry_run=False):
     """Submit the fixed-size job as a Trainer v2 TrainJob (torch-distributed runtime), server-side apply."""
     from doeks import kube, trainjob
 
-    s = settings(replicas=replicas)
-    where = target(s)
+    where = target(settings(replicas=replicas))
+    s = where.without_identity(where.settings)  # its pods have no AWS role of their own: checkpoints on the claim
     if not dry_run:
         where.require_cluster("TrainJobs", "use `invoke elasticjob.deploy`")
+        from doeks import kueue
+
+        kueue.require_local_queue(s)  # QUEUE set: the job waits in that queue, which must exist
     from doeks import jobspec, ui
 
     if jobspec.idle_gpus_warning(s):  # GPUs per node follow the node
@@ -140,7 +146,7 @@ def trainjob_submit(c, replicas=None, fresh=False, dry_run=False):
     job = trainjob.trainjob(s, placement=where.placement())
     _start_over(where, fresh, dry_run)
     _image_on_the_node(where, {"containers": [{"image": job["spec"]["trainer"]["image"]}]}, dry_run)
-    kube.apply(runner(dry_run), [job])
+    trainjob.apply(runner(dry_run), job)
 
 
 @task(name="status")
@@ -153,6 +159,15 @@ def trainjob_status(c):
     s = settings()
     kube.show(runner(), ["trainjob", s.job_name, "-n", s.namespace, "-o", "wide"])
     kube.show(runner(), ["pods", "-n", s.namespace, "-l", trainjob.selector(s.job_name), "-o", "wide"])
+    from doeks import kueue, ui
+
+    job = kube.get_json(["trainjob", s.job_name, "-n", s.namespace])
+    queued = kueue.admission(job) if job else None
+    if queued is not None:  # a job of a queue: admitted, or why it waits (Kueue's Workload)
+        ui.say(queued.line(), style=None if queued.admitted else "yellow")
+        if not queued.admitted:
+            ui.say(f"fix: {kueue.waiting_fix(queued)}")
+            return
     found = trainjob.diagnose(s)
     if found is not None:
         from doeks import ui
@@ -254,18 +269,18 @@ def pipeline_delete(c, dry_run=False, force=False):
     """Remove what kubeflow.pipeline.deploy made (Pod Identity, the profile's claim, RBAC); safe to run twice.
 
     A claim the pipeline's jobs' pods still mount is named and left (see csi.delete)."""
+    where = target()
+    _on_the_cluster(lambda s, r: _pipeline_remove(where, s, r, force), "nothing to delete", dry_run)
+
+
+def _pipeline_remove(where, s, r, force: bool) -> None:
     from doeks import kube, pipeline
 
-    where = target()
-
-    def step(s, r):
-        where.identity_remove(r, "pipeline-runner")
-        claim = pipeline.shared_claim_refs(s)  # deploy's steps in reverse: the claim, then the RBAC
-        if claim:
-            kube.delete_claim(r, s, s.kfp_namespace, s.shared_pvc, claim, force)
-        kube.delete(r, pipeline.rbac(s))
-
-    _on_the_cluster(step, "nothing to delete", dry_run)
+    where.identity_remove(r, "pipeline-runner")
+    claim = pipeline.shared_claim_refs(s)  # deploy's steps in reverse: the claim, then the RBAC
+    if claim:
+        kube.delete_claim(r, s, s.kfp_namespace, s.shared_pvc, claim, force)
+    kube.delete(r, pipeline.rbac(s))
 
 
 @task(name="deploy", help={"dry_run": "print the commands; change nothing"})
@@ -278,10 +293,27 @@ def platform_deploy(c, dry_run=False):
 
 @task(help={"dry_run": "print the command; change nothing"})
 def remove(c, dry_run=False):
-    """Remove what kubeflow.deploy applied; safe to run twice."""
+    """Remove what kubeflow.deploy applied (waiting, bounded, until it is gone); safe to run twice."""
     from doeks import kubeflow
 
-    kubeflow.remove(settings(), runner(dry_run))
+    _on_the_cluster(kubeflow.remove, "no Kubeflow platform to remove", dry_run)
+
+
+@task(name="down")  # not in the collection: `invoke down`'s step (a task, so an error is one line and the others go on)
+def _down(c, dry_run=False):
+    """`invoke down`'s kubeflow step: what the pipeline's deploy made (its Pod Identity role outlives an EKS cluster),
+    the training operator (`up`'s), then the Kubeflow platform when kubeflow.deploy installed it from this STATE_DIR
+    (on EKS its claims are EBS volumes, which deleting the cluster first would leave behind)."""
+    from doeks import kubeflow
+
+    where = target()
+
+    def step(s, r):
+        _pipeline_remove(where, s, r, force=False)
+        kubeflow.operator_delete(s, r)
+        kubeflow.remove(s, r, on_down=True)
+
+    where.on_cluster(step, "no operator to delete", runner(dry_run))
 
 
 @task(name="status")
@@ -312,4 +344,4 @@ ns.add_collection(pytorchjob)
 ns.add_collection(trainer_ns)
 ns.add_collection(trainjob_ns)
 ns.add_collection(pipeline_ns)
-UNIT = Unit("kubeflow", order=50, up=operator_deploy, down=operator_delete)
+UNIT = Unit("kubeflow", order=50, up=operator_deploy, down=_down)

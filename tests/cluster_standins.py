@@ -4,8 +4,14 @@ account does than tests/eksctl_standin.py: `eksctl create cluster` makes the VPC
 subnets, a cluster security group), the cluster and its node groups; `eksctl delete cluster` deletes them and, like
 eksctl's CloudFormation stack, FAILS with DependencyViolation while anything doeks made still sits in the VPC
 (security groups, VPC endpoints, EFS mount targets, FSx file systems). kubectl/helm record their argv + stdin to
-$RECORD; `kubectl get pods -o json` answers from $PODS (a JSON list, default none); `kubectl delete` of the shared
+$RECORD; `kubectl get pods -o json` answers from $PODS (a JSON list, default none; `-n` picks a pod's namespace, a
+pod without one is in every namespace), `kubectl get namespace NAME` from $NAMESPACES (a JSON object: name -> labels; NotFound otherwise, as the API server says it), `kubectl get crd NAME` NotFound; `kubectl delete` of the shared
 claim does what the FSx CSI driver's DeleteVolume does: deletes the file systems it made (tag doeks/cluster).
+`kubectl get jobs` answers from $JOBS (a JSON list, default none); deleting a Job takes it out of $JOBS and its pods
+(label batch.kubernetes.io/job-name) out of $PODS, as the garbage collector's foreground deletion does. A waiting
+delete of a claim that a pod in $PODS holds (scheduled on a node, finished or not: claim protection, as
+tests/test_rehearsal_cluster.py shows on a real API server) fails at once with kubectl's timeout message, where a
+real kubectl would wait until --timeout (for ever without one).
 Whatever it runs as is chosen by its file name (eksctl, kubectl, helm).
 """
 import json
@@ -79,21 +85,58 @@ def eksctl():
         ec2.delete_vpc(VpcId=vpc)
 
 
+def _load(name):
+    path = os.environ.get(name)
+    return json.load(open(path)) if path and os.path.exists(path) else []
+
+
+def _save(name, items):
+    path = os.environ.get(name)
+    if path and os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump(items, f)
+
+
 def kube():
     stdin = sys.stdin.read() if "-f" in argv and "-" in argv else ""
     with open(os.environ["RECORD"], "a") as record:
         record.write(json.dumps({"tool": tool, "argv": argv, "stdin": stdin}) + "\n")
     if tool == "kubectl" and argv[:2] == ["get", "pods"]:
-        pods = os.environ.get("PODS")
-        print(json.dumps({"items": json.load(open(pods)) if pods and os.path.exists(pods) else []}))
+        namespace = flag("-n") if "-n" in argv else None  # a pod without a namespace is in every one
+        print(json.dumps({"items": [p for p in _load("PODS") if namespace in (None, p["metadata"].get("namespace", namespace))]}))
     if tool == "kubectl" and argv[:2] == ["get", "job"]:  # the staging Job: it completes here (no S3 to read)
         print(json.dumps({"kind": "Job", "metadata": {"name": argv[2]},
                           "status": {"conditions": [{"type": "Complete", "status": "True"}]}}))
     if tool == "kubectl" and argv[:2] == ["get", "jobs"]:
-        print(json.dumps({"items": []}))
+        print(json.dumps({"items": _load("JOBS")}))
+    if tool == "kubectl" and argv[:2] == ["get", "crd"]:  # no operator's CRDs on this stand-in cluster (Kueue's: not deployed)
+        sys.stderr.write(f'Error from server (NotFound): customresourcedefinitions.apiextensions.k8s.io "{argv[2]}" not found\n')
+        sys.exit(1)
+    if tool == "kubectl" and argv[:2] == ["get", "namespace"]:
+        known = os.environ.get("NAMESPACES")
+        found = json.load(open(known)) if known and os.path.exists(known) else {}
+        if argv[2] not in found:
+            sys.stderr.write(f'Error from server (NotFound): namespaces "{argv[2]}" not found\n')
+            sys.exit(1)
+        print(json.dumps({"kind": "Namespace", "metadata": {"name": argv[2], "labels": found[argv[2]]}}))
     if tool == "kubectl" and argv[:1] == ["delete"]:
-        claims = [d for d in yaml.safe_load_all(stdin) if d and d.get("kind") == "PersistentVolumeClaim"]
-        if any(c["spec"].get("storageClassName") == "fsx-sc" for c in claims):
+        docs = [d for d in yaml.safe_load_all(stdin) if d]
+        gone = {d["metadata"]["name"] for d in docs if d.get("kind") == "Job"}
+        if gone:  # foreground: the Job goes with its pods
+            _save("JOBS", [j for j in _load("JOBS") if j["metadata"]["name"] not in gone])
+            _save("PODS", [p for p in _load("PODS")
+                           if p["metadata"].get("labels", {}).get("batch.kubernetes.io/job-name") not in gone])
+        claims = [d for d in docs if d.get("kind") == "PersistentVolumeClaim"]
+        held = [p["metadata"]["name"] for p in _load("PODS") for c in claims
+                if (p.get("spec", {}).get("nodeName") or p.get("status", {}).get("phase") not in ("Succeeded", "Failed"))
+                and p["metadata"].get("namespace", "default") == c["metadata"].get("namespace", "default")
+                and any(v.get("persistentVolumeClaim", {}).get("claimName") == c["metadata"]["name"]
+                        for v in p.get("spec", {}).get("volumes", []))]
+        if held and "--wait=true" in argv:
+            sys.stderr.write(f"error: timed out waiting for the condition on persistentvolumeclaims/"
+                             f"{claims[0]['metadata']['name']} (held by pod {', '.join(held)})\n")
+            sys.exit(1)
+        if any(c.get("spec", {}).get("storageClassName") == "fsx-sc" for c in claims):
             fsx = client("fsx", os.environ.get("AWS_REGION", "us-west-2"))
             for fs in fsx.describe_file_systems()["FileSystems"]:
                 if any(t["Key"] == "doeks/cluster" for t in fs.get("Tags", [])):

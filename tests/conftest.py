@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -58,10 +57,39 @@ def schema_path(name: str) -> Path:
                 f"(`invoke setup --kubernetes` downloads it)")
 
 
+def _stuck(pid: int) -> str:
+    """What a task that ran past its test's limit was doing: its processes and, where py-spy is installed, their Python
+    stacks (an intermittent hang is seen once in a CI log, and only this says where)."""
+    import shutil
+
+    from doeks.local import jobs
+
+    said = []
+    for each in [pid, *jobs.descendants(pid)]:
+        try:
+            command = Path(f"/proc/{each}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except OSError:
+            continue
+        said.append(f"--- process {each}: {command}")
+        if shutil.which("py-spy") and "python" in command:
+            dump = subprocess.run(["py-spy", "dump", "--pid", str(each)], capture_output=True, text=True, timeout=30)
+            said.append((dump.stdout or dump.stderr)[-3000:])
+    return "\n".join(said)
+
+
 def invoke(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
-    result = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=full_env, capture_output=True,
-                            text=True, timeout=timeout)
+    process = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stuck = _stuck(process.pid)
+        process.kill()
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"invoke {' '.join(args)} did not end in {timeout:.0f} s; its output ends:\n"
+                             f"{stderr[-6000:]}\n{stdout[-2000:]}\nits processes then:\n{stuck}") from None
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     if check and result.returncode != 0:
         raise AssertionError(f"invoke {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
@@ -69,13 +97,9 @@ def invoke(*args: str, env: dict | None = None, timeout: float = 600, check: boo
 
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
     """The predicate's first truthy value, or an AssertionError naming what did not happen in time."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    from doeks.waiting import until
+
+    return until(predicate, timeout, what, poll=poll, error=AssertionError)
 
 
 def training_processes(*roots: int) -> list[int]:
@@ -130,6 +154,9 @@ def docker_client():
     return client
 
 
+SESSION_KUBECONFIG = os.environ.get("KUBECONFIG")  # as the run was started, before any test's connect
+
+
 @pytest.fixture(autouse=True)
 def no_machine_cluster(request, tmp_path_factory, monkeypatch):
     """Outside the `kubernetes` mark a test sees no doeks cluster: doeks' own cluster is one per machine, and its
@@ -138,11 +165,12 @@ def no_machine_cluster(request, tmp_path_factory, monkeypatch):
     changed (TARGET=kubernetes plans read it: with a job of another run holding the claim they said otherwise)."""
     if request.node.get_closest_marker("kubernetes") is None:
         monkeypatch.setenv("DOEKS_CLUSTER_DIR", str(tmp_path_factory.getbasetemp() / "no-cluster"))
-        # a target's connect run in this process points KUBECONFIG at its cluster (doeks.kube.use/use_only): undone
-        # after the test, or the next one's commands carry that test's kubeconfig (KUBECONFIG decides the image)
-        before = os.environ.get("KUBECONFIG")
-        monkeypatch.setenv("KUBECONFIG", before or "")
-        if before is None:
+        # a target's connect run in this process points KUBECONFIG at its cluster (doeks.kube.use/use_only), in a
+        # test or in a cluster module's fixture: each test starts from the session's own KUBECONFIG, or the next ones'
+        # commands carry that kubeconfig (KUBECONFIG decides the cluster, the image, the plan: CI once failed 2 tests
+        # that ran after the cluster modules, and passed them alone)
+        monkeypatch.setenv("KUBECONFIG", SESSION_KUBECONFIG or "")
+        if SESSION_KUBECONFIG is None:
             monkeypatch.delenv("KUBECONFIG")
     yield
 

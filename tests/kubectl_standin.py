@@ -17,8 +17,10 @@ if os.environ.get("RECORD"):
     with open(os.environ["RECORD"], "a") as record:
         record.write(json.dumps({"tool": "kubectl", "argv": argv, "stdin": stdin}) + "\n")
 script = json.load(open(os.environ["KUBECTL_SCRIPT"])) if os.environ.get("KUBECTL_SCRIPT") else []
+# `kubectl get --raw /api/v1/namespaces/NS/pods?labelSelector=...`: the path's parts count as words ("pods")
+words = argv + [part for arg in argv if arg.startswith("/api") for part in arg.split("?")[0].split("/")]
 for entry in script:
-    if all(word in argv for word in entry["match"]):
+    if all(word in words for word in entry["match"]):
         sys.stdout.write(entry.get("stdout", ""))
         sys.stderr.write(entry.get("stderr", ""))
         sys.exit(entry.get("rc", 0))

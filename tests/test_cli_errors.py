@@ -22,7 +22,7 @@ from doeks.taskkit import Choice, Duration, Float, Int, Size
 from .conftest import ROOT, invoke
 from .test_teardown import account, calls  # noqa: F401 - moto as the account, the stand-ins eksctl/kubectl/helm; their record
 
-UNITS = ("elasticjob", "kubeflow", "gpu-metrics", "efa", "csi", "eks")  # teardown order
+UNITS = ("elasticjob", "kueue", "kubeflow", "gpu-metrics", "efa", "csi", "eks")  # teardown order
 
 
 @pytest.fixture
@@ -172,6 +172,32 @@ def test_no_kubeconfig_is_one_line_naming_eks_connect(no_credentials, tmp_path, 
         line = one_line_error(result)
         assert "invoke eks.connect" in line, (task, line)
         assert "memcache.go" not in result.stderr + result.stdout, (task, result.stderr)
+
+
+def test_a_webhook_not_serving_yet_is_not_a_missing_cluster(tmp_path):
+    """An API server that cannot reach an admission webhook's Service says "dial tcp ...: connect: connection
+    refused" too (words from doeks' own cluster while Kueue's manager was still writing its certificate). That is
+    an answer from a cluster: a caller retrying it must get the failure back, not "run invoke eks.connect"."""
+    from doeks.errors import NotConnected, kube_unreachable
+    from doeks.runner import Runner
+
+    webhook = ('Error from server (InternalError): Internal error occurred: failed calling webhook '
+               '"mresourceflavor.kb.io": failed to call webhook: Post "https://kueue-webhook-service.kueue-system.svc:'
+               '443/mutate-kueue-x-k8s-io-v1beta2-resourceflavor?timeout=10s": dial tcp 10.96.0.37:443: connect: '
+               'connection refused')
+    assert not kube_unreachable(webhook)
+    assert kube_unreachable("The connection to the server 127.0.0.1:6443 was refused - did you specify the right host?")
+    kubectl = tmp_path / "kubectl"  # kubectl's answer, replayed: the real timing cannot be made to happen on demand
+    kubectl.write_text(f"#!/bin/sh\necho '{webhook}' >&2\nexit 1\n")
+    kubectl.chmod(0o755)
+    result = Runner(dry_run=False).run([str(kubectl), "apply", "-f", "-"], check=False, capture=True)
+    assert result.returncode == 1
+    (tmp_path / "gone").mkdir()
+    gone = tmp_path / "gone" / "kubectl"
+    gone.write_text("#!/bin/sh\necho 'The connection to the server 127.0.0.1:6443 was refused' >&2\nexit 1\n")
+    gone.chmod(0o755)
+    with pytest.raises(NotConnected):
+        Runner(dry_run=False).run([str(gone), "get", "pods"], check=False, capture=True)
 
 
 # -- up / down on eks -------------------------------------------------------------------------------------------------

@@ -110,3 +110,16 @@ def test_build_run_exec_stop(docker_env, docker_client, state_dir):
     assert second.returncode == 0 and "nothing to stop" in second.stderr
     missing = invoke("exec", "--", "true", env=docker_env)
     assert missing.returncode == 1 and "not running" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_the_setup_dry_run_plans_the_base_image_only_where_docker_lacks_it(docker_client, capsys):
+    """`invoke setup --dry-run` planned debootstrap and `docker import` on a machine whose docker had the base image
+    (what `setup` itself says is present and skips): the plan says what setup would do here."""
+    from doeks.runner import Runner
+
+    runner = Runner(dry_run=True)
+    preflight.ensure_base_image(runner)
+    assert f"base image {preflight.BASE_IMAGE}: present" in capsys.readouterr().err and runner.planned == []
+    preflight.ensure_base_image(runner, name="doeks-no-such-base:none")
+    assert runner.planned == ["run: debootstrap --variant=minbase bookworm ROOTFS http://deb.debian.org/debian",
+                              "run: docker import - doeks-no-such-base:none"]

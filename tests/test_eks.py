@@ -118,6 +118,11 @@ def test_create_status_scale_delete_through_eksctl_and_boto3(fake_eksctl, state_
     assert created.returncode == 0, created.stderr
     assert calls(record)[0][:3] == ["create", "cluster", "-f"]
     assert calls(record)[1][:2] == ["utils", "write-kubeconfig"]
+    # and the kubeconfig of this cluster alone, which every TARGET=eks task reads (issue 31: never the user's context)
+    pinned = state_dir / "kube" / "eks-doeks.us-west-2.kubeconfig"
+    written = [argv for argv in calls(record) if argv[:2] == ["utils", "write-kubeconfig"]]
+    assert ["utils", "write-kubeconfig", "--cluster", "doeks", "--region", "us-west-2", "--kubeconfig", str(pinned)] \
+        in written, written
     config = yaml.safe_load(open(calls(record)[0][3]))
     validate(config)
 
@@ -240,12 +245,16 @@ def test_doctor_checks_what_a_real_account_needs(state_dir):
 
 
 def test_fresh_on_eks_says_the_checkpoints_on_the_claim_are_kept(state_dir):
-    """--fresh clears a job's checkpoints only where the claim's folder is on this machine (doeks' own cluster); on
-    EKS it still replaces a running job, and says the job resumes from the checkpoints on the claim."""
-    fresh = invoke("elasticjob.deploy", "--fresh", "--dry-run", env={"TARGET": "eks"})
+    """--fresh clears a job's checkpoints only where this machine reaches them (doeks' own cluster's folder, S3: eks'
+    default); with CHECKPOINT_URI on the claim it still replaces a running job, and says the job resumes from them."""
+    fresh = invoke("elasticjob.deploy", "--fresh", "--dry-run", env={"TARGET": "eks", "CHECKPOINT_URI": "/fsx-shared/ck"})
     assert fresh.returncode == 0, fresh.stderr
     said = fresh.stdout + fresh.stderr
     assert "checkpoints on claim fsx-pvc are not on this machine: the job resumes from them" in said
     assert "remove checkpoints and metrics" not in said
+    in_s3 = invoke("elasticjob.deploy", "--fresh", "--dry-run", env={"TARGET": "eks"})
+    said = in_s3.stdout + in_s3.stderr
+    assert in_s3.returncode == 0 and "resumes from them" not in said, said[-2000:]
+    assert "remove the checkpoints of imagenet in s3://doeks-training/doeks/checkpoints/imagenet/" in said
     plain = invoke("elasticjob.deploy", "--dry-run", env={"TARGET": "eks"})
     assert plain.returncode == 0 and "resumes from them" not in plain.stdout + plain.stderr

@@ -82,3 +82,37 @@ def test_a_new_staging_job_replaces_the_previous_one(account):
     deleted = [i for i, c in enumerate(calls) if c["argv"][0] == "delete" and "kind: Job" in c["stdin"]]
     assert deleted and deleted[0] < job, calls  # the previous Job goes first, with its pods
     assert "imagenet-stage" in calls[deleted[0]]["stdin"]
+
+
+def test_a_push_of_a_tag_ecr_has_already_pushes_nothing(account, tmp_path):
+    """Failure 3 (`up` cannot run twice): the ECR repository is IMMUTABLE (a tag is the content's hash) and the push
+    was unconditional, so the second `up` pushed a tag ECR already had, which ECR refuses. The eks target's own push
+    (trainimage.push; the rehearsal has its own copy of this check) now asks ECR first: with the tag there,
+    `elasticjob.push` exits 0 and never reaches docker (this code's image is not even built here). On the previous
+    code it went on to docker (one line: the image is not built), the step that on AWS is the refused second push."""
+    from doeks import settings as S
+    from doeks import trainimage
+    from doeks.runner import Runner
+
+    env, _ = account
+    script = tmp_path / "code" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('pushed once')\n")  # a script of its own: a tag no docker image here has
+    mine = {**env, "TRAIN_SCRIPT": str(script)}
+    s = S.load(environ={**os.environ, **mine}, path=ROOT / ".env")
+    remote = trainimage.reference(s, on_this_machine=False)
+    host, tag = remote.split("/", 1)[0], remote.rsplit(":", 1)[1]
+    assert host == "123456789012.dkr.ecr.us-west-2.amazonaws.com", remote  # this account's ECR, as moto answers STS
+    trainimage.ensure_repository(s, Runner(echo=False))  # as the first `up` made it
+    ecr = boto3.client("ecr", region_name="us-west-2", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
+                       aws_secret_access_key="testing")
+    assert ecr.describe_repositories(repositoryNames=["doeks-train"])["repositories"][0]["imageTagMutability"] == "IMMUTABLE"
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": 2,
+                                      "digest": "sha256:" + "4" * 64}, "layers": []})
+    ecr.put_image(repositoryName="doeks-train", imageManifest=manifest, imageTag=tag)  # the first `up`'s push
+    again = invoke("elasticjob.push", env=mine)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"{remote} is in ECR already: not pushed again" in again.stdout + again.stderr
+    assert "Traceback" not in again.stderr
+    assert [i["imageTag"] for i in ecr.list_images(repositoryName="doeks-train")["imageIds"]] == [tag]

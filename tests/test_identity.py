@@ -40,10 +40,12 @@ def settings_for(env, monkeypatch):
 
 # -- the table itself ---------------------------------------------------------------------------------------------
 def test_every_workload_policy_allows_what_it_calls_and_nothing_broader(state_dir, monkeypatch):
+    from doeks import targets
+
     monkeypatch.setenv("FSX_IMPORT_PATH", "s3://doeks-training/data")
-    s = S.load()
+    s = targets.settled(S.load().with_overrides(target="eks"))  # eks' checkpoints and model in S3: the train row's
     assert {w.key for w in identity.WORKLOADS} >= {"fsx-csi", "efs-csi", "ebs-csi", "cloudwatch-observability",
-                                                   "cloudwatch-agent-gpu", "data-stage", "pipeline-runner"}
+                                                   "cloudwatch-agent-gpu", "data-stage", "pipeline-runner", "train"}
     for workload in identity.WORKLOADS:
         docs = identity.policies(s, workload)
         assert docs, workload.key

@@ -1,6 +1,7 @@
-"""The training job's own S3 role (doeks.jobpaths.job_s3_policy), with moto's IAM enforcing it: a user holding exactly
-that policy makes every call the job's checkpoints and model make, and nothing outside the job's prefixes. EKS Pod
-Identity itself is not in moto: the user's keys stand in for the credentials the pod would get from the role."""
+"""The training jobs' own S3 role (doeks.jobpaths.job_s3_policy: CHECKPOINT_URI's and MODEL_URI's prefixes, each job
+under its name), with moto's IAM enforcing it: a user holding exactly that policy makes every call the checkpoints and
+model make, and nothing outside those prefixes. Here the user's keys stand in for the role's session; the role itself,
+with its session from EKS Auth against doeks' server: tests/test_rehearsal_iam.py."""
 from __future__ import annotations
 
 import json
@@ -20,18 +21,24 @@ def _denied(call) -> bool:
     return False
 
 
-def test_policy_names_exactly_the_job_prefixes(monkeypatch):
+def test_policy_names_exactly_the_checkpoint_and_model_prefixes(monkeypatch):
+    """CHECKPOINT_URI's and MODEL_URI's prefixes, under which each job writes its own <JOB_NAME>/: the cluster's
+    jobs share the role (one service account per namespace), so a policy naming one job's prefix would be replaced by
+    the next job's deploy while the first still saves."""
     s = S.load({"CHECKPOINT_URI": "s3://ml-bucket/checkpoints", "MODEL_URI": "s3://ml-bucket/models", "JOB_NAME": "resnet"})
     policy = jobpaths.job_s3_policy(s)
     listing, objects = policy["Statement"]
     assert listing["Resource"] == "arn:aws:s3:::ml-bucket"
-    assert listing["Condition"]["StringLike"]["s3:prefix"] == ["checkpoints/resnet", "checkpoints/resnet/*", "models/resnet",
-                                                               "models/resnet/*"]
-    assert objects["Resource"] == ["arn:aws:s3:::ml-bucket/checkpoints/resnet/*", "arn:aws:s3:::ml-bucket/models/resnet/*"]
+    assert listing["Condition"]["StringLike"]["s3:prefix"] == ["checkpoints", "checkpoints/*", "models", "models/*"]
+    assert objects["Resource"] == ["arn:aws:s3:::ml-bucket/checkpoints/*", "arn:aws:s3:::ml-bucket/models/*"]
+    assert jobpaths.job_s3_policy(s.with_overrides(job_name="other")) == policy  # every job of the cluster: one policy
     assert sorted(objects["Action"] + [listing["Action"]]) == sorted(jobpaths.JOB_S3_CALLS)
     assert not any("*" in a for a in objects["Action"])
     assert jobpaths.pod_env(s) == {"AWS_REGION": s.aws_region}
     assert jobpaths.job_s3_policy(S.load({"CHECKPOINT_URI": "", "MODEL_URI": ""})) is None  # the shared volume: no role
+    whole = jobpaths.job_s3_policy(S.load({"CHECKPOINT_URI": "s3://ml-bucket", "MODEL_URI": "/models"}))
+    assert whole["Statement"][0] == {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::ml-bucket"}
+    assert whole["Statement"][1]["Resource"] == ["arn:aws:s3:::ml-bucket/*"]  # a whole bucket named: the user's choice
 
 
 def test_a_user_with_exactly_the_job_policy_makes_the_checkpoint_calls_and_nothing_else():
@@ -75,10 +82,11 @@ def test_a_user_with_exactly_the_job_policy_makes_the_checkpoint_calls_and_nothi
         job.delete_objects(Bucket="ml-bucket", Delete={"Objects": [{"Key": f"{prefix}/step-10/__0_0.distcp"}]})
         job.put_object(Bucket="ml-bucket", Key="models/resnet/model.pt", Body=b"model")
 
-        assert _denied(lambda: job.put_object(Bucket="ml-bucket", Key="checkpoints/other-job/x", Body=b"x"))
+        assert _denied(lambda: job.put_object(Bucket="ml-bucket", Key="checkpoints-other/x", Body=b"x"))
         assert _denied(lambda: job.get_object(Bucket="ml-bucket", Key="data/imagenet/x"))
         # (moto does not evaluate the s3:prefix condition of ListBucket: the first test checks the condition itself)
-        assert _denied(lambda: job.delete_object(Bucket="ml-bucket", Key="models/other/model.pt"))
+        assert _denied(lambda: job.delete_object(Bucket="ml-bucket", Key="models.pt"))
+        assert _denied(lambda: job.put_object(Bucket="ml-bucket", Key="data/imagenet/train/x.JPEG", Body=b"x"))
         assert _denied(lambda: job.create_bucket(Bucket="another", CreateBucketConfiguration={"LocationConstraint": "us-west-2"}))
 
     run()

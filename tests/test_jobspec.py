@@ -116,12 +116,13 @@ def test_the_rendezvous_etcd_is_one_server_its_service_reaches_with_the_v2_api()
     advertised (tests/test_kubernetes_jobs.py deletes the etcd pod on the real cluster)."""
     s = S.load(environ={}, path=ROOT / ".env")
     deployment, service = jobspec.etcd_manifests(s)
-    assert (deployment["metadata"]["name"], service["metadata"]["name"]) == ("etcd", jobspec.ETCD_SERVICE)
+    name = jobspec.etcd_name(s)
+    assert name == f"{s.job_name}-etcd" and deployment["metadata"]["name"] == service["metadata"]["name"] == name
     pod = deployment["spec"]["template"]
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    assert service["spec"]["selector"] == {"app": "etcd"} and deployment["metadata"]["labels"]["app"] == "etcd"
+    assert service["spec"]["selector"] == {"app": "etcd", "doeks/job": s.job_name} and deployment["metadata"]["labels"]["app"] == "etcd"
     container = pod["spec"]["containers"][0]
     assert container["name"] == "etcd" and container["image"] == s.etcd_image
     assert container["ports"] == [{"name": "client", "containerPort": jobspec.ETCD_PORT}]
@@ -130,10 +131,14 @@ def test_the_rendezvous_etcd_is_one_server_its_service_reaches_with_the_v2_api()
     assert command[0] == "/usr/local/bin/etcd" and "--enable-v2" in command and "--initial-cluster-state=new" in command
     data = command[command.index("--data-dir") + 1]
     assert {"name": "data", "mountPath": data} in container["volumeMounts"]
-    assert f"--advertise-client-urls=http://{jobspec.ETCD_SERVICE}:{jobspec.ETCD_PORT}" in command
+    assert f"--advertise-client-urls=http://{name}:{jobspec.ETCD_PORT}" in command
     assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": jobspec.ETCD_PORT}  # etcd's own
     for manifest in (deployment, service):
         assert_the_api_server_would_take(manifest)
+    # another job in the namespace: its own etcd, which this job's Service never selects
+    theirs, their_service = jobspec.etcd_manifests(S.load(environ={"JOB_NAME": "other"}, path=ROOT / ".env"))
+    assert their_service["metadata"]["name"] == "other-etcd" != name and theirs["metadata"]["name"] == "other-etcd"
+    assert not service["spec"]["selector"].items() <= theirs["spec"]["template"]["metadata"]["labels"].items()
 
 
 def assert_the_api_server_would_take(manifest: dict) -> None:

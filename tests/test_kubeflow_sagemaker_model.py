@@ -94,7 +94,9 @@ def test_every_request_variant_fits_the_service_model(variant, state_dir):
     assert request.get("EnableManagedSpotTraining", False) == s.sagemaker_spot
     if s.sagemaker_spot:
         assert request["StoppingCondition"]["MaxWaitTimeInSeconds"] >= request["StoppingCondition"]["MaxRuntimeInSeconds"]
-        assert request["CheckpointConfig"]["LocalPath"] == request["HyperParameters"]["checkpoint-dir"]
+    # every job's checkpoints go to S3 through the checkpoint channel, spot or not (the instance's disk does not last)
+    assert request["CheckpointConfig"]["LocalPath"] == request["HyperParameters"].get("checkpoint-dir", "/opt/ml/checkpoints")
+    assert request["CheckpointConfig"]["S3Uri"] == f"s3://{s.s3_bucket}/doeks/{s.job_name}/checkpoints"
 
 
 def test_longest_job_name_fits_and_latest_job_finds_it(state_dir):

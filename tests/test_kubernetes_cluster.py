@@ -276,7 +276,7 @@ def test_the_network_guard_counted_nothing_after_the_job(env):
     from doeks.cluster import guard
 
     assert guard.installed()
-    assert guard.dropped() == 0
+    assert guard.dropped() == 0, guard.listing()
 
 
 def test_cluster_dns_answers_cluster_names_and_forwards_nothing(env):
@@ -297,7 +297,7 @@ def test_cluster_dns_answers_cluster_names_and_forwards_nothing(env):
     assert "10.96.0.1" in inside
     assert "203.0.113" not in outside and "rc=1" in outside
     kubectl(env, "delete", "pod", name, "--wait=false")
-    assert guard.dropped() == 0
+    assert guard.dropped() == 0, guard.listing()
 
 
 @pytest.mark.cluster_down

@@ -146,4 +146,4 @@ def test_the_network_guard_counted_nothing(env):
     from doeks.cluster import guard
 
     assert guard.installed()
-    assert guard.dropped() == 0
+    assert guard.dropped() == 0, guard.listing()

@@ -55,15 +55,33 @@ def cluster(env):
     yield trainimage.reference(load({**os.environ, **env}), on_this_machine=True)
 
 
-def never_starts(selector: str) -> str:
-    """Why the pods of `selector` will never run (a waiting reason and its message), or empty."""
+def never_starts(selector: str, unschedulable_s: float = 120) -> str:
+    """Why the pods of `selector` will never run (a waiting reason and its message; or not schedulable for
+    `unschedulable_s`: nothing on the one node frees what they ask for while the test waits), or empty."""
+    from datetime import datetime, timezone
+
     pods = json.loads(kubectl({}, "get", "pods", "-n", "default", "-l", selector, "-o", "json").stdout or '{"items": []}')
+    now = datetime.now(timezone.utc)
     for pod in pods["items"]:
         for c in pod.get("status", {}).get("initContainerStatuses", []) + pod.get("status", {}).get("containerStatuses", []):
             waiting = c.get("state", {}).get("waiting", {})
             if waiting.get("reason") in NEVER_STARTS:
-                return f"{pod['metadata']['name']}: {waiting['reason']}: {waiting.get('message', '')[:300]}"
+                said = ""
+                if waiting["reason"] == "CrashLoopBackOff":  # what the container said before it ended, each time
+                    said = "\n" + kubectl({}, "logs", "-n", "default", pod["metadata"]["name"], "-c", c["name"],
+                                           "--previous", "--tail", "60").stdout[-4000:]
+                return f"{pod['metadata']['name']}: {waiting['reason']}: {waiting.get('message', '')[:300]}{said}"
+        for condition in pod.get("status", {}).get("conditions", []):
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                since = datetime.fromisoformat(condition["lastTransitionTime"].replace("Z", "+00:00"))
+                if (now - since).total_seconds() > unschedulable_s:
+                    return f"{pod['metadata']['name']}: Unschedulable for over {unschedulable_s:.0f} s: {condition.get('message', '')[:300]}"
     return ""
+
+
+def pods_said(selector: str) -> str:
+    """The pods of `selector` and their events, for a failed test's message."""
+    return kubectl({}, "describe", "pods", "-n", "default", "-l", selector).stdout[-3000:]
 
 
 def fail_fast(selector: str):
@@ -124,13 +142,13 @@ def test_the_docs_sdk_example_runs_a_function_on_the_torch_distributed_runtimes_
         while process.poll() is None:  # a job whose pods will never start fails now, not at the SDK's 600 s
             why = never_starts("jobset.sigs.k8s.io/jobset-name")
             assert not why, f"the example's job will never run: {why}"
-            assert time.monotonic() < deadline, "the example did not end in 900 s"
+            assert time.monotonic() < deadline, "the example did not end in 900 s:\n" + pods_said("jobset.sigs.k8s.io/jobset-name")
             time.sleep(3)
         out = process.stdout.read()
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 0, out[-3000:]
+    assert process.returncode == 0, out[-3000:] + "\n" + pods_said("jobset.sigs.k8s.io/jobset-name")
     assert "rank 0 of 2: sum 3.0" in out, out[-3000:]
     assert {j.name for j in client.list_jobs()} == before  # delete_job took it away
 

@@ -62,7 +62,7 @@ LINE_CASES = [
      "elasticjob.logs"),
     ("no-memory", "oom", False, "out of memory: Cannot allocate memory", "BATCH_SIZE"),
     ("etcd-unreachable", "rendezvous", False, "rendezvous server unreachable", "invoke eks.create"),
-    ("etcd-lost-mid-job", "rendezvous", False, "rendezvous server unreachable", "etcd-service"),
+    ("etcd-lost-mid-job", "rendezvous", False, "rendezvous server unreachable", "<JOB_NAME>-etcd"),
 ]
 
 

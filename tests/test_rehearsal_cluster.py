@@ -110,14 +110,20 @@ def test_the_node_pulls_an_ecr_named_image_from_the_registry_built_here(cluster)
         said = events("pulled")
         assert f'Successfully pulled image "{ECR}/doeks-train:rehearsal-probe"' in said, said
         assert "ran here" in kubectl("logs", "pulled", "-n", "default").stdout
+        # the rehearsal's own push (registry.store: docker's layers uncompressed, as an OCI manifest) pulls the same way
+        registry.store(preflight.BASE_IMAGE, "doeks-train", "rehearsal-stored")
+        kubectl("apply", "-f", "-", input=pod("stored", f"{ECR}/doeks-train:rehearsal-stored"))
+        wait_for(lambda: phase("stored") == "Succeeded", 180, f"pod stored to succeed ({events('stored')})")
+        assert f'Successfully pulled image "{ECR}/doeks-train:rehearsal-stored"' in events("stored")
         # a name the registry does not have is refused by it, not looked up anywhere else
         kubectl("apply", "-f", "-", input=pod("missing", f"{ECR}/doeks-train:no-such-tag"))
         wait_for(lambda: "ErrImagePull" in events("missing") or "Failed to pull" in events("missing"), 120,
                  "the missing tag to fail")
         assert "127.0.0.1:9" not in events("missing")  # it went to the registry, never to the no-pull proxy
-        assert guard.dropped() == 0
+        assert guard.dropped() == 0, guard.listing()
     finally:
-        kubectl("delete", "pod", "pulled", "missing", "-n", "default", "--ignore-not-found", "--wait=false")
+        kubectl("delete", "pod", "pulled", "stored", "missing", "-n", "default", "--ignore-not-found", "--wait=false")
+        registry.delete_repository("doeks-train")
         registry.unmap_all()
         registry.stop()
 
@@ -194,23 +200,54 @@ def test_a_service_account_token_from_the_api_server_buys_its_roles_credentials(
         server.stop()
 
 
+def _refused_creates() -> list[str]:
+    """The ReplicaSet controller's FailedCreate messages in namespace kubeflow (Pod Security's refusals land there)."""
+    replicas = json.loads(kubectl("get", "replicasets", "-n", "kubeflow", "-o", "json").stdout)["items"]
+    return [c.get("message", "") for r in replicas for c in r.get("status", {}).get("conditions", [])
+            if c.get("reason") == "FailedCreate"]
+
+
+def _operator_pods() -> list[dict]:
+    return json.loads(kubectl("get", "pods", "-n", "kubeflow", "-l", "control-plane=kubeflow-training-operator",
+                              "-o", "json").stdout)["items"]
+
+
 def test_the_training_operator_runs_under_pod_security_restricted(cluster):
+    """Failure 7: kubeflow/manifests 26.03 labels namespace kubeflow `enforce: restricted`; v1.9.4's Deployment sets
+    only allowPrivilegeEscalation=false in its container, so once its pod is made again none is admitted. Shown here
+    on the API server: the Deployment as v1.9.4 ships it (doeks' security context taken out) gets no pod, doeks'
+    deploy gets a Ready one."""
     deployed = invoke("kubeflow.training-operator.deploy", env=cluster, timeout=900)
     assert deployed.returncode == 0, deployed.stderr[-3000:]
+    # before the label is set: the API server checks the running pods against a new enforce level only when the
+    # label changes (a dry run of the label already set says nothing, whatever the pods are)
+    warnings = kubectl("label", "namespace", "kubeflow", "--overwrite", "--dry-run=server",
+                       "pod-security.kubernetes.io/enforce=restricted", "pod-security.kubernetes.io/enforce-version=latest")
+    assert warnings.returncode == 0 and "violate" not in warnings.stderr, warnings.stderr  # the running pod meets it
     labelled = kubectl("label", "namespace", "kubeflow", "--overwrite", "pod-security.kubernetes.io/enforce=restricted",
                        "pod-security.kubernetes.io/enforce-version=latest")
     assert labelled.returncode == 0, labelled.stderr
     try:
-        warnings = kubectl("label", "namespace", "kubeflow", "--overwrite", "--dry-run=server",
-                           "pod-security.kubernetes.io/enforce=restricted")
-        assert "violate" not in warnings.stderr, warnings.stderr  # the running pod meets it already
-        kubectl("delete", "pod", "-n", "kubeflow", "-l", "control-plane=kubeflow-training-operator", "--wait=true")
-        rollout = kubectl("rollout", "status", "-n", "kubeflow", "deployment/training-operator", "--timeout=180s")
+        # v1.9.4's own securityContext (main before issue 31): the rollout's new pod is refused by Pod Security
+        old = [{"op": "remove", "path": "/spec/template/spec/securityContext"},
+               {"op": "replace", "path": "/spec/template/spec/containers/0/securityContext",
+                "value": {"allowPrivilegeEscalation": False}}]
+        patched = kubectl("patch", "deployment", "training-operator", "-n", "kubeflow", "--type=json", "-p", json.dumps(old))
+        assert patched.returncode == 0, patched.stderr
+        refused = wait_for(lambda: [m for m in _refused_creates() if "violates PodSecurity" in m], 120,
+                           "the old Deployment's pod to be refused by Pod Security")
+        assert 'restricted:latest' in refused[0] and "runAsNonRoot" in refused[0], refused
+        # doeks' deploy: the Deployment meets `restricted`, its pod is admitted and Ready
+        deployed = invoke("kubeflow.training-operator.deploy", env=cluster, timeout=900)
+        assert deployed.returncode == 0, deployed.stderr[-3000:]
+        rollout = kubectl("rollout", "status", "-n", "kubeflow", "deployment/training-operator", "--timeout=300s")
         assert rollout.returncode == 0, rollout.stdout + rollout.stderr
-        replicas = json.loads(kubectl("get", "replicasets", "-n", "kubeflow", "-o", "json").stdout)["items"]
-        refused = [c.get("message", "") for r in replicas for c in r.get("status", {}).get("conditions", [])
-                   if c.get("reason") == "FailedCreate"]
-        assert not refused, refused
+        kubectl("delete", "pod", "-n", "kubeflow", "-l", "control-plane=kubeflow-training-operator", "--wait=true",
+                "--timeout=120s")  # made again (as after a drain): admitted again
+        rollout = kubectl("rollout", "status", "-n", "kubeflow", "deployment/training-operator", "--timeout=300s")
+        assert rollout.returncode == 0, rollout.stdout + rollout.stderr
+        pods = _operator_pods()
+        assert pods and all(c["ready"] for p in pods for c in p["status"].get("containerStatuses", [])), pods
     finally:
         kubectl("label", "namespace", "kubeflow", "pod-security.kubernetes.io/enforce-",
                 "pod-security.kubernetes.io/enforce-version-")
@@ -290,4 +327,34 @@ def test_a_failing_stager_ends_the_wait_at_once_with_its_reason(cluster, tmp_pat
     finally:
         kubectl("delete", "job", "i31-failing", "-n", "default", "--ignore-not-found", "--cascade=foreground", "--wait=true",
                 "--timeout=120s")
+        kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=to_yaml_stream([claim, volume]))
+
+
+def test_a_stager_the_scheduler_cannot_place_ends_the_wait_with_the_schedulers_words(cluster, tmp_path):
+    """Found by the ImageNet rehearsal: the staging Job asked for 2 CPUs on a node with 2 allocatable and 50m taken;
+    its pod stayed Pending (FailedScheduling 'Insufficient cpu') and `up` waited on it for the 6 h the stager may take.
+    A pod the scheduler has not placed for a while now ends the wait, in the scheduler's words."""
+    import time as clock
+
+    from doeks import kube
+    from doeks.errors import DoeksError
+    from doeks.runner import to_yaml_stream
+
+    volume, claim = claim_manifests(tmp_path / "volume")
+    kubectl("apply", "-f", "-", input=to_yaml_stream([volume, claim]))
+    # the claim bound first: an unbound claim is a scheduler's reason of its own for a moment
+    bound = kubectl("wait", "-n", "default", "--for=jsonpath={.status.phase}=Bound", "pvc/i31-claim", "--timeout=60s")
+    assert bound.returncode == 0, bound.stderr
+    job = stage_like_job("i31-unplaced", "echo never")
+    job["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "64"}}
+    kubectl("apply", "-f", "-", input=json.dumps(job))
+    try:
+        started = clock.monotonic()
+        with pytest.raises(DoeksError, match=r"staging: pod i31-unplaced-\S+ of Job default/i31-unplaced could not be "
+                                             r"scheduled for \d+ s: 0/1 nodes are available: 1 Insufficient cpu"):
+            kube.wait_job("default", "i31-unplaced", "staging", timeout=300, unschedulable_s=5)
+        assert clock.monotonic() - started < 60
+    finally:
+        kubectl("delete", "job", "i31-unplaced", "-n", "default", "--ignore-not-found", "--cascade=foreground",
+                "--wait=true", "--timeout=120s")
         kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", input=to_yaml_stream([claim, volume]))

@@ -126,3 +126,113 @@ def test_eks_auth_refuses_a_pod_without_association_or_with_a_bad_token(account,
     with pytest.raises(DoeksError, match="AccessDenied|InvalidClientTokenId|signature"):  # an unknown agent key
         rehearsal.pod_credentials(endpoint, REGION, "doeks", token(key, "default", "doeks-stage"),
                                   {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"})
+
+
+# -- the training job's pods: their own role (identity row `train`), its checkpoints and model in S3 ----------------------
+SAVE = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from doeks.workload.checkpoints import Store, save_file
+Store(sys.argv[1]).save({{"model": {{"w": torch.ones(64)}}}}, 10, {{"epoch": 0}}, background=False)
+state = {{"model": {{"w": torch.zeros(64)}}}}
+meta = Store(sys.argv[1]).resume(state)
+assert meta["step"] == 10 and float(state["model"]["w"].sum()) == 64.0, meta
+print("model at", save_file(sys.argv[2], "model.pt", {{"w": torch.ones(3)}}), flush=True)
+"""
+
+
+def _as_training_pod(creds, endpoint, checkpoints, model):
+    """The built-in job's checkpoint and model code (doeks/workload/checkpoints.py: s3fs, DCP) in a process with the
+    environment a rehearsal training pod gets: the role's session and the account's endpoint, nothing else of AWS."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(rehearsal.pod_environment(creds, endpoint, REGION))
+    return subprocess.run([sys.executable, "-c", SAVE.format(root=str(ROOT)), checkpoints, model], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_training_pods_role_saves_checkpoints_and_the_model_and_iam_can_say_no(account, keys, monkeypatch, tmp_path):
+    """TARGET=eks with nothing named keeps checkpoints and the model in S3; the deploy's identity step (the eks
+    target's own code) makes the `train` role and its association; a pod of the job's service account gets that
+    role's session from EKS Auth and saves a checkpoint, resumes it and writes model.pt; outside its prefixes it is
+    refused; and with PutObject taken out of the role's policy the same save fails (IAM enforced says no)."""
+    from doeks import jobpaths, targets
+
+    settings, endpoint, admin = account
+    _, key, _ = keys
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))  # the eks target points this process's kubectl there
+    target = targets.get(settings)
+    s = target.settings
+    assert (s.checkpoint_uri, s.model_uri) == ("s3://doeks-training/doeks/checkpoints", "s3://doeks-training/doeks/models")
+    target.job_identity(targets.Job(s), Runner(echo=False))  # what the deploy's step runs before the manifests
+    workload = identity.get("train")
+    creds = rehearsal.pod_credentials(endpoint, REGION, "doeks", token(key, s.namespace, "doeks-train"), admin)
+    assert creds["role"].startswith(f"arn:aws:sts::123456789012:assumed-role/{identity.role_name(s, workload)}/")
+
+    checkpoints, model = jobpaths.checkpoint_uri(s), jobpaths.model_uri(s)
+    assert (checkpoints, model) == ("s3://doeks-training/doeks/checkpoints/imagenet", "s3://doeks-training/doeks/models/imagenet")
+    ran = _as_training_pod(creds, endpoint, checkpoints, model)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert f"model at {model}/model.pt" in ran.stdout
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=endpoint, **{k: admin[k] for k in ("aws_access_key_id",
+                                                                                              "aws_secret_access_key")})
+    assert s3.get_object(Bucket="doeks-training", Key="doeks/checkpoints/imagenet/latest")["Body"].read().strip() == b"step-10"
+    assert s3.head_object(Bucket="doeks-training", Key="doeks/models/imagenet/model.pt")["ContentLength"] > 0
+    session = boto3.client("s3", region_name=REGION, endpoint_url=endpoint,
+                           **{k: creds[k] for k in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")})
+    for call in (lambda: session.put_object(Bucket="doeks-training", Key="data/imagenet/train/n01/c.JPEG", Body=b"y"),
+                 lambda: session.get_object(Bucket="doeks-training", Key="private/secret.txt"),
+                 lambda: session.delete_object(Bucket="doeks-training", Key="data/imagenet/val/n01/b.JPEG")):
+        with pytest.raises(ClientError, match="AccessDenied"):
+            call()
+
+    # the role's policy without s3:PutObject: the same code, another job's prefix, is refused by IAM
+    policy = identity.train_policy(s)
+    for statement in policy["Statement"]:
+        if isinstance(statement["Action"], list):
+            statement["Action"] = [a for a in statement["Action"] if a != "s3:PutObject"]
+    iam = boto3.client("iam", region_name=REGION, endpoint_url=endpoint, **{k: admin[k] for k in ("aws_access_key_id",
+                                                                                                "aws_secret_access_key")})
+    iam.put_role_policy(RoleName=identity.role_name(s, workload), PolicyName=identity.policy_name(workload),
+                        PolicyDocument=json.dumps(policy))
+    other = s.with_overrides(job_name="second")
+    refused = _as_training_pod(creds, endpoint, jobpaths.checkpoint_uri(other), jobpaths.model_uri(other))
+    assert refused.returncode != 0 and "AccessDenied" in refused.stderr, refused.stderr[-3000:]
+    listed = s3.list_objects_v2(Bucket="doeks-training", Prefix="doeks/checkpoints/second/").get("Contents", [])
+    assert not [o for o in listed if o["Key"].endswith(("/latest", "/.metadata"))]  # nothing complete was written
+
+
+def test_the_save_model_jobs_role_copies_a_folder_to_its_prefix_and_nothing_else(account, keys, tmp_path):
+    """csi.data.save-model's Job on eks (`python -m doeks.datastage --upload`, the command its containers run) with
+    the save-model role's session from EKS Auth: the claim's model folder lands under s3://S3_BUCKET/doeks/saved/;
+    anywhere else is AccessDenied, one line, exit 1."""
+    import os
+    import subprocess
+    import sys
+
+    settings, endpoint, admin = account
+    _, key, _ = keys
+    workload = identity.get("save-model")
+    identity.ensure(settings, Runner(echo=False), workload)
+    creds = rehearsal.pod_credentials(endpoint, REGION, "doeks", token(key, settings.namespace, "doeks-save-model"), admin)
+    folder = tmp_path / "models" / "imagenet"
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"m" * 1000)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(rehearsal.pod_environment(creds, endpoint, REGION), PYTHONPATH=str(ROOT))
+
+    def upload(destination):
+        return subprocess.run([sys.executable, "-m", "doeks.datastage", "--upload", str(folder), destination], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    done = upload("s3://doeks-training/doeks/saved/imagenet/2026-11-26-000000/model")
+    assert done.returncode == 0 and "copied 1 files" in done.stdout, done.stderr[-2000:]
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=endpoint, **{k: admin[k] for k in ("aws_access_key_id",
+                                                                                              "aws_secret_access_key")})
+    assert s3.head_object(Bucket="doeks-training", Key="doeks/saved/imagenet/2026-11-26-000000/model/model.pt")["ContentLength"] == 1000
+    refused = upload("s3://doeks-training/doeks/models/imagenet")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 1 and len(errors) == 1 and "AccessDenied" in errors[0], refused.stderr[-2000:]

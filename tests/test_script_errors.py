@@ -111,7 +111,121 @@ def test_frames_of_doeks_and_installed_packages_are_not_the_scripts():
     assert reasons.user_code("/tmp/me/fit.py") and reasons.user_code("/workspace/train.py")
     assert reasons.user_code(str(PROJECT_ROOT / "doeks" / "workload" / "train.py"))  # the built-in job is a script
     assert reasons.user_code(str(PROJECT_ROOT / "examples" / "ddp-plain" / "train.py"))
-    for path in (str(PROJECT_ROOT / "doeks" / "local" / "zygote.py"), "/opt/doeks-stage/doeks/torchrun.py",
+    for path in (str(PROJECT_ROOT / "doeks" / "zygote.py"), "/opt/doeks-stage/doeks/torchrun.py",
                  "<frozen runpy>", "/usr/lib/python3.11/json/decoder.py",
                  "/home/me/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py"):
         assert not reasons.user_code(path), path
+
+
+def test_an_agent_that_finds_its_runs_rendezvous_closed_ends_in_a_pod_only_after_a_while(monkeypatch, capsys):
+    """A closed rendezvous (a node spent its restarts) cannot be rejoined, and in a pod the kubelet keeps one ended
+    container: the agent of the next container waits before it ends, so the previous container's log, which says why
+    the run ended, stays readable (CI lost a missing-data reason this way: three lives of the pods in 13 s). Its line
+    still names RendezvousClosedError, which is what reasons reads; on this machine (no pod) it ends at once."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
+
+    from doeks import torchrun
+
+    def closed():
+        raise RendezvousClosedError
+
+    slept = []
+    monkeypatch.setattr("time.sleep", slept.append)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert torchrun.run_quietly(closed) == 1 and slept == [0]
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    assert torchrun.run_quietly(closed) == 1 and slept == [0, torchrun.CLOSED_WAIT_S]
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1].endswith(f"this container ends in {torchrun.CLOSED_WAIT_S} s") and len(said) == 2
+    reason = reasons.classify(lines=said, failed=True)
+    assert reason.code == "rendezvous-closed"
+
+
+def _torchrun(folder, script: str, *args: str, restarts: int = 2):
+    """doeks' torchrun (the training image's), two workers of `script` on this machine, as a pod runs it."""
+    import subprocess
+    import sys
+
+    (folder / "fit.py").write_text(script)
+    return subprocess.run([sys.executable, "-m", "doeks.torchrun", "--standalone", "--nproc-per-node", "2",
+                           "--max-restarts", str(restarts), "fit.py", *args], cwd=folder, capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_the_images_torchrun_does_not_restart_workers_for_the_scripts_own_exception(tmp_path):
+    """Real torchrun: the script's own exception is not retried by the node's agent (it spent every restart, and on a
+    cluster the restart count grew past MAX_RESTARTS before `--follow` ended the job: CI, 4 restarts for one
+    RuntimeError); a library's error is (a lost peer may come back), up to --max-restarts."""
+    own = _torchrun(tmp_path, "import sys\nif __name__ == '__main__':\n    raise RuntimeError('bad value at step 2')\n")
+    said = own.stderr.splitlines()
+    assert own.returncode == 1 and not [line for line in said if reasons.WORKER_RESTART.search(line)], own.stderr
+    assert "doeks: the script raised RuntimeError: bad value at step 2 (" in own.stderr, own.stderr
+    assert said[-1].startswith("doeks: torchrun gives up: rank ") and said[-1].endswith("no restart is left"), said[-3:]
+    library = _torchrun(tmp_path, "import json\nif __name__ == '__main__':\n    json.loads('{not json')\n")
+    restarts = [line for line in library.stderr.splitlines() if reasons.WORKER_RESTART.search(line)]
+    assert library.returncode == 1 and len(restarts) == 2, library.stderr[-3000:]
+    assert "not restarting" not in library.stderr
+
+
+def test_an_agent_that_ended_for_good_keeps_its_container_a_while_in_a_pod(monkeypatch, capsys):
+    """After an error no restart cures, a pod's container ends only after CLOSED_WAIT_S, so `--follow` (which polls
+    every 3 s) reads its log and ends the job before the kubelet restarts the container into a closed rendezvous; an
+    agent out of restarts for a transient error ends at once (the kubelet's restart may help)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from doeks import torchrun
+
+    def failed():
+        raise ChildFailedError("fit.py", {0: ProcessFailure(0, 1, 1, "")})
+
+    slept = []
+    monkeypatch.setattr("time.sleep", slept.append)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.delenv(torchrun.END_WAIT_ENV, raising=False)
+    torchrun._ENDED_FOR_GOOD.clear()
+    assert torchrun.run_quietly(failed) == 1 and slept == [0]
+    torchrun._ENDED_FOR_GOOD.set()
+    try:
+        assert torchrun.run_quietly(failed) == 1 and slept == [0, torchrun.CLOSED_WAIT_S]
+        said = capsys.readouterr().err.strip().splitlines()
+        assert said[-1].endswith(f"no restart is left; this container ends in {torchrun.CLOSED_WAIT_S} s"), said
+        # docker's containers (on-failure restarts) have it from the job's manifest; the local agent never waits
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+        monkeypatch.setenv(torchrun.END_WAIT_ENV, "7")
+        assert torchrun.run_quietly(failed) == 1 and slept[-1] == 7
+        assert torchrun.run_quietly(failed, end_wait_s=0) == 1 and slept[-1] == 0
+    finally:
+        torchrun._ENDED_FOR_GOOD.clear()
+
+
+def test_the_jobs_manifest_tells_its_containers_to_wait_before_they_end_for_good(monkeypatch):
+    """Every container of the job's PyTorchJob (a pod, or docker's container made from it) has DOEKS_END_WAIT_S: on
+    docker, where nothing set it, the script's own error ended the agent at once and docker's on-failure policy
+    restarted the container before `--follow` ended the job ("Failed after 1 restarts", CI)."""
+    from doeks import jobspec, settings, torchrun
+    from doeks.settings import PROJECT_ROOT
+
+    s = settings.load(environ={}, path=PROJECT_ROOT / ".env")
+    env = {e["name"]: e.get("value") for e in jobspec.pytorchjob(s)["spec"]["pytorchReplicaSpecs"]["Worker"]
+           ["template"]["spec"]["containers"][0]["env"]}
+    assert env[torchrun.END_WAIT_ENV] == str(torchrun.CLOSED_WAIT_S)
+
+
+def test_the_images_stage_reads_tracebacks_with_nothing_else_of_doeks(tmp_path):
+    """The image's torchrun reads its workers' tracebacks with doeks.targets.reasons, staged beside it
+    (trainimage.STAGE_FILES): those files alone import (no settings, no invoke)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from doeks.settings import PROJECT_ROOT
+    from doeks.trainimage import STAGE_FILES
+
+    for path in STAGE_FILES:
+        target = tmp_path / "doeks" / path.relative_to(PROJECT_ROOT / "doeks")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    probe = subprocess.run([sys.executable, "-S", "-c", "import doeks.torchrun, doeks.worker, doeks.targets.reasons as r; "
+                            "print(r.__file__)"], env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path, capture_output=True,
+                           text=True)
+    assert probe.returncode == 0 and probe.stdout.strip() == str(tmp_path / "doeks" / "targets" / "reasons.py"), probe

@@ -11,6 +11,7 @@ shapes the eks target adds nothing to."""
 from __future__ import annotations
 
 import json
+import re
 
 
 from doeks import targets
@@ -111,7 +112,10 @@ def test_a_run_on_eks_is_recorded_and_its_end_seen_by_history(world):  # noqa: F
                                            {"match": ["get"], "stdout": ""}]))
     # a prebuilt image (doeks' own content-tagged one must be in ECR first: tests/test_eks_user_script.py)
     image = "123456789012.dkr.ecr.us-west-2.amazonaws.com/doeks-train:prebuilt"
-    deployed = invoke("elasticjob.deploy", env={"TARGET": "eks", "TRAIN_IMAGE": image})
+    # checkpoints and model on the claim: the S3 default's Pod Identity role needs EKS' API, which this account
+    # (plain moto) lacks (tests/test_eks_outputs.py deploys with it)
+    deployed = invoke("elasticjob.deploy", env={"TARGET": "eks", "TRAIN_IMAGE": image, "CHECKPOINT_URI": "/fsx-shared/ck",
+                                                "MODEL_URI": "/fsx-shared/models"})
     assert deployed.returncode == 0, deployed.stderr
     applied = [json.loads(line) for line in world["record"].read_text().splitlines() if "apply" in line][-1]
     job = list(yaml.safe_load_all(applied["stdin"]))[-1]
@@ -167,3 +171,71 @@ def test_a_recovered_pod_has_no_reason(world):  # noqa: F811
     script(world, [recovered], [], logs="[pod/imagenet-worker-0/pytorch] step=9 epoch=0 loss=1.2 acc=0.5 samples/s=9.0 world=1\n")
     status = targets.get(s).describe()
     assert status.restarts == 1 and status.reason == "" and status.state == "Running"
+
+
+def test_a_job_deleted_because_it_failed_keeps_its_status_events_and_traceback(world):  # noqa: F811
+    """`--follow` ends a job that failed for good by deleting its PyTorchJob (no pod crash-loops on, billing GPUs):
+    `status`, `describe` and `logs --errors` then show the failed run as the follow saw it, its events and the user's
+    traceback from the pods' logs kept before the delete (it said "Stopped, 0 restarts / no PyTorchJob" and "no
+    traceback in the logs of run -"); `delete` forgets the status, the run's logs stay for `logs --run`. The same on
+    doeks' own cluster: tests/test_kubernetes_jobs.py (a user's script raising RuntimeError)."""
+    s = settings_for("eks")
+    traceback = ["[rank0]: Traceback (most recent call last):", '[rank0]:   File "/workspace/fit.py", line 57, in main',
+                 '[rank0]:     raise RuntimeError("boom at step 2")', "[rank0]: RuntimeError: boom at step 2"]
+    before = ["doeks: step=1 loss=0.3", *traceback]  # the container's previous life, then its current one
+    now = ["doeks: step=2 loss=0.1", *traceback, "doeks: worker group failed (exit codes [1]): torchrun restarts it (1 of 10)"]
+    prefixed = "".join(f"[pod/imagenet-worker-0/pytorch] {line}\n" for line in now)
+    script(world, [crashed_pod("imagenet-worker-0", 1, 1, "Error")],
+           [event("imagenet-worker-0", "BackOff", "Back-off restarting failed container pytorch", 3)], logs=prefixed)
+    entries = json.loads(world["script"].read_text())
+    world["script"].write_text(json.dumps([{"match": ["logs", "--previous"], "stdout": "".join(f"{x}\n" for x in before)},
+                                           {"match": ["logs", "-c"], "stdout": "".join(f"{x}\n" for x in now)},
+                                           *entries, {"match": ["delete"], "stdout": ""}]))
+    followed = targets.get(s).wait(timeout=60, quiet=True, poll=0)
+    assert followed.state == "Failed" and followed.permanent and followed.restarts == 2, followed
+    calls = [json.loads(line)["argv"] for line in world["record"].read_text().splitlines()]
+    assert any(argv[0] == "delete" for argv in calls)  # nothing keeps running
+    # the cluster now has no such job, as after the real delete
+    gone = {"rc": 1, "stderr": 'Error from server (NotFound): pytorchjobs.kubeflow.org "imagenet" not found\n'}
+    world["script"].write_text(json.dumps([{"match": ["get", "pytorchjob"], **gone},
+                                           {"match": ["get", "pods"], "stdout": json.dumps({"items": []})},
+                                           {"match": ["get", "events"], "stdout": json.dumps({"items": []})},
+                                           {"match": ["logs"], "stdout": ""}, {"match": ["delete"], "stdout": ""}]))
+    env = {"TARGET": "eks", "COLUMNS": "250"}
+    shown = invoke("elasticjob.describe", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert f"job imagenet on eks: Failed (run {followed.run}), " in shown.stderr and ", 2 restarts" in shown.stderr, shown.stderr
+    assert "reason: the script raised RuntimeError: boom at step 2 (fit.py, line 57, in main)" in shown.stderr
+    assert re.search(r"imagenet-worker-0 +│ Stopped +│ 2 ", shown.stderr) and "(pod deleted; logs kept)" in shown.stderr
+    assert "BackOff Pod/imagenet-worker-0: Back-off restarting failed container pytorch (x3)" in shown.stderr
+    errors = invoke("elasticjob.logs", "--errors", env=env)
+    assert errors.returncode == 0 and "no traceback" not in errors.stderr, errors.stderr
+    assert '[pod/imagenet-worker-0/pytorch] [rank0]:     raise RuntimeError("boom at step 2")' in errors.stdout, errors.stdout
+    assert "in the job's code at fit.py, line 57" in errors.stderr, errors.stderr
+    lines = invoke("elasticjob.logs", "--replica", "0", env=env).stdout.splitlines()
+    assert lines == [f"[pod/imagenet-worker-0/pytorch] {line}" for line in before + now], lines
+    assert invoke("elasticjob.delete", env=env).returncode == 0
+    after = invoke("elasticjob.status", env=env)
+    assert "Stopped" in after.stderr and "no PyTorchJob imagenet" in after.stderr, after.stderr
+    earlier = invoke("elasticjob.logs", "--errors", "--run", followed.run, env=env)
+    assert "RuntimeError: boom at step 2" in earlier.stdout, earlier.stderr
+
+
+def test_an_error_whose_log_is_gone_is_read_from_the_last_lines_the_kubelet_kept(world):  # noqa: F811
+    """The container that said why the run ended was removed with its log (the kubelet keeps one ended container, and
+    a pod lived three times in 13 s on doeks' cluster); its last lines stay in lastState.terminated.message
+    (terminationMessagePolicy FallbackToLogsOnError, on the training container): a permanent error there is the
+    reason, not the closed rendezvous the current life says."""
+    from doeks import jobspec
+
+    s = settings_for("eks")
+    container = jobspec.pytorchjob(s)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    closed = pod("imagenet-worker-0", "Running", 1)
+    closed["status"]["containerStatuses"][0]["lastState"] = {"terminated": {
+        "exitCode": 1, "reason": "Error",
+        "message": "error: data folder /fsx-shared/data is missing or empty\ndoeks: torchrun gives up: rank 0 exited with 2"}}
+    script(world, [closed], [], logs="[pod/imagenet-worker-0/pytorch] doeks: RendezvousClosedError: a node of this run "
+                                     "gave up and closed its rendezvous: nothing to rejoin; this container ends in 30 s\n")
+    status = targets.get(s).describe()
+    assert status.permanent and status.reason == "data missing: data folder /fsx-shared/data is missing or empty", status

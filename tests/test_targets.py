@@ -139,7 +139,11 @@ def test_lifecycle_on_eks_through_the_scripted_kubectl(world):
     with pytest.raises(Exception, match="outside MIN_REPLICAS:MAX_REPLICAS"):
         target.scale(5, runner)
     assert target.cancel(runner) and target.cancel(runner)  # kubectl delete --ignore-not-found: safe twice
-    assert target.artifacts()["checkpoints"].startswith("pvc://default/fsx-pvc/")
+    # TARGET=eks keeps checkpoints and the model in S3 (the FSx volume goes with `down`); named ones stay
+    assert target.artifacts()["checkpoints"] == "s3://doeks-training/doeks/checkpoints/imagenet"
+    assert target.artifacts()["model"] == "s3://doeks-training/doeks/models/imagenet/model.pt"
+    on_claim = targets.get(s.with_overrides(checkpoint_uri="/fsx-shared/ck", model_uri="/fsx-shared/models"))
+    assert on_claim.artifacts()["checkpoints"] == "/fsx-shared/ck/imagenet"
     # a pod that cannot pull its image is the reason shown; kubectl failing is one line naming the fix
     world["script"].write_text(json.dumps([
         {"match": ["get", "pytorchjob"], "stdout": pytorchjob_json("Created")},

@@ -16,6 +16,7 @@ import time
 
 import boto3
 import pytest
+import yaml
 
 from doeks import identity, storage
 from doeks import settings as S
@@ -83,6 +84,11 @@ def test_up_down_audit_is_zero_and_down_twice_too(account):
     env = account["env"]
     up = invoke("up", env=env)
     assert up.returncode == 0, up.stderr[-3000:]
+    # the staging Job: a previous one deleted first (a Job's template is immutable), applied, waited for, then
+    # deleted by `up` itself with its pod (a finished pod keeps the claim: issue 31, failure 1)
+    staging = [(c["argv"][0], d["metadata"]["name"]) for c in calls(account) if c["tool"] == "kubectl"
+               and c["argv"][:1] in (["apply"], ["delete"]) for d in yaml.safe_load_all(c["stdin"]) if d and d["kind"] == "Job"]
+    assert staging == [("delete", "imagenet-stage"), ("apply", "imagenet-stage"), ("delete", "imagenet-stage")], staging
     extras(account)
     fs = simulate_driver_file_system(account)
     # what `up` makes when it pushes the training image itself (no TRAIN_IMAGE): this cluster's ECR repository
@@ -218,3 +224,71 @@ def test_down_dry_run_names_each_object_once_and_plans_only_what_may_exist(accou
     assert blind.returncode == 0, blind.stderr[-3000:]
     assert "unknown: EFS doeks-doeks" in blind.stderr  # the lookup cannot be made: it may exist, and the plan says so
     assert "efs.delete_file_system" in blind.stderr and "<EFS doeks-doeks, if any>" in blind.stderr
+
+
+def test_down_removes_the_kubeflow_platform_that_kubeflow_deploy_installed(account, state_dir):
+    """Likely failure (issue 31): `down` deleted the training operator only; a Kubeflow platform `kubeflow.deploy`
+    installed stayed on the cluster until eksctl deleted it, and on EKS its databases' claims are EBS volumes that
+    outlive the cluster. Now `down` removes it (bounded wait) before the cluster goes; a platform doeks labelled whose
+    overlay is not in this STATE_DIR fails the kubeflow step, so the cluster is kept. (The platform itself cannot be
+    deployed here: it is fetched from GitHub; the overlay `kubeflow.deploy` writes is what doeks deletes by.)"""
+    env = account["env"]
+    overlay = state_dir / "kubeflow" / "overlay"
+    overlay.mkdir(parents=True)
+    (overlay / "kustomization.yaml").write_text("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n")
+    plan = invoke("down", "--dry-run", env=env)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    lines = [line for line in plan.stderr.splitlines() if line.startswith("would ")]
+    platform = [i for i, line in enumerate(lines) if f"-k {overlay}" in line and "kubectl delete" in line]
+    cluster = [i for i, line in enumerate(lines) if "eksctl delete cluster" in line]
+    assert platform and cluster and platform[0] < cluster[0], "\n".join(lines)
+    assert "--timeout=900s" in lines[platform[0]]
+
+    down = invoke("down", "--yes", env=env)
+    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-3000:]
+    argvs = [c["argv"] for c in calls(account) if c["tool"] in ("kubectl", "eksctl")]
+    removed = [i for i, a in enumerate(argvs) if a[:1] == ["delete"] and a[-2:] == ["-k", str(overlay)]]
+    deleted = [i for i, a in enumerate(argvs) if a[:2] == ["delete", "cluster"]]
+    assert removed and "--timeout=900s" in argvs[removed[0]] and (not deleted or removed[0] < deleted[0]), argvs
+
+    shutil.rmtree(overlay)  # deployed from elsewhere: doeks' label on istio-system, no overlay here
+    (account["tmp"] / "namespaces.json").write_text(json.dumps({"istio-system": {"app.kubernetes.io/part-of": "kubeflow"}}))
+    assert invoke("eks.create", env=env).returncode == 0
+    kept = invoke("down", "--yes", env={**env, "NAMESPACES": str(account["tmp"] / "namespaces.json")})
+    assert kept.returncode == 1 and "a Kubeflow platform deployed by doeks is on the cluster" in kept.stderr, kept.stderr
+    assert "not deleting cluster doeks: kubeflow failed" in kept.stderr
+    assert boto3.client("eks", **account["kw"]).list_clusters()["clusters"] == ["doeks"]
+
+
+@pytest.mark.slow
+def test_down_deletes_the_finished_staging_job_that_holds_the_claim(account):
+    """Failure 1 (issue 31): the staging Job (`<job>-stage`, kept 24 h by its TTL) left a Completed pod that still
+    holds the claim (claim protection counts it: tests/test_rehearsal_cluster.py shows it on a real API server), and
+    `down` deleted the claim with an unbounded waiting delete: it hung in csi.delete while the GPU nodes billed. The
+    EKS path (storage.fsx_delete) now deletes doeks' Jobs that mount the claim, with their pods, before the claim.
+    Stand-ins: the FSx CSI driver and its claim need AWS, so the cluster is tests/cluster_standins.py's, which keeps
+    the Job and its Completed pod, takes the pods with the Job, and fails a waiting delete of a held claim at once."""
+    env, tmp = account["env"], account["tmp"]
+    assert invoke("eks.create", env=env).returncode == 0
+    assert invoke("csi.fsx.deploy", env=env).returncode == 0
+    volume = {"name": "shared", "persistentVolumeClaim": {"claimName": "fsx-pvc"}}
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"name": "imagenet-stage", "namespace": "default", "labels": {"app.kubernetes.io/part-of": "doeks"}},
+           "spec": {"template": {"spec": {"volumes": [volume]}}},
+           "status": {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}}
+    pod = {"metadata": {"name": "imagenet-stage-x7k2p", "namespace": "default",
+                        "labels": {"batch.kubernetes.io/job-name": "imagenet-stage"}},
+           "spec": {"nodeName": "ip-10-0-1-17.us-west-2.compute.internal", "volumes": [volume]},
+           "status": {"phase": "Succeeded"}}
+    (tmp / "jobs.json").write_text(json.dumps([job]))
+    (tmp / "pods.json").write_text(json.dumps([pod]))
+    down = invoke("down", "--yes", env={**env, "JOBS": str(tmp / "jobs.json")})
+    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-3000:]
+    deleted = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for c in calls(account)
+               if c["argv"][:1] == ["delete"] for d in yaml.safe_load_all(c["stdin"]) if d]
+    job, claim = ("Job", "default", "imagenet-stage"), ("PersistentVolumeClaim", "default", "fsx-pvc")
+    assert job in deleted and deleted.index(job) < deleted.index(claim), deleted
+    assert json.loads((tmp / "pods.json").read_text()) == []  # its pod went with it
+    assert boto3.client("eks", **account["kw"]).list_clusters()["clusters"] == []
+    result = audit(account)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -141,18 +141,28 @@ def remove() -> bool:
     return True
 
 
+def listing() -> str:
+    """The chain with each rule's packet and byte counters (what a failed "nothing left the machine" check shows): the
+    host's, then every extra node's under its network namespace's name."""
+    parts = [_listing()]
+    parts += [f"{netns}:\n{_listing(netns)}" for netns in node_namespaces()]
+    return "\n".join(parts)
+
+
+def _listing(netns: str | None = None) -> str:
+    result = _ipt("-n", "-v", "-x", "-L", CHAIN, check=False, netns=netns)
+    return result.stdout if result.returncode == 0 else result.stderr.strip()
+
+
 def dropped() -> int:
-    """Packets the guard's DROP rules have stopped since it was installed (0 when it is not installed): the host's
-    chain and every extra node's."""
+    """Packets the guard's DROP rules have stopped since it was installed (0 when it is not installed: the listing is
+    then iptables' error, which has no DROP line): the host's chain and every extra node's."""
     return _dropped() + sum(_dropped(netns) for netns in node_namespaces())
 
 
 def _dropped(netns: str | None = None) -> int:
-    result = _ipt("-n", "-v", "-x", "-L", CHAIN, check=False, netns=netns)
-    if result.returncode != 0:
-        return 0
     total = 0
-    for line in result.stdout.splitlines():
+    for line in _listing(netns).splitlines():
         fields = line.split()
         if len(fields) > 2 and fields[0].isdigit() and fields[2] == "DROP":
             total += int(fields[0])

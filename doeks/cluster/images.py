@@ -37,6 +37,8 @@ LOCAL_IMAGES = {
     "mpioperator/mpi-operator:0.8.0": "the MPI operator v0.8.0 built from github.com/kubeflow/mpi-operator "
                                       "(cmd/mpi-operator), FROM scratch; it injects no init container (v2beta1 "
                                       "launchers reach workers over ssh, no kubectl-delivery)",
+    "registry.k8s.io/kueue/kueue:v0.19.2": "Kueue v0.19.2 built from sigs.k8s.io/kueue with Trainer's library "
+                                           "v2.3.0 (`invoke setup --kueue`), FROM scratch, non-root",
     NCCL_TESTS_IMAGE: "not nccl-tests: the MPIJob launcher/worker contract on CPU "
                                                             "(doeks/cluster/images/nccl-tests) on doeks' Debian base: "
                                                             "Debian's Open MPI 4.1 and OpenSSH set up for the operator's "

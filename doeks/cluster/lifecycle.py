@@ -138,17 +138,23 @@ def up(runner, nodes: int = 1) -> Path:
 
 
 def down(runner) -> bool:
-    """Stop the cluster, and the rehearsal's registry with it (its storage is kept, as the node's images are)."""
-    from . import registry
+    """The simulated nodes' controller (kwok) first, then the cluster, and the rehearsal's registry with it (its
+    storage is kept, as the node's images are); the simulated nodes go with the cluster's etcd."""
+    from . import registry, simnodes
 
     if runner.dry_run:
+        runner.step("stop kwok, the simulated nodes' controller, if it runs (the nodes go with the cluster's etcd)",
+                    lambda: None)
         runner.step("stop the registry, if it runs (its storage stays cached)", lambda: None)
-    else:
-        registry.stop()
-    return node.down(runner)
+        return node.down(runner)
+    kwok = simnodes.stop()
+    registry.stop()
+    return node.down(runner) or kwok
 
 
 def status_rows() -> list[list[str]]:
+    from . import simnodes
+
     rows = []
     for each in node.all_nodes():
         for component, value in node.running(each).items():
@@ -156,8 +162,7 @@ def status_rows() -> list[list[str]]:
             shown = component if each.index == 0 else f"{component} ({each.name})"
             rows.append([shown, "running" if healthy else ("starting" if value else "stopped"), str(value or ""),
                          str(node.log_file(component, each))])
-    return rows
-
+    return rows + simnodes.status_rows()
 
 
 # -- one node lost and back (KUBE_NODES > 1) -------------------------------------------------------------------------

@@ -26,10 +26,18 @@ class Operator:
     entrypoint: str       # where the image keeps it (the manifests' command)
     overlay: str          # the module's kustomize overlay doeks applies (or one manifest file of the module)
     user: str = ""        # the image's user: upstream's distroless :nonroot (65532) where the manifests ask for non-root
+    requires: tuple[str, ...] = ()   # other `module version` lines of the build module (minimum version selection)
+    ldflags: str = ""     # -X flags upstream's Makefile sets (the version the binary reports)
 
     @property
     def ref(self) -> str:
         return f"{self.module}@{self.version}"
+
+    @property
+    def build_id(self) -> str:
+        """The version, and any dependency raised over what the module requires (a different binary)."""
+        return "-".join([self.version] + [line.split()[0].rsplit("/", 2)[-2] + "-" + line.split()[1]
+                                          for line in self.requires])
 
 
 TRAINING_OPERATOR = Operator("training-operator", "github.com/kubeflow/training-operator", "v1.9.4",
@@ -49,6 +57,17 @@ TRAINER_IMAGE = f"ghcr.io/kubeflow/trainer/trainer-controller-manager:{TRAINER.v
 MPI_OPERATOR = Operator("mpi-operator", "github.com/kubeflow/mpi-operator", "v0.8.0", "cmd/mpi-operator",
                         "mpi-operator", "/opt/mpi-operator", "deploy/v2beta1/mpi-operator.yaml")
 OPERATORS = {op.name: op for op in (TRAINING_OPERATOR, TRAINER, JOBSET, MPI_OPERATOR)}  # `invoke setup --kubernetes` builds each
+# Kueue v0.19.2, the newest release the Go module proxy serves (v0.19.3+, v0.20.x and every pseudo-version of main:
+# 403). Its go.mod asks for Trainer's library at v2.2.1; kueue PR #14504 (main, after v0.19.2) raised it to v2.3.0
+# and changed no production code: the TrainJob controller is v0.19.2's but for how it registers. The build module
+# requires github.com/kubeflow/trainer/v2 v2.3.0 beside it, so minimum version selection builds v0.19.2 with the
+# library of the Trainer doeks runs (no replace). doeks.kueue says what that changes.
+KUEUE = Operator("kueue", "sigs.k8s.io/kueue", "v0.19.2", "cmd/kueue", "kueue", "/manager", "config/default",
+                 user="65532:65532", requires=("github.com/kubeflow/trainer/v2 v2.3.0",),
+                 ldflags="-X sigs.k8s.io/kueue/pkg/version.GitVersion=v0.19.2")
+# kwok v0.8.0 (cmd/kwok): the controller of the simulated nodes (doeks.cluster.simnodes), a process of this machine.
+KWOK = Operator("kwok", "sigs.k8s.io/kwok", "v0.8.0", "cmd/kwok", "kwok", "/kwok", "kustomize/stage")
+QUEUE_BUILDS = {op.name: op for op in (KUEUE, KWOK)}  # `invoke setup --kueue` builds each
 # The init container image the training operator v1.9.4 injects into workers of a job with a Master
 # (pkg/config/config.go PyTorchInitContainerImageDefault); it waits for the master's name with nslookup.
 INIT_CONTAINER_IMAGE = "alpine:3.10"
@@ -63,7 +82,7 @@ def module_dir(op: Operator) -> Path:
 
 
 def binary(op: Operator) -> Path:
-    return versions.cache_dir() / "operators" / f"{op.name}-{op.version}" / op.binary
+    return versions.cache_dir() / "operators" / f"{op.name}-{op.build_id}" / op.binary
 
 
 def build_binary(op: Operator) -> Path:
@@ -73,16 +92,18 @@ def build_binary(op: Operator) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     ui.say(f"building {op.name} {op.version} from the Go module proxy ({op.module}/{op.package})")
-    log = versions.cache_dir() / "operators" / f"{op.name}-{op.version}.log"
+    log = versions.cache_dir() / "operators" / f"{op.name}-{op.build_id}.log"
     # as a dependency of a one-line build module: `go install pkg@version` also asks the proxy for the module's
     # version list, which it refuses for some (sigs.k8s.io/jobset: 403)
-    where = versions.cache_dir() / "operators" / f"src-{op.name}-{op.version}"
+    where = versions.cache_dir() / "operators" / f"src-{op.name}-{op.build_id}"
     where.mkdir(parents=True, exist_ok=True)
-    (where / "go.mod").write_text(f"module doeks.local/{op.name}\n\ngo 1.25.0\n\nrequire {op.module} {op.version}\n")
+    requires = "".join(f"\t{line}\n" for line in (f"{op.module} {op.version}",) + op.requires)
+    (where / "go.mod").write_text(f"module doeks.local/{op.name}\n\ngo 1.25.0\n\nrequire (\n{requires})\n")
     package = op.module if op.package == "." else f"{op.module}/{op.package}"
     partial = out.with_suffix(".partial")
     with open(log, "w") as f:
-        process = subprocess.run([build.go(), "build", "-trimpath", "-ldflags=-s -w", "-o", str(partial), package],
+        process = subprocess.run([build.go(), "build", "-trimpath", f"-ldflags=-s -w {op.ldflags}".strip(), "-o",
+                                  str(partial), package],
                                  stdout=f, stderr=subprocess.STDOUT, env=build._env(), cwd=where)
     if process.returncode != 0:
         tail = log.read_text().strip().splitlines()[-1:] or ["?"]
@@ -240,3 +261,20 @@ def trainer_images(runner) -> None:
             images.build_scratch_image(ref, build_binary(op), op.entrypoint, [op.entrypoint], extra_dirs=("/tmp",),
                                        user=op.user)
     images.ensure(runner, [JOBSET_IMAGE, TRAINER_IMAGE])
+
+
+# -- Kueue on doeks' cluster ------------------------------------------------------------------------------------------
+def kueue_image(runner) -> str:
+    """Kueue's image, under the name its release manifests use (doeks.kueue.IMAGE), built FROM scratch around the
+    binary built here (non-root, as upstream's distroless :nonroot), and imported into the node."""
+    from .. import kueue
+    from . import images
+
+    if runner.dry_run:
+        runner.step(f"build kueue {KUEUE.version} (with Trainer's library {kueue.TRAINER_LIBRARY}) from the Go module "
+                    f"proxy; image {kueue.IMAGE} FROM scratch", lambda: None)
+    elif not images.has_docker_image(kueue.IMAGE):
+        images.build_scratch_image(kueue.IMAGE, build_binary(KUEUE), KUEUE.entrypoint, [KUEUE.entrypoint],
+                                   extra_dirs=("/tmp",), user=KUEUE.user)
+    images.ensure(runner, [kueue.IMAGE])
+    return kueue.IMAGE

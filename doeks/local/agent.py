@@ -97,4 +97,4 @@ if __name__ == "__main__":
     from .. import watchdog
 
     watchdog.patch_agent()  # after patch_restarts: it wraps the monitor loop that one changed
-    sys.exit(run_quietly(main))
+    sys.exit(run_quietly(main, end_wait_s=0))  # the supervisor reads why itself (the manifest's wait is a container's)

@@ -26,8 +26,7 @@ def names() -> tuple[str, ...]:
     return target_names()
 
 
-def get(settings, name: str | None = None) -> Target:
-    """The target for TARGET (or `name`): its class found by doeks.settings.target_classes, constructed once."""
+def _class(settings, name: str | None = None) -> type:
     import importlib
 
     from ..errors import DoeksError
@@ -40,7 +39,23 @@ def get(settings, name: str | None = None) -> Target:
     module, cls = found[name]
     if name == "eks" and getattr(settings, "eks_rehearsal", False):  # EKS_REHEARSAL: the eks target on this machine
         module, cls = "doeks.targets.rehearsal", "RehearsalTarget"
-    return getattr(importlib.import_module(module), cls)(settings)
+    return getattr(importlib.import_module(module), cls)
+
+
+def settled(settings, cls: type | None = None):
+    """The settings with what TARGET's class (or `cls`) fills in for keys the user left empty (Target.store_defaults:
+    where the job's checkpoints and model go); the same settings where it fills nothing."""
+    cls = cls or _class(settings)
+    defaults = cls.store_defaults(settings)
+    why = {key: f"TARGET={cls.name}'s default" for key in defaults}
+    return settings.with_defaults(cls.name, why, **defaults) if defaults else settings
+
+
+def get(settings, name: str | None = None) -> Target:
+    """The target for TARGET (or `name`): its class found by doeks.settings.target_classes, constructed once, with
+    the settings as it fills them (`settled`)."""
+    cls = _class(settings, name)
+    return cls(settled(settings, cls))
 
 
 def for_runtime(settings, runtime: str) -> Target:
@@ -53,4 +68,4 @@ def for_runtime(settings, runtime: str) -> Target:
 
 
 __all__ = ["COLUMNS", "FINAL", "STATES", "World", "Job", "JobStatus", "NotSupported", "Plan", "ReplicaStatus", "Step", "Target",
-           "RUNTIMES", "VERBS", "get", "for_runtime", "names"]
+           "RUNTIMES", "VERBS", "get", "for_runtime", "names", "settled"]

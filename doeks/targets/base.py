@@ -165,6 +165,7 @@ class JobStatus:
     reason: str = ""       # why it is not training (doeks.targets.reasons), "" when nothing is wrong
     fix: str = ""          # what to do about it
     permanent: bool = False  # a restart cannot help (bad arguments, missing data, import error)
+    queue: str = ""        # a queued job: its queue and admission, as Kueue says (doeks.kueue.Admission.line)
     # what the job went through, one line each, oldest first: the hang watchdog's steps (doeks.watchdog), a lost node
     notes: list[str] = field(default_factory=list)
     ended: float | None = None  # when a final job ended (time.time()), where the target tells
@@ -188,9 +189,10 @@ class Target:
     Two kinds of verbs. The job's (plan, submit, describe, logs, scale, cancel, artifacts, wait) and the units': what
     each unit folder's tasks do on this target (`eks/`: the cluster; `csi/`: the shared volume and data; `efa-device-
     plugin/`: EFA and the MPI operator; `gpu-metrics/`: the metrics agent; `kubeflow/`: the operators on the cluster;
-    `elasticjob/`: what the job needs before it is deployed). A unit task parses its flags, asks the target and shows
-    or runs what it answers; nothing outside doeks.targets asks which target it is on. The base answers the units'
-    verbs with one line saying there is nothing to do here, so a new target overrides only what it has."""
+    `kueue/`: queues and quotas; `elasticjob/`: what the job needs before it is deployed). A unit task parses its
+    flags, asks the target and shows or runs what it answers; nothing outside doeks.targets asks which target it is
+    on. The base answers the units' verbs with one line saying there is nothing to do here, so a new target overrides
+    only what it has."""
 
     name = "?"
     on_this_machine = False       # the job's containers/processes run here (local image name, CPU base)
@@ -201,6 +203,13 @@ class Target:
 
     def __init__(self, settings):
         self.settings = settings
+
+    @classmethod
+    def store_defaults(cls, settings) -> dict[str, str]:
+        """Where the job's checkpoints and final model go on this target when CHECKPOINT_URI / MODEL_URI are left
+        empty ({key: value}; doeks.targets.settled fills them in). The base: nothing, the shared volume (a folder
+        here, the cluster's claim), which outlives the job."""
+        return {}
 
     def say(self, line: str, **kwargs) -> None:
         from .. import ui
@@ -318,6 +327,51 @@ class Target:
 
     def identity_remove(self, runner, workload: str) -> None:
         """Remove what identity_ensure made (nothing where there is no Pod Identity)."""
+
+    def without_identity(self, settings):
+        """`settings` for a job whose pods get no AWS identity of their own (kubeflow.pytorchjob.submit and
+        trainjob.submit, the pipeline's kubernetes branch): where this target's own defaults put checkpoints or the
+        model in S3, they stay on the shared volume instead. The same settings where nothing needs one."""
+        return settings
+
+    def save_model(self, runner, destination: str | None) -> None:
+        """csi.data.save-model: the job's checkpoints (and final model) copied to S3 under a dated prefix, from where
+        this target keeps them on this machine (default s3://S3_BUCKET/models/JOB_NAME/<date>)."""
+        import time
+
+        from .. import aws, datastage, ui
+
+        s = self.settings
+        folder = self.local_artifact("checkpoints", "csi.data.save-model", "the checkpoints are in {where}, not on "
+                                     "this machine (SageMaker keeps the model in S3 already)")
+        if not folder.is_dir() or not any(folder.iterdir()):
+            raise DoeksError(f"no checkpoints in {folder}: train first (invoke elasticjob.deploy)")
+        uri = f"{(destination or f's3://{s.s3_bucket}/models/{s.job_name}').rstrip('/')}/{time.strftime('%Y-%m-%d-%H%M%S')}"
+        datastage.split_s3(uri)
+        if runner.dry_run:
+            runner.step(f"upload {folder} -> {uri}", lambda: None)
+            return
+        client = datastage.s3_client(aws.endpoint_url(s), s.aws_region, 16, aws.credentials_of(s))
+        count = datastage.upload_tree(client, folder, uri)
+        ui.say(f"uploaded {count} files to {uri}")
+
+    def job_identity_delete(self, runner) -> None:
+        """Remove the AWS identity a deploy gave the training pods (`down`'s elasticjob step); nothing where the pods
+        have none."""
+
+    def before_down(self, runner, force: bool = False) -> None:
+        """Before `down` deletes anything: where each job's model and last checkpoint are; raise when `down` would
+        delete the only copy of a model (unless `force`). Nothing where `down` deletes no job's outputs."""
+
+    # -- unit kueue: queues, quotas, topology ------------------------------------------------------------------------
+    def queue_deploy(self, runner) -> None:
+        self.nothing("no cluster for Kueue: jobs here start at once, with no queue")
+
+    def queue_delete(self, runner) -> None:
+        self.nothing("no Kueue was deployed; nothing to delete")
+
+    def queue_status(self) -> None:
+        self.nothing("no queue (Kueue runs on a cluster)")
 
     # -- unit elasticjob: what the job needs before it is deployed ---------------------------------------------------
     def image_push(self, runner, build: bool = True) -> str:
@@ -464,9 +518,10 @@ class Target:
         """Stop the job and everything it started; True if something was running. Safe to call twice."""
         raise NotSupported(self.name, "cancel")
 
-    def end_failed(self, runner) -> None:
+    def end_failed(self, runner, status: JobStatus | None = None) -> None:
         """End a job whose reason is permanent (`--follow` does, as the local supervisor does by itself): nothing of it
-        runs after, and what says why stays for `status` and `logs` where the target can keep it."""
+        runs after, and what says why (`status`: what the follow saw, when it has it) stays for `status` and `logs`
+        where the target can keep it."""
         self.cancel(runner)
 
     def artifacts(self) -> dict[str, str]:

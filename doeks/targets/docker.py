@@ -154,7 +154,7 @@ class DockerTarget(OnThisMachine, Target):
             server = etcd(s.state_dir)
             what = (f"use etcd at {s.etcd_endpoint}" if s.etcd_endpoint else
                     "use the running local etcd" if server.info() else "start the local etcd (v2 API)")
-            plan.steps.append(Step(f"{what} for rendezvous (stands in for Deployment etcd / Service etcd-service)",
+            plan.steps.append(Step(f"{what} for rendezvous (stands in for Deployment and Service {jobspec.etcd_name(s)})",
                                    lambda: start_rendezvous(s, ctx)))
             shown = "127.0.0.1:ETCD_PORT"
         else:
@@ -325,7 +325,7 @@ class DockerTarget(OnThisMachine, Target):
             runner.step(f"docker rm -f {c.name}", c.remove, force=True)
         return bool(running)
 
-    def end_failed(self, runner) -> None:
+    def end_failed(self, runner, status: JobStatus | None = None) -> None:
         stop_containers(self.containers(), runner)
 
     def artifacts(self) -> dict[str, str]:

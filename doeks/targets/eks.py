@@ -93,7 +93,7 @@ class OnAws:
     def stage_data(self, runner, source: str, relayout_val: bool) -> None:
         from .. import storage
 
-        storage.stage_on_cluster(self.settings, runner, source, relayout_val)
+        storage.stage_on_cluster(self.settings, runner, source, relayout_val, session=self.pod_session)
 
     # efa
     def efa_deploy(self, runner) -> None:
@@ -168,6 +168,25 @@ class OnAws:
 
         kube.show(Runner(), ["daemonset", "-n", gpumetrics.K8S_NAMESPACE, "-o", "wide"])  # add-on's and agent's
 
+    # kueue
+    def queue_deploy(self, runner) -> None:
+        """Kueue's release manifests (v0.19.2, with doeks' Configuration) and the queue: a ResourceFlavor of the GPU
+        node group's type (EKS' network-topology labels where the type has them), the ClusterQueue's quotas."""
+        from .. import kueue
+
+        s = self.settings
+        kueue.deploy(s, runner, kueue.RELEASE_MANIFESTS, [kueue.node_type_flavor(s.gpu_instance_type)], own=False)
+
+    def queue_delete(self, runner) -> None:
+        from .. import kueue
+
+        kueue.delete(self.settings, runner, kueue.RELEASE_MANIFESTS, own=False)
+
+    def queue_status(self) -> None:
+        from .. import kueue
+
+        kueue.status_tables(self.settings)
+
     # kubeflow
     def on_cluster(self, step: Callable, here: str, runner) -> None:
         step(self.settings, runner)
@@ -186,6 +205,14 @@ class EksTarget(OnAws, KubernetesTarget):
     name = "eks"
     builds_image = False
     pod_identity = True
+
+    @classmethod
+    def store_defaults(cls, settings) -> dict[str, str]:
+        """S3 (s3://S3_BUCKET/doeks/checkpoints and .../models, each job under its name): the FSx volume is deleted by
+        `down` (its StorageClass reclaims it), so nothing that must outlive the cluster is kept only there."""
+        from ..jobpaths import s3_store
+
+        return s3_store(settings)
 
     def identity_ensure(self, runner, workload: str, missing: str = "") -> None:
         from .. import identity
@@ -224,8 +251,236 @@ class EksTarget(OnAws, KubernetesTarget):
     def refuse(self, plan) -> None:
         self.refuse_image(plan.image)  # the cluster is read when the job is applied (a dry run needs no cluster)
 
+    # -- the job's own AWS identity: its checkpoints and model in S3 ----------------------------------------------------
+    def train_service_account(self, settings=None) -> dict | None:
+        """The training pods' service account (doeks.identity's `train` row), where the job keeps anything in S3."""
+        from .. import identity, jobpaths
+
+        s = settings or self.settings
+        return identity.service_account(s, identity.get("train")) if jobpaths.in_s3(s) else None
+
+    def manifests(self, job):
+        """The job's manifests as on a cluster, and where its checkpoints or model are in S3 (TARGET=eks's default):
+        its pods run as the service account of its own role (Pod Identity) and know the region; the service account
+        comes first."""
+        from .. import jobpaths
+
+        found = super().manifests(job)
+        account = self.train_service_account(job.settings)
+        if account is None:
+            return found
+        env = jobpaths.pod_env(job.settings)
+        for manifest in found:
+            if manifest["kind"] != "PyTorchJob":
+                continue
+            for spec in manifest["spec"]["pytorchReplicaSpecs"].values():
+                pod = spec["template"]["spec"]
+                pod["serviceAccountName"] = account["metadata"]["name"]
+                for container in pod["containers"]:
+                    have = {e["name"] for e in container.setdefault("env", [])}
+                    container["env"] += [{"name": k, "value": v} for k, v in env.items() if k not in have]
+        return [account] + found
+
+    def without_identity(self, settings):
+        """The jobs doeks submits besides elasticjob's (their pods run as other service accounts: the TrainJob's, the
+        pipeline's default-editor) keep checkpoints and model on the claim, as before eks' S3 default: the S3 default
+        is dropped; what the user named stays."""
+        volume = {key.lower(): f"{settings.shared_mount.rstrip('/')}/{kind}"
+                  for key, kind in (("CHECKPOINT_URI", "checkpoints"), ("MODEL_URI", "models")) if settings.filled(key)}
+        return settings.with_overrides(**volume) if volume else settings
+
+    def job_identity_step(self, job):
+        """The plan's step giving the job's pods their AWS identity: S3_BUCKET (or the URIs' bucket) made if missing,
+        the `train` role with its S3 policy, its Pod Identity association; None where nothing is in S3."""
+        from .. import identity, jobpaths
+        from .base import Step
+
+        s = job.settings
+        if not jobpaths.in_s3(s):
+            return None
+        workload = identity.get("train")
+        policy = identity.train_policy(s)
+        objects = [r for st in policy["Statement"] if st["Action"] != "s3:ListBucket" for r in st["Resource"]]
+        what = (f"the job's own AWS identity: bucket {', '.join(jobpaths.s3_buckets(s))} (made if missing); role "
+                f"{identity.role_name(s, workload)} allowing s3:ListBucket on its prefixes and "
+                f"s3:GetObject/PutObject/DeleteObject/AbortMultipartUpload on {', '.join(objects)}; Pod Identity "
+                f"association {workload.ns(s)}/{workload.sa(s)} -> that role")
+        return Step(what, lambda: self.job_identity(job))
+
+    def job_identity(self, job, runner=None) -> None:
+        from .. import identity, jobpaths
+        from ..aws import client
+        from ..runner import Runner
+
+        s = job.settings
+        runner = runner or Runner(secrets=s.secrets())
+        s3 = client(s, "s3")
+        for bucket in jobpaths.s3_buckets(s):
+            try:
+                s3.head_bucket(Bucket=bucket)
+            except Exception:  # noqa: BLE001 - botocore's 404 (a 403 fails the create below with its own line)
+                options = {} if s.aws_region == "us-east-1" else {
+                    "CreateBucketConfiguration": {"LocationConstraint": s.aws_region}}
+                runner.call(s3, "create_bucket", Bucket=bucket, **options)
+        identity.ensure(s, runner, identity.get("train"))
+
+    def job_identity_delete(self, runner) -> None:
+        """What job_identity (and csi.data.save-model) made for the cluster's jobs: the associations and the roles (the
+        bucket and what the jobs wrote there stay: the models and checkpoints outlive the cluster), and the service
+        accounts."""
+        from .. import identity
+
+        s = self.settings
+        for key in ("train", "save-model"):
+            workload = identity.get(key)
+            identity.remove(s, runner, workload)
+            if runner.dry_run or self.cluster_running():
+                try:
+                    kube.delete(runner, [identity.service_account(s, workload)], wait=False)
+                except DoeksError as error:  # the cluster may be out of reach; it goes with the cluster
+                    self.say(f"service account {workload.ns(s)}/{workload.sa(s)}: {error}", style="yellow")
+
+    def pod_session(self, runner, workload) -> str | None:
+        """The Secret a workload's pods read their AWS session from (envFrom), or None where EKS Pod Identity's agent
+        gives it to them (EKS itself)."""
+        return None
+
+    # -- csi.data.save-model: a job's model and checkpoints on the claim, copied to S3 by a Job -------------------------
+    SAVE_TIMEOUT = 3 * 3600  # a model and its checkpoints of hundreds of GB through one pod
+
+    def save_model(self, runner, destination: str | None) -> None:
+        """The job's model and checkpoints that are on the claim (MODEL_URI / CHECKPOINT_URI not in S3), copied to
+        s3://S3_BUCKET/doeks/saved/<JOB_NAME>/<date>/{model,checkpoints}/ by a Job in the training image that mounts
+        the claim, as the save-model role (PutObject there only); waited for, then deleted. What is in S3 already
+        is said, not copied."""
+        import time
+
+        from .. import datastage, identity, jobpaths
+
+        s = self.settings
+        found = {"model": jobpaths.model_uri(s), "checkpoints": jobpaths.checkpoint_uri(s)}
+        sources = {kind: path for kind, path in found.items() if not path.startswith("s3://")}
+        if not sources:
+            self.say(f"job {s.job_name}: its model and checkpoints are in S3 already ({found['model']}/model.pt, "
+                     f"{found['checkpoints']}): nothing to copy")
+            return
+        base = jobpaths.saved_uri(s)
+        if destination and not destination.rstrip("/").startswith(base):
+            workload = identity.get("save-model")
+            raise DoeksError(f"--destination {destination}: on TARGET=eks the copy runs as role "
+                             f"{identity.role_name(s, workload)}, which writes under {base}/ only: leave --destination out")
+        dest = f"{(destination or base).rstrip('/')}/{time.strftime('%Y-%m-%d-%H%M%S')}"
+        datastage.split_s3(dest)
+        workload = identity.get("save-model")
+        identity.ensure(s, runner, workload)
+        manifests = [identity.service_account(s, workload), _save_job(s, workload, sources, dest)]
+        job = manifests[-1]
+        if not runner.dry_run:
+            kube.apply(runner, manifests[:1])
+            secret = self.pod_session(runner, workload)
+            for container in job["spec"]["template"]["spec"]["containers"]:
+                if secret:
+                    container["envFrom"] = [{"secretRef": {"name": secret}}]
+        kube.delete(runner, [job])  # a Job's pod template cannot change: a previous copy's Job goes first
+        kube.apply(runner, manifests)
+        what = f"copying {', '.join(sources.values())} from claim {s.shared_pvc} to {dest}/"
+        name = job["metadata"]["name"]
+        if runner.dry_run:
+            runner.step(f"wait for Job {s.namespace}/{name} ({what}; at most {self.SAVE_TIMEOUT // 3600} h), then "
+                        "delete it (a finished pod keeps the claim)", lambda: None)
+            return
+        kube.wait_job(s.namespace, name, what, timeout=self.SAVE_TIMEOUT)
+        kube.delete(runner, [job])
+        for kind in sources:
+            self.say(f"job {s.job_name}: {kind} saved to {dest}/{kind}/")
+
+    def saved_copy(self, job: str) -> str | None:
+        """The newest copy csi.data.save-model made of job `job` (its dated prefix), or None."""
+        from .. import jobpaths
+        from ..aws import client
+
+        s = self.settings.with_overrides(job_name=job)
+        bucket, _, prefix = jobpaths.saved_uri(s)[len("s3://"):].partition("/")
+        try:
+            answer = client(s, "s3").list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/", Delimiter="/")
+        except Exception:  # noqa: BLE001 - no bucket, no credentials (a dry run): no copy known
+            return None
+        copies = sorted(p["Prefix"] for p in answer.get("CommonPrefixes", []))
+        return f"s3://{bucket}/{copies[-1]}" if copies else None
+
+    # -- down: what is kept, and the one copy of a model it would delete ------------------------------------------------
+    def kept_outputs(self, job: str) -> tuple[list[str], str | None]:
+        """(lines saying where job `job`'s model and last checkpoint are, the volume URI of its model when the model is
+        on the shared volume instead of S3)."""
+        from .. import jobpaths
+
+        s = self.settings.with_overrides(job_name=job)
+        volume = f"pvc://{s.namespace}/{s.shared_pvc}"
+        mount = s.shared_mount.rstrip("/") + "/"
+
+        def on_volume(uri: str) -> str:  # a folder in the pods under SHARED_MOUNT is on the claim
+            return f"{volume}/{uri[len(mount):]}" if uri.startswith(mount) else uri
+
+        model = on_volume(jobpaths.model_uri(s, volume)) + "/model.pt"
+        checkpoints = on_volume(jobpaths.checkpoint_uri(s, volume))
+        lines = [f"job {job}: model {_s3_state(s, model, 'model')}", f"job {job}: checkpoints {_s3_state(s, checkpoints, 'checkpoints')}"]
+        return lines, None if model.startswith("s3://") else model
+
+    def before_down(self, runner, force: bool = False) -> None:
+        """Say where each job deployed from here (STATE_DIR's runs) keeps its model and last checkpoint; refuse, in one
+        line, while a model is on the shared volume `down` deletes (MODEL_URI not in S3) and that volume exists,
+        unless `force`. A dry run says the same."""
+        from .. import storage
+        from . import runs
+
+        s = self.settings
+        names = runs.jobs(s, self.name)
+        if not names:
+            self.say(f"no job was deployed to TARGET={self.name} from here ({s.state_dir / 'runs'}): no model or "
+                     "checkpoint to name")
+            return
+        on_volume = []
+        for job in names:
+            lines, volume_model = self.kept_outputs(job)
+            for line in lines:
+                self.say(line)
+            copy = self.saved_copy(job) if volume_model else None
+            if copy:
+                self.say(f"job {job}: a copy saved by csi.data.save-model at {copy} (kept)")
+            elif volume_model:
+                on_volume.append((job, volume_model))
+        if not on_volume or force:
+            if on_volume:
+                self.say(f"--force: the model(s) on the shared volume go with it: {', '.join(m for _, m in on_volume)}",
+                         style="yellow")
+            return
+        try:
+            volume_there = bool(storage.tagged_file_systems(s))
+        except Exception:  # noqa: BLE001 - no credentials (a dry run): assume it is there
+            volume_there = True
+        if not volume_there:
+            return
+        job, model = on_volume[0]
+        more = f" (and {len(on_volume) - 1} more job(s)'s)" if len(on_volume) > 1 else ""
+        raise DoeksError(f"the model of job {job}{more} is only on the shared volume that `down` deletes ({model}): copy "
+                         f"it to S3 first with `invoke csi.data.save-model --job-name {job}`, or pass --force to delete it")
+
     def plan(self, job):
         plan = super().plan(job)
+        step = self.job_identity_step(job)
+        if step is not None:  # before the manifests are applied (the last step)
+            plan.steps.insert(len(plan.steps) - 1, step)
+        from .. import jobpaths
+
+        checkpoints = jobpaths.checkpoint_uri(job.settings)
+        if job.fresh and checkpoints.startswith("s3://"):  # in S3 this machine can clear them: a fresh start
+            from .. import elastic
+            from .base import Step
+
+            plan.warnings = [w for w in plan.warnings if "--fresh replaces" not in w]
+            plan.steps.insert(len(plan.steps) - 1, Step(
+                f"remove the checkpoints of {job.name} in {checkpoints}/ (--fresh: the job would resume from them)",
+                lambda: elastic.delete_s3_prefix(job.settings, checkpoints)))
         if not job.settings.train_image and trainimage.is_built(plan.image) is False:
             plan.warnings.append(f"warning: training image {plan.image} (this code's) is not built on this machine; "
                                  "unless it is in the registry already, the pods cannot pull it: "
@@ -236,3 +491,49 @@ class EksTarget(OnAws, KubernetesTarget):
         found = super().artifacts()
         found["copy"] = "invoke csi.data.save-model copies checkpoints to S3"
         return found
+
+
+def _s3_state(settings, uri: str, what: str) -> str:
+    """Where `uri` is and what is there: a model file (exists or not), checkpoints (the one `latest` names); a URI on
+    the shared volume as it is (nothing here can read the volume)."""
+    if not uri.startswith("s3://"):
+        return f"{uri} (on the shared volume: deleted with it)"
+    from ..aws import client
+    from ..datastage import split_s3
+    from ..workload.checkpoints import LATEST
+
+    bucket, key = split_s3(uri)
+    try:
+        s3 = client(settings, "s3")
+        if what == "model":
+            s3.head_object(Bucket=bucket, Key=key)
+            return f"{uri} (kept: `down` does not delete S3)"
+        latest = s3.get_object(Bucket=bucket, Key=f"{key}/{LATEST}")["Body"].read().decode().strip()
+        return f"{uri}, the last {uri}/{latest} (kept: `down` does not delete S3)"
+    except Exception as error:  # noqa: BLE001 - 404 (none written), or no credentials (a dry run)
+        code = getattr(error, "response", {}).get("Error", {}).get("Code", "")
+        if code in ("404", "NoSuchKey", "NoSuchBucket", "403", "AccessDenied"):
+            return f"{uri} (none written there yet)" if code in ("404", "NoSuchKey", "NoSuchBucket") else \
+                f"{uri} (not readable here: {code})"
+        return f"{uri} (not looked up: {type(error).__name__})"
+
+
+def _save_job(settings, workload, sources: dict[str, str], destination: str) -> dict:
+    """csi.data.save-model's Job: one container per folder (`python -m doeks.datastage --upload FOLDER s3://...`), in
+    the training image (it holds doeks' stager), the claim mounted read-only, as the save-model service account."""
+    from .. import trainimage
+
+    s = settings
+    image = trainimage.reference(s, on_this_machine=False)
+    containers = [{"name": kind, "image": image,
+                   "command": ["python", "-m", "doeks.datastage", "--upload", folder, f"{destination}/{kind}"],
+                   "env": [{"name": "AWS_REGION", "value": s.aws_region}],
+                   "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                   "volumeMounts": [{"name": "shared", "mountPath": s.shared_mount, "readOnly": True}]}
+                  for kind, folder in sources.items()]
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": f"{s.job_name}-save-model", "namespace": s.namespace,
+                         "labels": {"app.kubernetes.io/part-of": "doeks"}},
+            "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 600, "template": {"spec": {
+                "restartPolicy": "Never", "serviceAccountName": workload.sa(s), "containers": containers,
+                "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": s.shared_pvc}}]}}}}

@@ -182,7 +182,7 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
                 # a restart cannot help (bad arguments, missing data, an import error): end the job now
                 from ..runner import Runner
 
-                target.end_failed(Runner(echo=False))
+                target.end_failed(Runner(echo=False), status)
                 status.state = "Failed"
             if status.finished:
                 from .runs import settle

@@ -61,7 +61,11 @@ class KubernetesTarget(Target):
                      f"own {'single-node' if s.kube_nodes == 1 else f'{s.kube_nodes}-node'} cluster (Kubernetes "
                      f"v{versions.KUBERNETES})")
             path = lifecycle.up(runner, nodes=s.kube_nodes)
+            self.sim_nodes(runner)
         else:
+            if s.kube_sim_nodes:
+                raise DoeksError(f"KUBE_SIM_NODES={s.kube_sim_nodes}: simulated nodes are added to doeks' own cluster "
+                                 "only (KUBECONFIG is set): set KUBE_SIM_NODES=0 or KUBECONFIG empty")
             path = kube.kubeconfig_path(s)
             self.say(f"TARGET=kubernetes: using the cluster in {s.kubeconfig}"
                      + (f" (context {s.kube_context})" if s.kube_context else "") + "; nothing to create")
@@ -72,6 +76,21 @@ class KubernetesTarget(Target):
             self.say(f"kubeconfig: {path}")   # stdout stays the plan's YAML stream
         else:
             print(f"export KUBECONFIG={path}")
+
+    def sim_type(self) -> str:
+        return self.settings.kube_sim_node_type or self.settings.gpu_instance_type
+
+    def sim_nodes(self, runner) -> None:
+        """KUBE_SIM_NODES simulated nodes of KUBE_SIM_NODE_TYPE (doeks.cluster.simnodes), in the zone EKS would put a
+        GPU node group (EKS_ZONES' first, else the region's a); none beyond them."""
+        from ..cluster import simnodes
+
+        s = self.settings
+        if runner.dry_run and not s.kube_sim_nodes:
+            return
+        zone = s.eks_zones[0] if s.eks_zones else f"{s.aws_region}a"
+        simnodes.ensure(runner, s.kube_sim_nodes, self.sim_type(), s.aws_region, zone,
+                        seed=f"{s.cluster_name}/{self.sim_type()}")
 
     def cluster_delete(self, runner, yes: bool = False) -> None:
         from ..cluster import lifecycle
@@ -193,6 +212,84 @@ class KubernetesTarget(Target):
     def metrics_status(self) -> None:
         self.nothing("no GPU-metrics agent (CloudWatch is AWS's)")
 
+    def queue_flavors(self) -> list:
+        """The node types of this cluster as Kueue flavors: doeks' own node (CPU only) and, with KUBE_SIM_NODES, the
+        simulated type (its GPUs, EFA and EKS' topology labels, no CPU or memory quota; Kueue adds the toleration of
+        their taint to the pods it places there); a user's cluster as one flavor of every node (GPU quota when
+        KUBE_GPUS asks for GPUs)."""
+        from .. import kueue
+
+        s = self.settings
+        if not self.own:
+            return [kueue.Flavor("default", {}, gpus=s.kube_gpus)]
+        from ..cluster import simnodes, versions
+
+        flavors = [kueue.Flavor("doeks-node", {kueue.HOSTNAME: versions.NODE_NAME})]
+        if s.kube_sim_nodes:
+            simulated = kueue.node_type_flavor(self.sim_type(), tolerations=[simnodes.TOLERATION])
+            # a job that asks for CPU or memory (this cluster's placement: it trains here) never goes to nodes that
+            # run nothing; EKS' node-type placement asks for GPUs and EFA only, and fits there
+            simulated.cpu_memory = False
+            if simulated.topology:  # Kueue: jobs without a topology request use TAS flavors only in a TAS-only queue
+                flavors[0].topology = kueue.NODE_TOPOLOGY
+            flavors.append(simulated)
+        return flavors
+
+    def queue_base(self, runner) -> str | None:
+        """Kueue's manifests: on doeks' own cluster the module's config/default (its image built and imported here;
+        None when Kueue is not built), else the release's manifests.yaml."""
+        from .. import kueue
+
+        if not self.own:
+            return kueue.RELEASE_MANIFESTS
+        from ..cluster import operators
+
+        if not operators.binary(operators.KUEUE).exists():  # the dry run says what `up` would do: no queue
+            return None
+        return str(operators.module_dir(operators.KUEUE) / operators.KUEUE.overlay)
+
+    def _stopped(self, runner, words: str) -> bool:
+        """doeks' own cluster is stopped (said, with `words`): nothing of a unit's can change or be read on it."""
+        if self.own and not (runner is not None and runner.dry_run) and not self.cluster_running():
+            self.say(f"doeks' cluster is not running: {words}")
+            return True
+        return False
+
+    def queue_deploy(self, runner) -> None:
+        from .. import kueue
+
+        if self._stopped(runner, "nothing to deploy on it (`TARGET=kubernetes invoke up` starts it)"):
+            return
+        base = self.queue_base(runner)
+        if base is None:
+            self.say(f"doeks' cluster: Kueue {kueue.VERSION} is not built (`invoke setup --kueue` builds it and kwok): "
+                     "no queue here, jobs start at once")
+            return
+        if self.own:
+            from ..cluster import operators
+
+            operators.kueue_image(runner)
+        kueue.deploy(self.settings, runner, base, self.queue_flavors(), own=self.own)
+
+    def queue_delete(self, runner) -> None:
+        from .. import kueue
+
+        if self._stopped(runner, "no Kueue on it"):
+            return
+        base = self.queue_base(runner)
+        if base is None:
+            from ..cluster import operators
+
+            base = str(operators.module_dir(operators.KUEUE) / operators.KUEUE.overlay)
+        kueue.delete(self.settings, runner, base, own=self.own)
+
+    def queue_status(self) -> None:
+        from .. import kueue
+
+        if self._stopped(None, "no queue"):
+            return
+        kueue.status_tables(self.settings)
+
     def on_cluster(self, step, here: str, runner) -> None:
         if not runner.dry_run and not self.cluster_running():
             self.say("doeks' cluster is not running: nothing on it to change (`TARGET=kubernetes invoke up` starts it)")
@@ -234,7 +331,7 @@ class KubernetesTarget(Target):
         runs it (no instance-type selector, KUBE_GPUS, the image as the cluster has it)."""
         from .. import trainjob
 
-        s = self.settings.with_overrides(namespace=self.settings.kfp_namespace)
+        s = self.without_identity(self.settings.with_overrides(namespace=self.settings.kfp_namespace))
         if s.pipeline_job_kind == "trainjob":
             return trainjob.trainjob(s, placement=self.placement())
         return jobspec.pytorchjob_fixed(s, placement=self.placement())
@@ -294,6 +391,9 @@ class KubernetesTarget(Target):
             self.refuse_image(plan.image)
         if kube.own_cluster_stopped(self.settings):
             raise DoeksError("doeks' cluster is not running: `TARGET=kubernetes invoke up` starts it")
+        from .. import kueue
+
+        kueue.require_local_queue(self.settings)
         self._previous(plan)
 
     def refuse_image(self, image: str) -> None:
@@ -337,24 +437,46 @@ class KubernetesTarget(Target):
         return kube.get_json(args)
 
     def describe(self) -> JobStatus:
+        """The job's state from its conditions, each replica's from its pod and log, and the reason when something is
+        wrong. The reads that do not depend on each other go at once (the job, its pods, its Workload in a queue, and
+        for a large job the Kubernetes client that reads its logs): at 256 replicas one after another took twice as
+        long (bench/scale.py)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .. import kueue
+
         s = self.settings
-        job = self._get(["pytorchjob", s.job_name, "-n", s.namespace])
-        if job is None:
-            return JobStatus(self.name, s.job_name, STOPPED, reason=f"no PyTorchJob {s.job_name} in namespace {s.namespace}")
+        with ThreadPoolExecutor(3) as pool:
+            pods_read = pool.submit(self._pods, True)
+            job = self._get(["pytorchjob", s.job_name, "-n", s.namespace])
+            if job is None:
+                return self._kept() or JobStatus(self.name, s.job_name, STOPPED,
+                                                 reason=f"no PyTorchJob {s.job_name} in namespace {s.namespace}")
+            if (job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas") or 0) > KUBECTL_BURST:
+                pool.submit(kube.log_client)  # imported while the pods and the Workload are read
+            # a job of a queue: Kueue's Workload says whether it is admitted, or why not
+            queue_read = pool.submit(kueue.admission, job)
+            every = pods_read.result()
+            queued = queue_read.result()
         conditions = [c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"]
         state = _CONDITIONS.get(conditions[-1]["type"], RUNNING) if conditions else PENDING
         reason = conditions[-1].get("message", "") if conditions and state == FAILED else ""
-        pods = self._pods()
-        by_pod = self._pod_logs() if pods else {}
+        pods = [p for p in every if not _is_etcd(p)]
+        by_pod = self._pod_logs(names=[p["metadata"]["name"] for p in every]) if pods else {}
         replicas = []
         signals: list[str] = []     # container waiting / terminated reasons (CrashLoopBackOff, OOMKilled, ...)
         exit_codes: list[int] = []
         messages: list[str] = [reason] if reason else []
+        last_words: list[str] = []  # the failed lives' last log lines the kubelet kept (terminationMessagePolicy)
         for pod in pods:
             statuses = pod.get("status", {}).get("containerStatuses", [])
             restarts = sum(c.get("restartCount", 0) for c in statuses)
             waiting = next((c["state"]["waiting"].get("reason") for c in statuses if "waiting" in c.get("state", {})), "")
             for c in statuses:
+                for when in ("lastState", "state"):
+                    ended = c.get(when, {}).get("terminated") or {}
+                    if ended.get("exitCode"):
+                        last_words += ended.get("message", "").splitlines()
                 # lastState stays after a recovery: it only explains a container that is not running again
                 for when in ("state", "lastState") if "running" not in c.get("state", {}) else ("state",):
                     ended = c.get(when, {}).get("terminated")
@@ -380,9 +502,22 @@ class KubernetesTarget(Target):
         desired = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas")
         restarts_of_pods = sum(c.get("restartCount", 0) for p in pods for c in p.get("status", {}).get("containerStatuses", []))
         fix, permanent = "", False
+        if queued is not None and queued.admitted and state == STOPPED:
+            state = PENDING  # admitted: the operator has not yet replaced its Suspended condition
+        if queued is not None and not queued.admitted and state not in (SUCCEEDED, FAILED):
+            return JobStatus(self.name, s.job_name, PENDING, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
+                             replicas=replicas, desired=desired, restarts=sum(r.restarts for r in replicas),
+                             queue=queued.line(),
+                             reason=f"waits in queue {queued.queue}" + (f" for {queued.kind}" if queued.kind in
+                                                                       ("quota", "topology") else "")
+                             + (f": {queued.why}" if queued.why else ""),
+                             fix=kueue.waiting_fix(queued))
         recent = _since_last_step(by_pod)
         everything = [f"[{pod}] {line}" for pod in sorted(by_pod) for line in by_pod[pod]]
         said = reasons.tracebacks(everything).permanent() or reasons.from_lines(recent)
+        earlier = reasons.from_lines(last_words) if last_words and not (said and said.permanent) else None
+        if earlier is not None and earlier.permanent:  # an error no restart cures, said by a life whose log is gone
+            said = earlier
         limit = job["spec"].get("elasticPolicy", {}).get("maxRestarts")
         over = [r for r in replicas if limit is not None and r.restarts > int(limit)]
         if over and (said is None or said.code in reasons.GENERIC):  # MAX_RESTARTS: the pod's and torchrun's in it
@@ -407,7 +542,7 @@ class KubernetesTarget(Target):
                 reason, fix, permanent = found.text, found.fix, found.permanent
         return JobStatus(self.name, s.job_name, state, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
                          replicas=replicas, desired=desired, restarts=sum(r.restarts for r in replicas), reason=reason, fix=fix,
-                         permanent=permanent, notes=notes,
+                         permanent=permanent, queue=queued.line() if queued else "", notes=notes,
                          ended=_when(job.get("status", {}).get("completionTime")) if state in (SUCCEEDED, FAILED) else None)
 
     def _lost_nodes(self, pods: list[dict[str, Any]], replicas: list[ReplicaStatus]) -> list[str]:
@@ -437,26 +572,45 @@ class KubernetesTarget(Target):
                        + ", ".join(on_it))
         return out
 
-    def _pods(self) -> list[dict[str, Any]]:
+    def _kept(self) -> JobStatus | None:
+        """The status end_failed kept when it deleted the failed job (doeks.targets.runs), None when there is none."""
+        from . import runs
+
+        ended = runs.kept_end(self.settings, self.name)
+        if ended is None:
+            return None
+        fields = {f for f in ReplicaStatus.__dataclass_fields__}
+        replicas = [ReplicaStatus(**{k: v for k, v in r.items() if k in fields}) for r in ended.get("replicas", [])]
+        return JobStatus(self.name, self.settings.job_name, ended.get("state", FAILED), run=ended.get("run", ""),
+                         replicas=replicas, desired=ended.get("desired"), restarts=ended.get("restarts", 0),
+                         reason=ended.get("reason", ""), fix=ended.get("fix", ""), permanent=ended.get("permanent", False),
+                         notes=list(ended.get("notes") or []), ended=ended.get("ended"))
+
+    def _pods(self, etcd: bool = False) -> list[dict[str, Any]]:
+        """The job's worker pods by name (`etcd`: its etcd pod too)."""
         s = self.settings
-        pods = (self._get(["pods", "-n", s.namespace, "-l", f"doeks/job={s.job_name}"]) or {}).get("items", [])
-        return [p for p in sorted(pods, key=lambda p: p["metadata"]["name"])
-                if "etcd" not in p["metadata"].get("labels", {}).get("app", "")]
+        pods = (kube.get_raw(kube.list_path(s.namespace, "pods", f"doeks/job={s.job_name}")) or {}).get("items", [])
+        return [p for p in sorted(pods, key=lambda p: p["metadata"]["name"]) if etcd or not _is_etcd(p)]
 
     def _events(self, pods: list[str]) -> list[dict[str, Any]]:
         """The namespace's events about the PyTorchJob and its pods, oldest first (kubectl get events -o json)."""
         s = self.settings
         try:
-            items = (self._get(["events", "-n", s.namespace]) or {}).get("items", [])
+            items = (kube.get_raw(kube.list_path(s.namespace, "events")) or {}).get("items", [])
         except DoeksError:
             return []
         names = set(pods) | {s.job_name}
         mine = [e for e in items if e.get("involvedObject", {}).get("name") in names]
         return sorted(mine, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
-    def _pod_logs(self, tail: int = 200) -> dict[str, list[str]]:
-        """Each pod's last lines, by pod name (best effort: a pod may have no log yet)."""
+    def _pod_logs(self, tail: int = 200, names: list[str] | None = None) -> dict[str, list[str]]:
+        """Each pod's last lines, by pod name (best effort: a pod may have no log yet). One request per pod (the API
+        has no log request for several pods). Up to KUBECTL_BURST pods in one `kubectl logs -l`; more concurrently
+        from this process (doeks.kube.pod_logs): kubectl sends them one after another and throttles itself to client-
+        go's default of 5 requests a second after a burst of 10, which took 50 s for 256 pods (bench/scale.py)."""
         s = self.settings
+        if names is not None and len(names) > KUBECTL_BURST:
+            return kube.pod_logs(s.namespace, names, tail)
         argv = [kube.kubectl(), "logs", "-n", s.namespace, "-l", f"doeks/job={s.job_name}", "--prefix",
                 f"--tail={tail}", "--max-log-requests=64"]
         result = subprocess.run(argv, capture_output=True, text=True)
@@ -467,6 +621,13 @@ class KubernetesTarget(Target):
         return by_pod
 
     def events(self) -> list[str]:
+        s = self.settings
+        if self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is None:
+            from . import runs
+
+            ended = runs.kept_end(s, self.name)
+            if ended is not None:  # the failed job's, kept when end_failed deleted it
+                return list(ended.get("events", []))
         events = self._events([p["metadata"]["name"] for p in self._pods()])
         return [f"{e.get('lastTimestamp') or e.get('eventTime') or ''} {e.get('type', '')} {e.get('reason', '')} "
                 f"{e.get('involvedObject', {}).get('kind', '')}/{e.get('involvedObject', {}).get('name', '')}: "
@@ -476,16 +637,30 @@ class KubernetesTarget(Target):
              since: float | None = None) -> Iterator[str]:
         """The pods' lines (`[pod/<name>/<container>] ...`); --follow until the job is final, through pods made
         again and containers restarted, and from before the first pod exists (right after a deploy)."""
-        from .follow import check_run, follow_until_done
+        from . import runs
+        from .follow import check_run, follow_until_done, window
 
         s = self.settings
-        check_run(self, run)  # the cluster holds the current run's pods only
+        wanted = check_run(self, run)  # the cluster holds the current run's pods; a failed run's were kept
+        kept = runs.kept_logs(s, wanted) if wanted else None
+        if kept is not None:  # its PyTorchJob was deleted when it failed (end_failed): the lines kept then
+            mine = f"{s.job_name}-worker-{replica}/"
+            if replica is not None and not any(line.startswith(f"[pod/{mine}") for line in kept):
+                raise DoeksError(f"--replica {replica}: run {wanted} of job {s.job_name} has no such replica")
+            return iter(window([line for line in kept if replica is None or line.startswith(f"[pod/{mine}")],
+                               tail, since))
         if replica is not None:
             names = [r.name for r in self.describe().replicas]
             if not any(n.endswith(f"-worker-{replica}") for n in names):
                 raise DoeksError(f"--replica {replica}: job {s.job_name} has pods {', '.join(names) or 'none'}")
         only = f"{s.job_name}-worker-{replica}" if replica is not None else None
         return follow_until_done(self, PodCursor(self, only), follow, poll=2, tail=tail, since=since)
+
+    def runs(self) -> list[str]:
+        """The failed runs whose pods' logs were kept when their job was deleted (end_failed), oldest first."""
+        from . import runs
+
+        return runs.kept_runs(self.settings)
 
     def _cursor(self) -> "PodCursor":
         return PodCursor(self)
@@ -502,7 +677,11 @@ class KubernetesTarget(Target):
         kube.patch_replicas(runner, self.settings, replicas)
 
     def cancel(self, runner) -> bool:
+        from . import runs
+
         s = self.settings
+        if not runner.dry_run:
+            runs.forget_end(s)  # a failed run's kept status goes with the job (its logs stay for `logs --run`)
         if not runner.dry_run and kube.own_cluster_stopped(s):
             from .. import ui
 
@@ -511,6 +690,54 @@ class KubernetesTarget(Target):
         existed = False if runner.dry_run else self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is not None
         kube.delete(runner, list(reversed(jobspec.manifests(s, image="-", account=True))))
         return existed
+
+    def end_failed(self, runner, status: JobStatus | None = None) -> None:
+        """A job that failed for good is deleted (its PyTorchJob, pods and etcd: nothing crash-loops on, and on EKS no
+        GPU node is billed for it), as cancel does; first its pods' logs, its events and `status` (what --follow
+        reported) are kept under STATE_DIR (doeks.targets.runs.keep_end), and `status`, `describe` and `logs
+        [--errors]` show them while no job of its name is on the cluster (until `elasticjob.delete` or the next
+        deploy), as the docker target's stopped containers and the local target's job folder show theirs."""
+        from dataclasses import asdict
+
+        from . import runs
+
+        lines: list[str] = []
+        events: list[str] = []
+        try:
+            status = status or self.describe()
+            if not runner.dry_run:
+                lines, events = self._all_logs(), self.events()
+        except (DoeksError, OSError):  # what cannot be read now is not kept; the job is deleted all the same
+            pass
+        self.cancel(runner)
+        if runner.dry_run or status is None or not status.run:
+            return
+        ended = asdict(status)
+        ended["state"] = FAILED
+        for replica in ended["replicas"]:
+            if replica["state"] not in (SUCCEEDED, FAILED):
+                replica["state"] = STOPPED  # doeks deleted its pod when the job failed
+            replica["detail"] = " ".join(filter(None, [replica["detail"], "(pod deleted; logs kept)"]))
+        runs.keep_end(self.settings, self.name, ended, lines, events)
+
+    def _all_logs(self) -> list[str]:
+        """Every pod's whole log, each line prefixed `[pod/<name>/<container>]` (as `kubectl logs --prefix`): a
+        restarted container's previous life first, then its current one."""
+        s = self.settings
+        lines: list[str] = []
+        for pod in self._pods():
+            name = pod["metadata"]["name"]
+            for c in pod.get("status", {}).get("containerStatuses", []):
+                lives = (["--previous"] if c.get("restartCount", 0) else []) + [None]
+                for previous in lives:
+                    argv = [kube.kubectl(), "logs", "-n", s.namespace, name, "-c", c.get("name", "pytorch")]
+                    result = subprocess.run(argv + ([previous] if previous else []), capture_output=True, text=True)
+                    said = result.stdout.splitlines() if result.returncode == 0 else []
+                    if previous and (not said or said[0].startswith("unable to retrieve container logs")):
+                        # the kubelet removed that life's container and its log: the last lines it kept in status
+                        said = (c.get("lastState", {}).get("terminated") or {}).get("message", "").splitlines()
+                    lines += [f"[pod/{name}/{c.get('name', 'pytorch')}] {line}" for line in said]
+        return lines
 
     def artifacts(self) -> dict[str, str]:
         s = self.settings
@@ -527,6 +754,13 @@ class KubernetesTarget(Target):
                 "model": model_uri(s, base) + "/model.pt",
                 "final": f"{job_folder(s, 'metrics', base)}/final.json",
                 "copy": "kubectl cp from a pod that mounts the claim"}
+
+
+KUBECTL_BURST = 9   # pods whose logs one `kubectl logs -l` reads within client-go's burst (10 requests, a list first)
+
+
+def _is_etcd(pod: dict[str, Any]) -> bool:
+    return "etcd" in pod["metadata"].get("labels", {}).get("app", "")
 
 
 def _when(stamp: str | None) -> float | None:
@@ -561,7 +795,7 @@ def _since_last_step(by_pod: dict[str, list[str]]) -> list[str]:
     out = []
     for pod in sorted(by_pod):
         lines = by_pod[pod]
-        last = max((i for i, line in enumerate(lines) if STEP_LINE.search(line)), default=-1)
+        last = next((i for i in range(len(lines) - 1, -1, -1) if STEP_LINE.search(lines[i])), -1)  # from the end
         out += lines[last + 1:]
     return out
 

@@ -74,8 +74,8 @@ _LINE_RULES = [
     ("rendezvous", False, re.compile(r"(?P<m>.*(EtcdConnectionFailed|RendezvousConnectionError|Could not get the list of "
                                      r"servers|/v2/(keys|machines).*(Connection refused|Failed to establish)).*)"),
      "rendezvous server unreachable", "etcd is down: `invoke eks.create` restarts the local one (TARGET=local/docker); "
-     "on a cluster the etcd Deployment and its Service etcd-service (`kubectl get deployment etcd`): the workers rejoin "
-     "once it answers"),
+     "on a cluster the job's etcd Deployment and Service <JOB_NAME>-etcd (`kubectl get deployment,pods -l app=etcd`): "
+     "the workers rejoin once it answers"),
 ]
 
 # torch's etcd rendezvous after a node gave up (its restarts spent) and closed the run's rendezvous: no node of this run

@@ -17,7 +17,6 @@ has stood in for by real things here (docs/testing.md, "The EKS rehearsal"):
 """
 from __future__ import annotations
 
-import json
 import os
 
 from .. import kube, rehearsal, trainimage
@@ -77,7 +76,13 @@ class RehearsalTarget(EksTarget):
             os.environ["PATH"] = os.path.dirname(bundled) + os.pathsep + os.environ.get("PATH", "")
         return changed
 
-    def own(self) -> KubernetesTarget:
+    @property
+    def own(self) -> bool:
+        """The cluster is doeks' own, which runs on this machine: what the kubernetes target does there for its
+        queue's flavors and for `--fresh` (the claim's folder) holds here too."""
+        return True
+
+    def on_doeks_cluster(self) -> KubernetesTarget:
         """The kubernetes target on doeks' own cluster (the same cluster): for what doeks' cluster has instead of AWS's
         (the operators built here, the claim's volume folder, images imported into the node)."""
         return KubernetesTarget(self.settings.with_overrides(target="kubernetes", kubeconfig=""))
@@ -191,7 +196,7 @@ class RehearsalTarget(EksTarget):
                      "`TARGET=local invoke eks.delete` stops it (its state goes with it)")
 
     def cluster_running(self) -> bool:
-        return self.own().cluster_running()
+        return self.on_doeks_cluster().cluster_running()
 
     # -- images -------------------------------------------------------------------------------------------------------
     def image_push(self, runner, build: bool = True) -> str:
@@ -205,7 +210,8 @@ class RehearsalTarget(EksTarget):
         remote = trainimage.reference(s, on_this_machine=False)
         tag = remote.rsplit(":", 1)[1]
         if runner.dry_run:
-            runner.step(f"docker push {remote} (to the registry on 127.0.0.1) and ecr.put_image", lambda: None)
+            runner.step(f"store {remote} in the registry on 127.0.0.1 (docker save's layers the registry lacks, "
+                        "uncompressed) and ecr.put_image", lambda: None)
             return remote
         trainimage.ensure_repository(s, runner)
         if trainimage.in_ecr(s, tag):
@@ -213,8 +219,9 @@ class RehearsalTarget(EksTarget):
             return remote
         local = trainimage.require_image(trainimage.local_ref(trainimage.base_image(s, True), _code(s)))
         started = __import__("time").monotonic()
-        media, manifest = registry.push(local, trainimage.REPOSITORY, tag)
-        self.say(f"docker push to the registry: {__import__('time').monotonic() - started:.0f} s", style="dim")
+        media, manifest = registry.store(local, trainimage.REPOSITORY, tag)  # uncompressed: no docker push's gzip
+        self.say(f"stored in the registry (what it lacked, from docker save): "
+                 f"{__import__('time').monotonic() - started:.0f} s", style="dim")
         from ..aws import client
 
         runner.call(client(s, "ecr"), "put_image", repositoryName=trainimage.REPOSITORY, imageManifest=manifest,
@@ -230,7 +237,7 @@ class RehearsalTarget(EksTarget):
             from ..cluster import images
 
             images.etcd_job_image(self.settings)
-            self.own().ensure_images(runner, [self.settings.etcd_image])
+            self.on_doeks_cluster().ensure_images(runner, [self.settings.etcd_image])
 
     # -- csi ----------------------------------------------------------------------------------------------------------
     def volume_deploy(self, runner) -> None:
@@ -246,7 +253,7 @@ class RehearsalTarget(EksTarget):
         group = storage.ensure_security_group(s, runner, net, f"doeks-fsx-{s.cluster_name}",
                                               "doeks: Lustre 988, 1018-1023 within the VPC",
                                               storage.fsx_group_permissions(net))
-        self.own().volume_deploy(runner)
+        self.on_doeks_cluster().volume_deploy(runner)
         if runner.dry_run or storage.tagged_file_systems(s):
             return
         subnet = storage.fsx_subnet(s, net)
@@ -269,7 +276,7 @@ class RehearsalTarget(EksTarget):
             if held and not force:
                 raise DoeksError(f"PVC {s.shared_pvc} is used by pod(s) {', '.join(held[:5])}: delete the job first "
                                  "(invoke elasticjob.delete), or pass --force")
-            self.own().volume_delete(runner, force)
+            self.on_doeks_cluster().volume_delete(runner, force)
         for fs in [] if runner.dry_run else storage.tagged_file_systems(s):
             runner.call(client(s, "fsx"), "delete_file_system", FileSystemId=fs["FileSystemId"])
         identity.remove(s, runner, identity.get("fsx-csi"))
@@ -280,24 +287,75 @@ class RehearsalTarget(EksTarget):
             storage.efs_delete(s, runner)
             storage.efs_destroy(s, runner)
 
-    def stage_data(self, runner, source: str, relayout_val: bool) -> None:
-        """The staging Job as on EKS, its pods given the data-stage role's session (Pod Identity), the account's
-        endpoint through the bridge."""
-        from .. import identity, storage
+    # -- the job's pods: their role's session, as the Pod Identity Agent would hand it to them ------------------------
+    def session_secret(self, key: str) -> str:
+        """The Secret that holds workload `key`'s role session for its pods: <service account>-aws."""
+        from .. import identity
+
+        return f"{identity.get(key).sa(self.settings)}-aws"
+
+    def manifests(self, job):
+        """eks's manifests; the training containers take the role's session and the account's endpoint from a
+        Secret (what the Pod Identity Agent's endpoint gives an EKS pod; `job_identity` writes it)."""
+        found = super().manifests(job)
+        if self.train_service_account(job.settings) is None:
+            return found
+        for manifest in found:
+            if manifest["kind"] == "PyTorchJob":
+                for spec in manifest["spec"]["pytorchReplicaSpecs"].values():
+                    for container in spec["template"]["spec"]["containers"]:
+                        container.setdefault("envFrom", []).append({"secretRef": {"name": self.session_secret("train")}})
+        return found
+
+    def job_identity_step(self, job):
+        step = super().job_identity_step(job)
+        if step is not None:
+            step.what += (f"; then the role's session for the pods (EKS Auth AssumeRoleForPodIdentity with the service "
+                          f"account's token, as the Pod Identity Agent calls it) in Secret {self.session_secret('train')}")
+        return step
+
+    def job_identity(self, job, runner=None) -> None:
+        """eks's (bucket, role, association); then the service account and the role's session in the Secret the
+        training pods read (pod_session)."""
+        from .. import identity
+        from ..runner import Runner
+
+        s = job.settings
+        runner = runner or Runner(secrets=s.secrets())
+        super().job_identity(job, runner)
+        kube.apply(runner, [self.train_service_account(s)])
+        self.pod_session(runner, identity.get("train"))
+
+    def pod_session(self, runner, workload) -> str | None:
+        """What the Pod Identity Agent gives an EKS pod of `workload`: its service account's token exchanged with EKS
+        Auth for the associated role's session, with the account's endpoint, here in Secret <service account>-aws
+        that its pods read through envFrom (applied without being printed). The service account must exist."""
+        from ..runner import Runner, to_yaml_stream
 
         s = self.settings
-        workload = identity.get("data-stage")
-        identity.ensure(s, runner, workload)
-        manifests = storage.stage_manifests(s, source, relayout_val)
-        if runner.dry_run:
-            kube.apply(runner, manifests)
-            return
-        kube.apply(runner, [m for m in manifests if m["kind"] == "ServiceAccount"])
         env = self.pod_environment(workload.ns(s), workload.sa(s))
-        job = next(m for m in manifests if m["kind"] == "Job")
-        job["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": k, "value": v} for k, v in env.items()]
-        kube.delete(runner, [job])
-        kube.apply(runner, [job])
+        name = self.session_secret(workload.key)
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                  "metadata": {"name": name, "namespace": workload.ns(s)}, "stringData": env}
+        quiet = Runner(secrets=[*s.secrets(), env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env["AWS_SESSION_TOKEN"]])
+        kube.run(quiet, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
+                 input=to_yaml_stream([secret]))
+        return name
+
+    def job_identity_delete(self, runner) -> None:
+        super().job_identity_delete(runner)
+        if runner.dry_run or self.cluster_running():
+            from .. import identity
+
+            s = self.settings
+            for key in ("train", "save-model", "data-stage"):  # their Secrets (pod_session)
+                workload = identity.get(key)
+                secret = {"apiVersion": "v1", "kind": "Secret",
+                          "metadata": {"name": self.session_secret(key), "namespace": workload.ns(s)}}
+                try:
+                    kube.delete(runner, [secret], wait=False)
+                except DoeksError as error:
+                    self.say(f"secret {self.session_secret(key)}: {error}", style="yellow")
 
     def pod_environment(self, namespace: str, service_account: str) -> dict[str, str]:
         from ..cluster import versions
@@ -314,16 +372,26 @@ class RehearsalTarget(EksTarget):
     def efa_deploy(self, runner) -> None:
         self.say("rehearsal: the node advertises the type's EFA interfaces itself (no EFA device plugin); the MPI "
                  "operator is deployed as on doeks' cluster")
-        self.own().efa_deploy(runner)
+        self.on_doeks_cluster().efa_deploy(runner)
 
     def efa_delete(self, runner) -> None:
-        self.own().efa_delete(runner)
+        self.on_doeks_cluster().efa_delete(runner)
 
     def on_cluster(self, step, here: str, runner) -> None:
-        self.own().on_cluster(step, here, runner)
+        self.on_doeks_cluster().on_cluster(step, here, runner)
+
+    # -- kueue: EKS' is the release's manifests.yaml from GitHub (no internet here): doeks' cluster's, built here ------
+    def queue_deploy(self, runner) -> None:
+        self.on_doeks_cluster().queue_deploy(runner)  # Kueue v0.19.2 built by `invoke setup --kueue`, or no queue when it is not
+
+    def queue_delete(self, runner) -> None:
+        self.on_doeks_cluster().queue_delete(runner)
+
+    def queue_status(self) -> None:
+        self.on_doeks_cluster().queue_status()
 
     def ensure_images(self, runner, refs: list[str]) -> None:
-        self.own().ensure_images(runner, refs)
+        self.on_doeks_cluster().ensure_images(runner, refs)
 
 
 def _code(settings):

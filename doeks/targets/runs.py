@@ -6,6 +6,11 @@ JobStatus; a run replaced before anyone saw its end is recorded as such. Each ti
 keeps what it went through (the hang watchdog's steps, a lost node: JobStatus.notes, one line each) and its goodput:
 the productive step time its replicas report (the seconds of steps the model's state holds; steps done again after a
 restart count once) over its wall time since the deploy.
+
+A target that removes a failed job to end it (a cluster's PyTorchJob, deleted so that no pod crash-loops on GPUs that
+bill) keeps what said why first (`keep_end`): its pods' logs in STATE_DIR/runs/<job>/<run>.log (`elasticjob.logs
+[--run] [--errors]` read them) and its last status and events in STATE_DIR/runs/<job>/ended.json (`status` and
+`describe` show it while no job of that name is there), until `elasticjob.delete` or the next deploy of the job.
 """
 from __future__ import annotations
 
@@ -37,7 +42,8 @@ def _write(settings, records: list[dict[str, Any]]) -> None:
 
 
 def start(settings, target: str, run: str, train_args: list[str] | None = None, code=None) -> None:
-    """Record a submitted run; any earlier run still open was replaced by it."""
+    """Record a submitted run; any earlier run still open was replaced by it (and a kept end is no longer the job's)."""
+    forget_end(settings)
     records = read(settings)
     now = time.time()
     for record in records:
@@ -135,6 +141,67 @@ def settle_quietly(target) -> None:
         settle(target.settings, target.describe())
     except DoeksError:
         pass
+
+
+def kept_folder(settings) -> Path:
+    return settings.state_dir / "runs" / settings.job_name
+
+
+def keep_end(settings, target: str, status: dict[str, Any], lines: list[str], events: list[str]) -> Path:
+    """Keep a failed run's end before its target removes it: `status` (a JobStatus as a dict: state, run, replicas,
+    restarts, reason, fix...), its log `lines` (prefixed with their replica) and its `events`. Returns the log file."""
+    folder = kept_folder(settings)
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / f"{status['run'] or 'unknown'}.log"
+    log.write_text("".join(f"{line}\n" for line in lines), errors="replace")
+    ended = folder / "ended.json"
+    tmp = ended.with_name(f".ended.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**status, "target": target, "events": list(events), "log": str(log)}, indent=2))
+    os.replace(tmp, ended)
+    return log
+
+
+def kept_end(settings, target: str) -> dict[str, Any] | None:
+    """The kept end of the job's last run on `target` (keep_end's status with its events), None when there is none."""
+    try:
+        ended = json.loads((kept_folder(settings) / "ended.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return ended if isinstance(ended, dict) and ended.get("target") == target else None
+
+
+def forget_end(settings) -> None:
+    """The job was deleted or deployed again: its last end is no longer its status (the run's log stays, for
+    `elasticjob.logs --run`)."""
+    (kept_folder(settings) / "ended.json").unlink(missing_ok=True)
+
+
+def kept_logs(settings, run: str) -> list[str] | None:
+    """The log lines kept for `run`, None when none were kept."""
+    try:
+        return (kept_folder(settings) / f"{run}.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+
+
+def kept_runs(settings) -> list[str]:
+    """The runs whose logs were kept, oldest first."""
+    folder = kept_folder(settings)
+    return sorted(p.stem for p in folder.glob("*.log")) if folder.is_dir() else []
+
+
+def jobs(settings, target: str) -> list[str]:
+    """The names of the jobs deployed from this machine (STATE_DIR) to `target`, sorted."""
+    folder = settings.state_dir / "runs"
+    found = set()
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        try:
+            records = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(records, list) and any(isinstance(r, dict) and r.get("target") == target for r in records):
+            found.add(next((r.get("job") for r in records if isinstance(r, dict) and r.get("job")), path.stem))
+    return sorted(found)
 
 
 def rows(settings) -> list[list[str]]:

@@ -341,9 +341,9 @@ class SageMakerTarget(OnAws, Target):
                 raise DoeksError(f"training job still running after {timeout:.0f}s")
             time.sleep(15)
 
-    def end_failed(self, runner) -> None:
+    def end_failed(self, runner, status: JobStatus | None = None) -> None:
         if not self.local:
-            return super().end_failed(runner)
+            return super().end_failed(runner, status)
         from .docker import stop_containers
 
         stop_containers(self._containers(), runner)

@@ -20,6 +20,8 @@ def status(target) -> JobStatus:
         ui.table(title, COLUMNS, st.rows())
     else:
         ui.say(title)
+    if st.queue:
+        ui.say(st.queue)
     if st.replicas and all(r.step is None for r in st.replicas) and not _builtin(target.settings):
         ui.say("no step count: the script reports none (print `doeks: step=N loss=L` lines or call "
                "doeks.report(step=..., loss=..., samples=...): docs/your-own-script.md)")
