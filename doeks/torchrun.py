@@ -109,7 +109,8 @@ def patch_rendezvous() -> None:
 
 
 def patch_worker_start(zygote) -> None:
-    """torchrun's worker start (SubprocessHandler._popen) forks `python -u script.py ...` from the zygote."""
+    """torchrun's worker start (SubprocessHandler._popen) forks `python -u script.py ...` from the zygote; without
+    files of its own its output goes through the agent's relays (patch_whole_lines), as a worker torchrun starts."""
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 
     from . import worker
@@ -120,10 +121,24 @@ def patch_worker_start(zygote) -> None:
 
     def start_worker(self, args, env):
         if worker.runnable(args):
+            # no file of its own (no --redirects): its stdout and stderr are pipes the agent relays, one write per line,
+            # and reads for the script's own exception (_script_error), as for a worker torchrun starts itself
+            relayed = self._stdout is None and self._stderr is None
+            pipes = [os.pipe(), os.pipe()] if relayed else []
             try:
-                return zygote.spawn(list(args), env, self._stdout and self._stdout.name, self._stderr and self._stderr.name)
+                process = zygote.spawn(list(args), env, self._stdout and self._stdout.name,
+                                       self._stderr and self._stderr.name,
+                                       fds=tuple(w for _, w in pipes) if relayed else None)
             except zygote_module.ZygoteGone:
-                pass
+                for pair in pipes:
+                    for fd in pair:
+                        os.close(fd)
+            else:
+                for _, write in pipes:
+                    os.close(write)
+                if relayed:
+                    _relay(process, [os.fdopen(read, "rb") for read, _ in pipes])
+                return process
         return popen(self, args, env)
 
     handler._popen = start_worker
@@ -256,6 +271,27 @@ def _worker_command(args):
     return command(args)
 
 
+def _relay_lines(source, sink) -> None:
+    reading = _reader()
+    with source:
+        for line in iter(source.readline, b""):
+            with _WRITE:
+                sink.write(line)
+                sink.flush()
+            if reading is not None:  # this stream's own reading: read outside the lock every relay writes under
+                reading.feed(line.decode(errors="replace").rstrip("\n"))
+
+
+def _relay(process, sources) -> None:
+    """A thread per stream of a worker (its stdout, its stderr: pipes) that writes each line whole on the agent's own
+    (one write per line) and reads it for the script's own exception; `process` (poll()) tells when it has ended."""
+    for source, sink in zip(sources, (sys.stdout.buffer, sys.stderr.buffer)):
+        thread = threading.Thread(target=_relay_lines, args=(source, sink), name="doeks-lines", daemon=True)
+        thread.doeks_process = process
+        thread.start()
+        _RELAYS.append(thread)
+
+
 def patch_whole_lines() -> None:
     """Each line a worker writes reaches the node's log whole. torchrun starts workers as `python -u script` (every
     write unbuffered, print's text and its newline two writes) on the agent's own stdout and stderr, so two ranks'
@@ -272,27 +308,13 @@ def patch_whole_lines() -> None:
         return
     popen = handler._popen
 
-    def relay(source, sink) -> None:
-        reading = _reader()
-        with source:
-            for line in iter(source.readline, b""):
-                with _WRITE:
-                    sink.write(line)
-                    sink.flush()
-                if reading is not None:  # this stream's own reading: read outside the lock every relay writes under
-                    reading.feed(line.decode(errors="replace").rstrip("\n"))
-
     def start(self, args, env):
         args = _worker_command(args)
         if self._stdout is not None or self._stderr is not None:
             return popen(self, args, env)
         process = subprocess.Popen(args=args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    start_new_session=True)
-        for source, sink in ((process.stdout, sys.stdout.buffer), (process.stderr, sys.stderr.buffer)):
-            thread = threading.Thread(target=relay, args=(source, sink), name="doeks-lines", daemon=True)
-            thread.doeks_process = process
-            thread.start()
-            _RELAYS.append(thread)
+        _relay(process, [process.stdout, process.stderr])
         return process
 
     handler._popen = start
