@@ -22,6 +22,10 @@ in the pod's environment starts workers the usual way (that command).
 
 The hang watchdog (doeks.watchdog) runs in the agent's monitor loop when DOEKS_HANG_TIMEOUT is set.
 
+Before it starts, it waits (at most RDZV_WAIT_S) for its etcd rendezvous server to take a connection: a job's pods and
+its etcd are made together, and an agent that started before the etcd Service's name resolved ended at once, its
+container restarted by the kubelet after 10 s, then 20 s (see wait_for_rendezvous).
+
 Standard library and torch only, doeks.targets.reasons (standard library: how doeks reads a traceback), doeks.worker
 (how a worker runs the script), doeks.zygote and doeks.watchdog, staged beside it: in the image it runs without the
 rest of doeks.
@@ -388,6 +392,71 @@ def run_quietly(entry, closed_wait_s: float | None = None, end_wait_s: float | N
     return 0
 
 
+# How long the image's torchrun waits for its etcd rendezvous server before it starts (see wait_for_rendezvous)
+RDZV_WAIT_S = 180
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """A torchrun option's value from its command line (`--rdzv-backend etcd`, `--rdzv_backend=etcd`), or None."""
+    spellings = {f"--{name}", f"--{name.replace('-', '_')}"}
+    for i, arg in enumerate(argv):
+        key, eq, value = arg.partition("=")
+        if key in spellings:
+            if eq:
+                return value
+            return argv[i + 1] if i + 1 < len(argv) else None
+    return None
+
+
+def rendezvous_server(argv: list[str], env) -> tuple[str, int] | None:
+    """The etcd rendezvous server (host, port) this torchrun will use (its options, else the PET_ variables the
+    operators set), or None for any other backend (c10d's store is an agent's own)."""
+    backend = _option(argv, "rdzv-backend") or env.get("PET_RDZV_BACKEND", "")
+    endpoint = _option(argv, "rdzv-endpoint") or env.get("PET_RDZV_ENDPOINT", "")
+    if not backend.startswith("etcd") or not endpoint:
+        return None
+    host, colon, port = endpoint.rpartition(":")
+    if not colon or not port.isdigit():
+        return endpoint, 2379
+    return host.strip("[]"), int(port)
+
+
+def wait_for_rendezvous(argv: list[str], env, limit_s: float = RDZV_WAIT_S, say=_say) -> bool:
+    """Wait, at most `limit_s`, until the etcd rendezvous server's name resolves and it takes a connection; True when
+    it did (at once or after a wait, said in one line), False when it did not in time (said; torchrun then fails with
+    its own error) or there is no etcd server to wait for.
+
+    A job's pods and its etcd Service and pod are made together: a worker pod can start before the Service's name
+    resolves (the cluster's DNS answers "not found" until it knows the Service, and caches that answer up to 30 s) or
+    before etcd listens. torchrun then ends at once (EtcdException: could not get the list of servers) and the kubelet
+    restarts the container after 10 s, then 20 s: a job of the script's own exception ended "after 4 restarts" that
+    were all this (seen on doeks' cluster in 2 of 7 runs), and every such start cost tens of seconds."""
+    import socket
+    import time
+
+    server = rendezvous_server(argv, env)
+    if server is None:
+        return False
+    started = time.monotonic()
+    waited, last = False, ""
+    while True:
+        try:
+            socket.create_connection(server, timeout=2).close()
+            if waited:
+                say(f"doeks: rendezvous server {server[0]}:{server[1]} answered after "
+                    f"{time.monotonic() - started:.0f} s")
+            return True
+        except OSError as error:  # socket.gaierror (the name), refused, unreachable, timed out
+            last = str(error) or type(error).__name__
+        if not waited:
+            say(f"doeks: waiting for the rendezvous server {server[0]}:{server[1]} ({last}), at most {limit_s:.0f} s")
+            waited = True
+        if time.monotonic() - started >= limit_s:
+            say(f"doeks: the rendezvous server {server[0]}:{server[1]} did not answer in {limit_s:.0f} s: {last}")
+            return False
+        time.sleep(min(0.5, max(0.0, limit_s - (time.monotonic() - started))))
+
+
 def main() -> int:
     from torch.distributed.run import main as torchrun  # torch imported once, before the fork: the zygote shares it
 
@@ -401,7 +470,7 @@ def main() -> int:
     from . import watchdog
 
     watchdog.patch_agent()  # the hang watchdog (DOEKS_HANG_TIMEOUT > 0), around the monitor loop patch_restarts changed
-
+    wait_for_rendezvous(sys.argv[1:], os.environ)
     sys.argv[0] = "torchrun"
     return run_quietly(torchrun)
 
