@@ -222,7 +222,7 @@ def test_a_users_script_that_raises_ends_failed_with_its_exception_and_one_resta
         restarts = int(ended.group(1))
         # the image's torchrun does not restart workers for the script's own exception, and the node's container
         # stays 30 s, so --follow ends the job first: no restart, as on local and docker. (Stop 44's CI counted 4, and
-        # 2 of 7 runs here: each pod's first container had ended at once on "Temporary failure in name resolution" of
+        # 2 of 12 runs here: each pod's first container had ended at once on "Temporary failure in name resolution" of
         # the job's etcd Service, restarted by the kubelet twice; the image's torchrun now waits for its etcd,
         # tests/test_rendezvous_wait.py)
         assert restarts == 0, ours[-1]
