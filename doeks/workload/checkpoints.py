@@ -176,12 +176,13 @@ class _S3:
             pass
 
     # s3torchconnector where it works here, else DCP's fsspec writer and reader with s3fs
-    def _connector_fs(self):
+    def _connector_fs(self, reader_constructor=None):
         from s3torchconnector._s3client import S3Client, S3ClientConfig
         from s3torchconnector.dcp.s3_file_system import S3FileSystem
 
         config = S3ClientConfig(force_path_style=bool(self.endpoint), max_attempts=3)
-        return S3FileSystem(self.region, s3_client=S3Client(self.region, endpoint=self.endpoint, s3client_config=config))
+        return S3FileSystem(self.region, s3_client=S3Client(self.region, endpoint=self.endpoint, s3client_config=config),
+                            reader_constructor=reader_constructor)
 
     def choose(self) -> str:
         if self.client is None:
@@ -228,7 +229,10 @@ class _S3:
             from s3torchconnector.dcp import S3StorageReader
 
             reader = S3StorageReader(self.region, self.join(name))
-            reader.fs = self._connector_fs()
+            # the reader's own constructor (DCP-optimized: the byte ranges of the plan's items, coalesced, kept as the
+            # client's chunks); a file system without it reads each file through the generic sequential reader, which
+            # copies the whole object into a growing BytesIO before torch.load copies it again
+            reader.fs = self._connector_fs(reader._reader_constructor)
             return _read_files_in_parallel(reader)
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
