@@ -1,9 +1,11 @@
 """Checkpoints through s3torchconnector (the client the job uses where the endpoint answers as S3 does) against
-bench/s3_endpoint.py, a real HTTP server process with S3's latency."""
+bench/s3_endpoint.py, a real HTTP server process with S3's latency, and the background write's CPU priority."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -72,3 +74,74 @@ def test_s3_checkpoint_through_the_connector_restores_with_its_dcp_reader(endpoi
     assert torch.equal(loaded["scale"], state["scale"])
     assert made["dcp"] >= 4  # every data file read through the DCP reader (the meta's own read included)
     assert set(made["sequential"]) == {".metadata"}  # only DCP's .metadata goes through the sequential reader
+
+
+def _nice(tid: int | None = None) -> int:
+    return os.getpriority(os.PRIO_PROCESS, tid or threading.get_native_id())
+
+
+def _record_writing_threads(store, seen: list):
+    """The priority of each thread that writes a checkpoint file (the writer's file threads)."""
+    writer_for = store.at.writer
+
+    def writer(name):
+        writer = writer_for(name)
+        create_stream = writer.fs.create_stream
+
+        def recording(path, mode):
+            seen.append(_nice())
+            return create_stream(path, mode)
+
+        writer.fs.create_stream = recording
+        return writer
+
+    store.at.writer = writer
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="Linux nice")
+def test_the_background_write_runs_at_a_lower_cpu_priority_than_training(tmp_path):
+    """The threads that write an asynchronous save's files run WRITE_NICE below the caller (where the CPU is short,
+    training's step comes first); the caller's own thread stays as it was, and a blocking save writes at its
+    priority."""
+    store = checkpoints.Store(tmp_path / "ck")
+    seen: list[int] = []
+    _record_writing_threads(store, seen)
+    base = _nice()
+    state = _state()
+    store.save(state, 1)
+    store.wait()
+    assert seen and set(seen) == {min(19, base + checkpoints.WRITE_NICE)}, seen
+    assert _nice() == base and os.getpriority(os.PRIO_PROCESS, os.getpid()) == base
+    seen.clear()
+    store.save(state, 2, background=False)
+    assert seen and set(seen) == {base}, seen
+    loaded = _fresh(state)
+    store.load(loaded, store.latest())
+    assert all(torch.equal(loaded["model"][n], t) for n, t in state["model"].items())
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="Linux nice")
+def test_the_s3_client_of_a_background_write_makes_its_threads_at_the_lower_priority(endpoint, monkeypatch):
+    """The connector's native client makes its event loop threads where its first request goes (for a save, DCP's
+    executor asking whether a .metadata exists, before any data is written): that thread is already lowered, so the
+    client's threads, which do the upload's work, run below training too. A restore's client stays at the caller's."""
+    from s3torchconnector._s3client import _s3client
+
+    built: list[tuple[bool, int]] = []  # (on the caller's thread, nice) per native client
+    caller = threading.get_native_id()
+    builder = _s3client.S3Client._client_builder
+
+    def recording(self):
+        built.append((threading.get_native_id() == caller, _nice()))
+        return builder(self)
+
+    monkeypatch.setattr(_s3client.S3Client, "_client_builder", recording)
+    store = checkpoints.Store("s3://bench/priority")
+    base = _nice()
+    store.save(_state(), 1)
+    store.wait()
+    writes = [nice for on_caller, nice in built if not on_caller]
+    assert writes and set(writes) == {min(19, base + checkpoints.WRITE_NICE)}, built
+    built.clear()
+    store.load(_fresh(_state()), "step-1")
+    assert built and set(built) == {(True, base)}, built

@@ -415,6 +415,7 @@ class Store:
         self._used.add(name)
         writer = self.at.writer(name)
         if background:
+            _at_lower_priority(writer, WRITE_NICE)
             if self._stager is None:
                 self._stager = _ReusedStager()
             future = dcp.async_save(payload, storage_writer=writer, process_group=self._group, no_dist=not distributed,
@@ -482,6 +483,46 @@ class Store:
         for name in self.names():
             if order(name) < order(newest) and name not in keep:
                 self.at.remove(name)
+
+
+WRITE_NICE = 10  # how much lower the background write's threads run than training's (Linux nice, per thread)
+
+
+def _at_lower_priority(writer, nice: int = WRITE_NICE):
+    """The background write at a lower CPU priority than the training it runs beside: every thread but the caller's
+    that runs one of `writer`'s methods (DCP's async executor, a thread of its own per save) is lowered by `nice`
+    before it goes on, and the threads it creates inherit that (the writer's file threads; the S3 client's event loop
+    threads, made where its first request goes: the executor's check for an existing .metadata). Where the CPU is
+    short, the step's threads come first and the write takes the rest (on a busy 2-core machine a write at the same
+    priority slowed the steps during it about 3x). At most one save is in flight and the next checkpoint waits for
+    it, so a write that got no CPU would stall there instead: nice 10 (about a tenth of a core against one busy thread
+    at 0), not 19 or SCHED_IDLE. The blocking part (the copy to CPU memory) stays on the caller's thread, as it was;
+    a blocking save (background=False) is left alone."""
+    if nice <= 0 or not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
+        return writer
+    caller = threading.get_native_id()
+    try:
+        lowest = min(19, os.getpriority(os.PRIO_PROCESS, caller) + nice)
+    except OSError:
+        return writer
+
+    def lowering(method):
+        def lowered(*args, **kwargs):
+            tid = threading.get_native_id()
+            if tid != caller:
+                try:
+                    if os.getpriority(os.PRIO_PROCESS, tid) < lowest:
+                        os.setpriority(os.PRIO_PROCESS, tid, lowest)
+                except OSError:  # not allowed here: as it was
+                    pass
+            return method(*args, **kwargs)
+
+        return lowered
+
+    for name in ("set_up_storage_writer", "prepare_local_plan", "write_data", "finish"):
+        if callable(getattr(writer, name, None)):
+            setattr(writer, name, lowering(getattr(writer, name)))
+    return writer
 
 
 def _ReusedStager():
