@@ -54,7 +54,7 @@ class Store:
         self.keys = sorted(self.objects)
         self.total_bytes = sum(v[1] for v in self.objects.values())
         self.written: dict[str, bytes] = {}  # objects put by clients
-        self.uploads: dict[str, dict[int, bytes]] = {}  # multipart upload id -> part number -> bytes
+        self.uploads: dict[str, dict[int, tuple[bytes, bytes]]] = {}  # upload id -> part number -> (bytes, MD5)
         self.upload_keys: dict[str, str] = {}
 
     def body(self, key: str) -> memoryview:
@@ -63,10 +63,10 @@ class Store:
         offset, length, _ = self.objects[key]
         return self.buffer[offset:offset + length]
 
-    def put(self, key: str, data: bytes) -> bytes:
+    def put(self, key: str, data: bytes, etag: bytes | None = None) -> bytes:
         import bisect
 
-        etag = b'"' + hashlib.md5(data).hexdigest().encode() + b'"'
+        etag = etag or b'"' + hashlib.md5(data).hexdigest().encode() + b'"'
         if key not in self.objects:
             bisect.insort(self.keys, key)
         self.written[key] = data
@@ -264,14 +264,19 @@ class S3Protocol(asyncio.Protocol):
             parts = store.uploads.get(query["uploadId"])
             if parts is None:
                 return b"404 Not Found", _error("NoSuchUpload", query["uploadId"]), b""
-            parts[int(query["partNumber"])] = data
-            return b"200 OK", b"", b'ETag: "' + hashlib.md5(data).hexdigest().encode() + b'"\r\n'
+            digest = hashlib.md5(data).digest()
+            parts[int(query["partNumber"])] = (data, digest)
+            return b"200 OK", b"", b'ETag: "' + digest.hex().encode() + b'"\r\n'
         if method == "POST" and "uploadId" in query:  # CompleteMultipartUpload
             parts = store.uploads.pop(query["uploadId"], None)
             store.upload_keys.pop(query["uploadId"], None)
             if parts is None:
                 return b"404 Not Found", _error("NoSuchUpload", query["uploadId"]), b""
-            etag = store.put(key, b"".join(parts[n] for n in sorted(parts)))
+            # S3's ETag of a multipart object: the MD5 of its parts' MD5s, "-" their count (not a second MD5 pass over
+            # every byte, which cost this process 0.3 s of CPU per 200 MB checkpoint)
+            order = sorted(parts)
+            etag = b'"' + hashlib.md5(b"".join(parts[n][1] for n in order)).hexdigest().encode() + f'-{len(order)}"'.encode()
+            etag = store.put(key, b"".join(parts[n][0] for n in order), etag)
             return b"200 OK", (f'<?xml version="1.0" encoding="UTF-8"?>\n<CompleteMultipartUploadResult {ns}><Location>/{store.bucket}/'
                                f"{escape(key)}</Location><Bucket>{store.bucket}</Bucket><Key>{escape(key)}</Key>"
                                f"<ETag>{escape(etag.decode())}</ETag></CompleteMultipartUploadResult>").encode(), b""
