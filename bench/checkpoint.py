@@ -1,26 +1,36 @@
 """Checkpoints to S3 vs a folder, in one run: the stall training sees, save and restore throughput.
 
 The built-in job's checkpoints (doeks/workload/checkpoints.py: PyTorch Distributed Checkpoint, step-N/ + `latest`,
-asynchronous save) of two states, each written to and read from
+asynchronous save, its write at a lower CPU priority than training) of two states, each written to and read from
 - S3: bench/s3_endpoint.py on 127.0.0.1, every request answered after --latency-ms (20 ms: S3's typical time to first
-  byte), through s3torchconnector (the client the job uses where the endpoint answers as S3 does), and
-- a folder on this machine's disk (what a shared volume is to the job),
+  byte), through s3torchconnector (the client the job uses where the endpoint answers as S3 does). The endpoint is
+  S3's stand-in: its CPU (HTTP parsing, MD5 of every part, copies) is S3's, which a node does not pay, so it runs at
+  the lowest CPU priority (--endpoint-nice 19; 0 charges it to the training as before), and
+- a folder on this machine's disk (what a shared volume is to the job). Its restore reads the files after they were
+  evicted from this machine's page cache (fsync + POSIX_FADV_DONTNEED per file): a resume runs on a replaced pod or
+  node, whose page cache does not hold the checkpoint, and FSx/EFS are network storage. The restore from the page
+  cache (right after) is printed beside it, not used for the ratio,
 in the same run, alternating, several rounds, medians:
 - ResNet-50 training (model + SGD momentum, ~205 MB of state) on this machine's CPU, a checkpoint every --every
   optimizer steps (CHECKPOINT_EVERY's default, 10), the save asynchronous: the stall per checkpoint = the time
   `save()` blocks the step (the copy to CPU memory) + what the steps during the background write lose to it (their
-  median time over the median time of steps without a write in flight, times their number) + any wait for the write
-  at the next checkpoint; over the --every steps' time that is `checkpoint stall: N% of a step` (the share of every
-  step lost, on average, to checkpointing). Medians of per-step times, so a shared machine's load spikes count little.
+  median time over the median time of steps without a write in flight, times their number; a step counts as during
+  the write when the write was in flight at its start or at its end) + any wait for the write at the next checkpoint;
+  over the --every steps' time that is `checkpoint stall: N% of a step` (the share of every step lost, on average, to
+  checkpointing). Medians of per-step times, so a shared machine's load spikes count little. The step uses all the
+  cores by default (torch's threads): the worst case, where the write's CPU comes out of the step's own; a GPU node's
+  step leaves its CPU cores mostly to the data loader and the write (--threads 1 on 2 cores is nearer that).
 - A ~1 GB state (--big-gb: a stack of Linear layers, parameters + momentum): save and restore throughput.
 Save MB/s: a blocking save (the write the background thread does); restore MB/s: a load into a fresh state.
+The load average is printed with every round: on a shared machine compare ratios within one run, not across runs.
 
 Prints per model and store, then the ratios:
   checkpoint stall: N% of a step         (ResNet-50, S3; target <= 5%)
   save MB/s / restore MB/s
-  restore S3 vs folder: N.NNx             (restore throughput S3 / folder; target >= 0.8x at 20 ms)
+  restore S3 vs folder: N.NNx             (restore throughput S3 / folder, evicted; target >= 0.8x at 20 ms)
 
 Run: python bench/checkpoint.py [--rounds 3] [--latency-ms 20] [--every 10] [--big-gb 1.0] [--batch 8] [--crop 96]
+                                [--threads 0] [--endpoint-nice 19]
 """
 from __future__ import annotations
 
@@ -38,10 +48,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def start_endpoint(latency_ms: float) -> tuple[subprocess.Popen, str]:
+def start_endpoint(latency_ms: float, nice: int = 0) -> tuple[subprocess.Popen, str]:
+    """The S3 stand-in in a process of its own, at `nice` (19: its CPU is S3's, not the node's; it takes what the
+    training and the checkpoint's client leave)."""
     server = subprocess.Popen([sys.executable, str(ROOT / "bench" / "s3_endpoint.py"), "--files", "0", "--bucket", "bench",
                                "--latency-ms", str(latency_ms), "--max-seconds", "3600"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              preexec_fn=(lambda: os.nice(nice)) if nice else None)
     port = int(server.stdout.readline().split()[1])
     return server, f"http://127.0.0.1:{port}"
 
@@ -102,15 +115,41 @@ def fresh_like(state):
             for k, v in state.items()}
 
 
-def measure_io(store, state, step: int) -> tuple[float, float]:
-    """(save seconds, restore seconds) of one blocking save and one load into a fresh state."""
+def evict(root: Path) -> None:
+    """Drop a folder's files from this machine's page cache (fsync, then POSIX_FADV_DONTNEED per file): a resume runs
+    on a replaced pod or node, whose page cache does not hold the checkpoint (and FSx/EFS is network storage)."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def measure_io(store, state, step: int) -> tuple[float, float, float | None]:
+    """(save seconds, restore seconds, restore seconds from the page cache) of one blocking save and loads into a fresh
+    state. A folder's restore reads the files after they were evicted from the page cache (a resume's new node), then
+    once more from the page cache (the restore this machine would see right after its own save: reported, not the
+    ratio's); S3's: one restore (the endpoint holds the objects in its memory, as S3 serves them)."""
     start = time.perf_counter()
     store.save(state, step, {"bench": True}, background=False)
     saved = time.perf_counter() - start
+    folder = store.at.client == "folder"
+    if folder:
+        evict(store.at.root)
     target = fresh_like(state)
     start = time.perf_counter()
     store.load(target, store.latest())
-    return saved, time.perf_counter() - start
+    restored = time.perf_counter() - start
+    cached = None
+    if folder:
+        target = fresh_like(state)
+        start = time.perf_counter()
+        store.load(target, store.latest())
+        cached = time.perf_counter() - start
+    return saved, restored, cached
 
 
 def interval(step, every: int, store=None, state_fn=None, at: int = 0) -> tuple[float, list[float], list[float]]:
@@ -119,10 +158,12 @@ def interval(step, every: int, store=None, state_fn=None, at: int = 0) -> tuple[
     write is waited for at the end (as the next checkpoint would), and that wait counts as blocked."""
     blocked, during, other = 0.0, [], []
     for i in range(every):
+        busy = store is not None and store.in_flight is not None
         start = time.perf_counter()
         step()
         took = time.perf_counter() - start
-        (during if store is not None and store.in_flight is not None else other).append(took)
+        # a step during which the write was in flight at its start or at its end ran beside it
+        (during if store is not None and (busy or store.in_flight is not None) else other).append(took)
         if store is not None and i == 0:
             blocked += store.save(state_fn(), at, {"bench": True})
     if store is not None:
@@ -140,13 +181,19 @@ def main(argv=None) -> int:
     parser.add_argument("--big-gb", type=float, default=1.0, help="size of the big state (0 = leave it out)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--crop", type=int, default=96)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for the step (0: torch's default, all cores)")
+    parser.add_argument("--endpoint-nice", type=int, default=19,
+                        help="the S3 stand-in's nice (19: its CPU is S3's, not the node's; 0: as the training)")
     args = parser.parse_args(argv)
 
     import torch
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
     from doeks.workload.checkpoints import Store
 
-    server, endpoint = start_endpoint(args.latency_ms)
+    server, endpoint = start_endpoint(args.latency_ms, args.endpoint_nice)
     os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_REGION="us-west-2", AWS_ACCESS_KEY_ID="bench",
                       AWS_SECRET_ACCESS_KEY="bench")
     folder = Path(tempfile.mkdtemp(prefix="doeks-bench-ckpt-"))
@@ -154,8 +201,10 @@ def main(argv=None) -> int:
     try:
         stores = {"s3": lambda name: Store(f"s3://bench/{name}", keep=1),
                   "folder": lambda name: Store(str(folder / name), keep=1)}
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; S3: {endpoint} with {args.latency_ms:g} ms "
-              f"per request; folder: {folder}", flush=True)
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads for the step on {os.cpu_count()} cores, "
+              f"load {load()}; S3: {endpoint} with {args.latency_ms:g} ms per request, the endpoint process at nice "
+              f"{args.endpoint_nice}; folder: {folder}, its restore read after the files were evicted from the page "
+              f"cache (a resume's new node), then from the page cache", flush=True)
 
         # ResNet-50: stall over a window of --every steps, and I/O
         model, optimizer, step = resnet50(args.batch, args.crop)
@@ -180,7 +229,8 @@ def main(argv=None) -> int:
             print(f"  round {round_ + 1}: step {statistics.median(quiet):.2f}s; " + ", ".join(
                 f"{n}: save() blocked {blocked[n][-1]:.2f}s, {len(during[n][-1])} steps during the write "
                 f"(median {statistics.median(during[n][-1]) if during[n][-1] else 0:.2f}s), save {io[n][-1][0]:.2f}s, "
-                f"restore {io[n][-1][1]:.2f}s" for n in per), flush=True)
+                f"restore {io[n][-1][1]:.2f}s" + (f" (page cache {io[n][-1][2]:.2f}s)" if io[n][-1][2] else "")
+                for n in per) + f"; load {load()}", flush=True)
         step_s = statistics.median(quiet)
         results["resnet50"] = {"size": size, "step": step_s, "client": per["s3"].at.client}
         for name in per:
@@ -190,8 +240,9 @@ def main(argv=None) -> int:
                 lost.append(stop + max(0.0, slower))
             results["resnet50"][name] = {
                 "stall": statistics.median(lost) / args.every / step_s,
-                "save": size / statistics.median(s for s, _ in io[name]) / 1e6,
-                "restore": size / statistics.median(r for _, r in io[name]) / 1e6}
+                "save": size / statistics.median(s for s, _, _ in io[name]) / 1e6,
+                "restore": size / statistics.median(r for _, r, _ in io[name]) / 1e6,
+                "cached": size / statistics.median(c for _, _, c in io[name]) / 1e6 if name == "folder" else None}
         del model, optimizer, step, per
 
         if args.big_gb > 0:
@@ -206,11 +257,15 @@ def main(argv=None) -> int:
                     counter += 1
                     io[name].append(measure_io(store, state, counter))
                 print(f"  round {round_ + 1}: " + ", ".join(
-                    f"{n} save {io[n][-1][0]:.2f}s restore {io[n][-1][1]:.2f}s" for n in per), flush=True)
+                    f"{n} save {io[n][-1][0]:.2f}s restore {io[n][-1][1]:.2f}s"
+                    + (f" (page cache {io[n][-1][2]:.2f}s)" if io[n][-1][2] else "") for n in per)
+                    + f"; load {load()}", flush=True)
             results["big"] = {"size": size, "client": per["s3"].at.client}
             for name in per:
-                results["big"][name] = {"save": size / statistics.median(s for s, _ in io[name]) / 1e6,
-                                        "restore": size / statistics.median(r for _, r in io[name]) / 1e6}
+                results["big"][name] = {
+                    "save": size / statistics.median(s for s, _, _ in io[name]) / 1e6,
+                    "restore": size / statistics.median(r for _, r, _ in io[name]) / 1e6,
+                    "cached": size / statistics.median(c for _, _, c in io[name]) / 1e6 if name == "folder" else None}
             del model, optimizer, state, per
     finally:
         server.stdin.close()
@@ -221,6 +276,8 @@ def main(argv=None) -> int:
     for model_name, result in results.items():
         for name in ("s3", "folder"):
             line = f"{model_name} {name}: save MB/s: {result[name]['save']:.0f}, restore MB/s: {result[name]['restore']:.0f}"
+            if result[name].get("cached"):
+                line += f" ({result[name]['cached']:.0f} from the page cache)"
             if "stall" in result[name]:
                 line += f", checkpoint stall: {100 * result[name]['stall']:.1f}% of a step"
             print(line)
@@ -230,11 +287,19 @@ def main(argv=None) -> int:
     print(f"checkpoint stall: {100 * r['s3']['stall']:.1f}% of a step (ResNet-50, S3, a checkpoint every {args.every} "
           f"steps of {r['step']:.2f}s; folder {100 * r['folder']['stall']:.1f}%)")
     print(f"save MB/s: {r['s3']['save']:.0f} (S3), {r['folder']['save']:.0f} (folder)")
-    print(f"restore MB/s: {r['s3']['restore']:.0f} (S3), {r['folder']['restore']:.0f} (folder)")
+    print(f"restore MB/s: {r['s3']['restore']:.0f} (S3), {r['folder']['restore']:.0f} (folder, evicted from the page "
+          f"cache; {r['folder']['cached']:.0f} from it)")
     print(f"restore S3 vs folder: {r['s3']['restore'] / r['folder']['restore']:.2f}x (ResNet-50 at {args.latency_ms:g} ms)"
           + (f", {results['big']['s3']['restore'] / results['big']['folder']['restore']:.2f}x "
-             f"({results['big']['size'] / 1e9:.1f} GB state)" if "big" in results else ""))
+             f"({results['big']['size'] / 1e9:.1f} GB state)" if "big" in results else "")
+          + f"; from the folder's page cache: {r['s3']['restore'] / r['folder']['cached']:.2f}x"
+          + (f", {results['big']['s3']['restore'] / results['big']['folder']['cached']:.2f}x" if "big" in results else ""))
+    print(f"the S3 stand-in at nice {args.endpoint_nice}, {torch.get_num_threads()} threads for the step; load {load()}")
     return 0
+
+
+def load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
