@@ -344,32 +344,20 @@ def run_quietly(entry, closed_wait_s: float | None = None, end_wait_s: float | N
 RDZV_WAIT_S = 180
 
 
-def _option(argv: list[str], name: str) -> str | None:
-    """A torchrun option's value from its command line (`--rdzv-backend etcd`, `--rdzv_backend=etcd`), or None."""
-    spellings = {f"--{name}", f"--{name.replace('-', '_')}"}
-    for i, arg in enumerate(argv):
-        key, eq, value = arg.partition("=")
-        if key in spellings:
-            if eq:
-                return value
-            return argv[i + 1] if i + 1 < len(argv) else None
-    return None
+def rendezvous_server(argv: list[str]) -> tuple[str, int] | None:
+    """The etcd rendezvous server (host, port) this torchrun will use, read by torchrun's own parser (its options,
+    else the PET_ variables the operators set) and torch's endpoint rule (etcd's port 2379 by default), or None for any
+    other backend (c10d's store is an agent's own)."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+    from torch.distributed.run import get_args_parser
 
-
-def rendezvous_server(argv: list[str], env) -> tuple[str, int] | None:
-    """The etcd rendezvous server (host, port) this torchrun will use (its options, else the PET_ variables the
-    operators set), or None for any other backend (c10d's store is an agent's own)."""
-    backend = _option(argv, "rdzv-backend") or env.get("PET_RDZV_BACKEND", "")
-    endpoint = _option(argv, "rdzv-endpoint") or env.get("PET_RDZV_ENDPOINT", "")
-    if not backend.startswith("etcd") or not endpoint:
+    args, _ = get_args_parser().parse_known_args(argv)
+    if not args.rdzv_backend.startswith("etcd") or not args.rdzv_endpoint:
         return None
-    host, colon, port = endpoint.rpartition(":")
-    if not colon or not port.isdigit():
-        return endpoint, 2379
-    return host.strip("[]"), int(port)
+    return parse_rendezvous_endpoint(args.rdzv_endpoint, 2379)
 
 
-def wait_for_rendezvous(argv: list[str], env, limit_s: float = RDZV_WAIT_S, say=_say) -> bool:
+def wait_for_rendezvous(argv: list[str], limit_s: float = RDZV_WAIT_S, say=_say) -> bool:
     """Wait, at most `limit_s`, until the etcd rendezvous server's name resolves and it takes a connection; True when
     it did (at once or after a wait, said in one line), False when it did not in time (said; torchrun then fails with
     its own error) or there is no etcd server to wait for.
@@ -385,7 +373,7 @@ def wait_for_rendezvous(argv: list[str], env, limit_s: float = RDZV_WAIT_S, say=
     import socket
     import time
 
-    server = rendezvous_server(argv, env)
+    server = rendezvous_server(argv)
     if server is None:
         return False
     started = time.monotonic()
@@ -414,7 +402,7 @@ def main() -> int:
     patch_whole_lines()
     from torch.distributed.run import main as torchrun
 
-    wait_for_rendezvous(sys.argv[1:], os.environ)
+    wait_for_rendezvous(sys.argv[1:])
     sys.argv[0] = "torchrun"
     return run_quietly(torchrun)
 

@@ -20,28 +20,31 @@ from doeks.local import services
 from .conftest import ROOT
 
 
-def test_the_etcd_server_is_read_from_torchruns_options_or_the_operators_variables():
-    assert torchrun.rendezvous_server(["--rdzv-backend=etcd", "--rdzv_endpoint", "job-etcd:2379", "s.py"], {}) == \
+def test_the_etcd_server_is_read_from_torchruns_options_or_the_operators_variables(monkeypatch):
+    assert torchrun.rendezvous_server(["--rdzv-backend=etcd", "--rdzv_endpoint", "job-etcd:2379", "s.py"]) == \
         ("job-etcd", 2379)
-    assert torchrun.rendezvous_server([], {"PET_RDZV_BACKEND": "etcd-v2", "PET_RDZV_ENDPOINT": "job-etcd:12379"}) == \
-        ("job-etcd", 12379)
-    assert torchrun.rendezvous_server(["--rdzv-backend", "etcd", "--rdzv-endpoint", "job-etcd"], {}) == ("job-etcd", 2379)
+    monkeypatch.setenv("PET_RDZV_BACKEND", "etcd-v2")
+    monkeypatch.setenv("PET_RDZV_ENDPOINT", "job-etcd:12379")
+    assert torchrun.rendezvous_server(["s.py"]) == ("job-etcd", 12379)
+    monkeypatch.delenv("PET_RDZV_BACKEND")
+    monkeypatch.delenv("PET_RDZV_ENDPOINT")
+    assert torchrun.rendezvous_server(["--rdzv-backend", "etcd", "--rdzv-endpoint", "job-etcd", "s.py"]) == ("job-etcd", 2379)
     # c10d's store is one of the agents' own: nothing to wait for
-    assert torchrun.rendezvous_server(["--rdzv-backend", "c10d", "--rdzv-endpoint", "w-0:29400"], {}) is None
-    assert torchrun.rendezvous_server(["--standalone", "s.py"], {}) is None
+    assert torchrun.rendezvous_server(["--rdzv-backend", "c10d", "--rdzv-endpoint", "w-0:29400", "s.py"]) is None
+    assert torchrun.rendezvous_server(["--standalone", "s.py"]) is None
 
 
 def test_a_name_that_does_not_resolve_is_waited_for_within_the_limit_and_said():
     said: list[str] = []
     started = time.monotonic()
-    ok = torchrun.wait_for_rendezvous(["--rdzv-backend", "etcd", "--rdzv-endpoint", "byo-k8s-etcd.invalid:2379"], {},
+    ok = torchrun.wait_for_rendezvous(["--rdzv-backend", "etcd", "--rdzv-endpoint", "byo-k8s-etcd.invalid:2379", "s.py"],
                                       limit_s=1.5, say=said.append)
     assert not ok and 1.4 <= time.monotonic() - started < 6, said
     assert said[0].startswith("doeks: waiting for the rendezvous server byo-k8s-etcd.invalid:2379 ("), said
     assert said[-1].startswith("doeks: the rendezvous server byo-k8s-etcd.invalid:2379 did not answer in 2 s: "), said
 
 
-def test_a_server_that_listens_later_is_waited_for_and_said_once():
+def test_a_server_that_listens_later_is_waited_for_and_said_once(monkeypatch):
     port = services.free_port()
     said: list[str] = []
     listener = socket.socket()
@@ -56,8 +59,9 @@ def test_a_server_that_listens_later_is_waited_for_and_said_once():
 
     threading.Thread(target=later, daemon=True).start()
     try:
-        assert torchrun.wait_for_rendezvous([], {"PET_RDZV_BACKEND": "etcd", "PET_RDZV_ENDPOINT": f"127.0.0.1:{port}"},
-                                            limit_s=30, say=said.append)
+        monkeypatch.setenv("PET_RDZV_BACKEND", "etcd")
+        monkeypatch.setenv("PET_RDZV_ENDPOINT", f"127.0.0.1:{port}")
+        assert torchrun.wait_for_rendezvous(["s.py"], limit_s=30, say=said.append)
     finally:
         listener.close()
     assert len(said) == 2 and "waiting for the rendezvous server" in said[0] and "answered after" in said[1], said
@@ -65,8 +69,8 @@ def test_a_server_that_listens_later_is_waited_for_and_said_once():
     with socket.socket() as up:
         up.bind(("127.0.0.1", 0))
         up.listen()
-        assert torchrun.wait_for_rendezvous(["--rdzv-backend=etcd", f"--rdzv-endpoint=127.0.0.1:{up.getsockname()[1]}"],
-                                            {}, say=said.append)
+        assert torchrun.wait_for_rendezvous(["--rdzv-backend=etcd", f"--rdzv-endpoint=127.0.0.1:{up.getsockname()[1]}",
+                                             "s.py"], say=said.append)
     assert said == []
 
 
