@@ -238,11 +238,8 @@ def main(argv=None) -> int:
             for stop, busy in zip(blocked[name], during[name]):
                 slower = (statistics.median(busy) - step_s) * len(busy) if busy else 0.0
                 lost.append(stop + max(0.0, slower))
-            results["resnet50"][name] = {
-                "stall": statistics.median(lost) / args.every / step_s,
-                "save": size / statistics.median(s for s, _, _ in io[name]) / 1e6,
-                "restore": size / statistics.median(r for _, r, _ in io[name]) / 1e6,
-                "cached": size / statistics.median(c for _, _, c in io[name]) / 1e6 if name == "folder" else None}
+            results["resnet50"][name] = {"stall": statistics.median(lost) / args.every / step_s,
+                                         **throughput(size, io[name], name)}
         del model, optimizer, step, per
 
         if args.big_gb > 0:
@@ -262,10 +259,7 @@ def main(argv=None) -> int:
                     + f"; load {load()}", flush=True)
             results["big"] = {"size": size, "client": per["s3"].at.client}
             for name in per:
-                results["big"][name] = {
-                    "save": size / statistics.median(s for s, _, _ in io[name]) / 1e6,
-                    "restore": size / statistics.median(r for _, r, _ in io[name]) / 1e6,
-                    "cached": size / statistics.median(c for _, _, c in io[name]) / 1e6 if name == "folder" else None}
+                results["big"][name] = throughput(size, io[name], name)
             del model, optimizer, state, per
     finally:
         server.stdin.close()
@@ -296,6 +290,15 @@ def main(argv=None) -> int:
           + (f", {results['big']['s3']['restore'] / results['big']['folder']['cached']:.2f}x" if "big" in results else ""))
     print(f"the S3 stand-in at nice {args.endpoint_nice}, {torch.get_num_threads()} threads for the step; load {load()}")
     return 0
+
+
+def throughput(size: int, runs: list, name: str) -> dict:
+    """MB/s of the median save and restore of `runs` ((save, restore, page-cache restore) seconds each); the page-cache
+    restore for the folder only."""
+    def rate(i: int) -> float:
+        return size / statistics.median(run[i] for run in runs) / 1e6
+
+    return {"save": rate(0), "restore": rate(1), "cached": rate(2) if name == "folder" else None}
 
 
 def load() -> str:
