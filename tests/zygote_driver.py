@@ -1,11 +1,11 @@
-"""Drives doeks.local.zygote as the agent does (tests/test_zygote.py): `python zygote_driver.py SCENARIO FOLDER`."""
+"""Drives doeks.zygote as the agent does (tests/test_zygote.py): `python zygote_driver.py SCENARIO FOLDER`."""
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from doeks.local import zygote
+from doeks import zygote
 
 scenario, folder = sys.argv[1], Path(sys.argv[2])
 z = zygote.start()  # in a worker this runs the script and exits
