@@ -89,7 +89,7 @@ def mpi_operator_delete(runner, manifest: str = MPI_OPERATOR_MANIFEST) -> None:
     """Everything the manifest made (its namespace, the MPIJob CRD and so every MPIJob, the RBAC); safe twice."""
     from . import kube
 
-    kube.run(runner, ["delete", "--ignore-not-found", "-f", manifest])
+    kube.delete_from(runner, "-f", manifest)
 
 
 def replace_eksctl_plugin_argv() -> list[str]:

@@ -162,6 +162,22 @@ def delete(runner, manifests: Sequence[dict[str, Any]], wait: bool = True, timeo
         raise
 
 
+def delete_from(runner, flag: str, source: str, timeout: int = DELETE_TIMEOUT) -> None:
+    """`kubectl delete --ignore-not-found -f FILE` (or `-k FOLDER`): everything it names, what is gone already is fine,
+    waited for at most `timeout` s (kubectl waits for ever by default: a pod that never ended, on a fresh machine, held
+    `down` in the MPI operator's deletion until CI's limit); past it, one line naming what did not go."""
+    from .errors import DoeksError
+
+    try:
+        run(runner, ["delete", "--ignore-not-found", flag, source, f"--timeout={timeout}s"])
+    except DoeksError as error:
+        if "timed out" in str(error):
+            raise DoeksError(f"waited {timeout} s for what {source} names to be gone, and it was not (something "
+                             f"still holds it: `kubectl get {flag} {source}`, then `kubectl describe` what is left); "
+                             "nothing more was deleted") from None
+        raise
+
+
 def object_name(manifest: dict[str, Any]) -> str:
     """`Kind namespace/name` (cluster-scoped: `Kind name`), as a plan names what it changes."""
     meta = manifest.get("metadata", {})

@@ -355,7 +355,7 @@ def operator_delete(settings, runner) -> None:
         runner.emit([yaml.safe_load(operator_kustomization(base, for_delete=True))])
     else:
         write_operator_kustomization(settings, base, folder=folder, for_delete=True)
-    kube.run(runner, ["delete", "--ignore-not-found", "-k", str(folder)])
+    kube.delete_from(runner, "-k", str(folder))
 
 
 # Trainer v2.3.0 on its own (a cluster without the platform): the controller + JobSet (manifests/overlays/manager),
@@ -411,7 +411,7 @@ def trainer_delete(settings, runner) -> None:
         manager, runtimes, jobset = str(folders["trainer"]), str(folders["runtimes"]), str(folders["jobset"])
     else:
         manager, runtimes, jobset = TRAINER_MANAGER, TRAINER_RUNTIMES, None
-    kube.run(runner, ["delete", "--ignore-not-found", "-k", runtimes])
-    kube.run(runner, ["delete", "--ignore-not-found", "-k", manager])
+    kube.delete_from(runner, "-k", runtimes)
+    kube.delete_from(runner, "-k", manager)
     if jobset:
-        kube.run(runner, ["delete", "--ignore-not-found", "-k", jobset])
+        kube.delete_from(runner, "-k", jobset)

@@ -272,6 +272,35 @@ def test_a_trainjob_whose_pods_the_api_server_refuses_is_named_with_the_refusal(
         kubectl(env, "delete", "trainjob", "badpatch", "-n", "default", "--ignore-not-found", "--wait=true")
 
 
+def test_a_deletion_that_cannot_finish_ends_within_its_limit_in_one_line(env, tmp_path, monkeypatch):
+    """kube.delete_from (the MPI operator's manifest, the trainer's and the operator's kustomizations on `down`): kubectl
+    waits for ever by default, and on a fresh machine `down` waited 13 min on a pod that never ended (CI). An object
+    held by a finalizer nobody removes: the deletion ends in about its limit, in one line naming the file."""
+    import time
+
+    from doeks import kube
+    from doeks.cluster import versions
+    from doeks.errors import DoeksError
+    from doeks.runner import Runner
+
+    held = tmp_path / "held.yaml"
+    held.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: doeks-held\n  namespace: default\n"
+                    "  finalizers: [doeks.test/held]\n")
+    assert kubectl(env, "apply", "-f", str(held)).returncode == 0
+    monkeypatch.setenv("KUBECONFIG", str(versions.kubeconfig()))
+    began = time.monotonic()
+    try:
+        with pytest.raises(DoeksError) as refused:
+            kube.delete_from(Runner(echo=False), "-f", str(held), timeout=5)
+        assert time.monotonic() - began < 30
+        said = str(refused.value)
+        assert said.startswith(f"waited 5 s for what {held} names to be gone") and "\n" not in said, said
+    finally:
+        kubectl(env, "patch", "configmap", "doeks-held", "-n", "default", "--type=merge", "-p",
+                '{"metadata":{"finalizers":null}}')
+    kube.delete_from(Runner(echo=False), "-f", str(held), timeout=5)  # gone already is fine
+
+
 def test_the_network_guard_counted_nothing_after_the_job(env):
     from doeks.cluster import guard
 

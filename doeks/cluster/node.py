@@ -525,6 +525,32 @@ def _sysctl(key: str, value: str) -> None:
         raise DoeksError(f"cannot set {key}={value} ({error.strerror}): the cluster needs it") from None
 
 
+NETNS_DIR = Path("/run/netns")  # where containerd (and iproute2) bind-mount the network namespaces they keep
+
+
+def mounted_at(path: Path) -> bool:
+    """Whether a file system is mounted at `path` itself (this process' mount namespace)."""
+    return any(line.split()[4] == str(path) for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def make_netns_dir(path: Path = NETNS_DIR) -> None:
+    """/run/netns made a mount point of its own, shared (as `ip netns add` makes it, the first time it runs on a
+    machine), before containerd keeps a pod's network namespace there. Else the first `ip netns add` after the
+    cluster started (an extra node's, a test's, anyone's) bind-mounts the folder over itself with the pods'
+    namespaces copied in: a pod's teardown then unmounts the copy it sees, the original stays mounted underneath, the
+    file cannot be removed (EBUSY), and containerd reports the sandbox's status as an error for ever: the pod stays
+    Terminating and `down` waited on it (a fresh machine, CI: test_network_guard ran after the cluster started)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if mounted_at(path):
+        return
+    mount = shutil.which("mount") or "/bin/mount"
+    for args in (["--rbind", str(path), str(path)], ["--make-rshared", str(path)]):
+        result = subprocess.run([mount, *args], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise DoeksError(f"cannot make {path} a mount point of its own (mount {' '.join(args)}): "
+                             f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
 def prepare_host() -> None:
     if not Path("/proc/sys/net/bridge").exists():
         modprobe = shutil.which("modprobe") or shutil.which("modprobe", path="/usr/sbin:/sbin")
@@ -536,6 +562,8 @@ def prepare_host() -> None:
     _sysctl("net.ipv4.ip_forward", "1")
     _sysctl("net.bridge.bridge-nf-call-iptables", "1")
     make_cgroups()
+    if not pid("containerd"):  # with pods running, their namespaces would be copied over: left as they are
+        make_netns_dir()
 
 
 def make_cgroups(cgroup_root: str = CGROUP_ROOT) -> None:
