@@ -39,8 +39,16 @@ def credentials_configured(settings) -> bool:
     if any(env.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
                                 "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")):
         return True
-    home = Path(env.get("AWS_SHARED_CREDENTIALS_FILE", Path.home() / ".aws" / "credentials"))
-    return home.is_file() or Path(env.get("AWS_CONFIG_FILE", Path.home() / ".aws" / "config")).is_file()
+    files = (Path(env.get("AWS_SHARED_CREDENTIALS_FILE", Path.home() / ".aws" / "credentials")),
+             Path(env.get("AWS_CONFIG_FILE", Path.home() / ".aws" / "config")))
+    return any(_has_text(path) for path in files)  # an empty file holds no credentials
+
+
+def _has_text(path) -> bool:
+    try:
+        return path.is_file() and bool(path.read_text(errors="replace").strip())
+    except OSError:
+        return False
 
 
 def credentials_of(settings) -> dict[str, str | None]:
