@@ -69,3 +69,13 @@ def test_zygote_and_its_workers_go_when_the_agent_dies(tmp_path):
     while time.monotonic() < deadline and (pid_alive(pids["worker"]) or pid_alive(pids["zygote"])):
         time.sleep(0.1)
     assert not pid_alive(pids["worker"]) and not pid_alive(pids["zygote"])
+
+
+def test_torch_closing_a_worker_the_zygote_has_already_reaped_is_not_an_error(tmp_path):
+    """torch's close() signals a worker's process group when poll() said it runs; a forked worker is reaped by the
+    zygote and its exit code reaches the agent a moment later, so on a loaded machine torch's killpg found no such
+    group and the agent died with ProcessLookupError (CI on issue 33's code, whose image torchrun forks its workers
+    the same way) instead of restarting its workers. The window held open here: the close is quiet, the exit code
+    still comes."""
+    said = drive("reaped-unreported", tmp_path)
+    assert said == {"forked": True, "unreported": True, "close": "ok", "code": 0}, said

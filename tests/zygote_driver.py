@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from doeks.local import zygote
@@ -35,3 +36,29 @@ elif scenario == "agent-dies":
     worker = spawn("sleeps.py")
     print(json.dumps({"worker": worker.pid, "zygote": z.pid}), flush=True)
     os._exit(0)  # like a SIGKILLed agent: no cleanup
+elif scenario == "reaped-unreported":
+    # torch's close of a worker its poll() said runs, when the zygote has reaped it and its exit code is on its way:
+    # the agent's reader of the zygote's reports is held (it waits for the lock this thread holds), so the window that
+    # a loaded machine opens for milliseconds stays open
+    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
+
+    from doeks.local import agent
+
+    agent.patch_worker_start(z)
+    handler = SubprocessHandler(sys.executable, ("-u", str(folder / "ok.py")), {}, None, None, 0, None)
+    said = {"forked": isinstance(handler.proc, zygote.ForkedWorker)}
+    with z._cond:
+        for _ in range(200):
+            try:
+                os.kill(handler.proc.pid, 0)
+            except ProcessLookupError:
+                break  # reaped by the zygote
+            time.sleep(0.05)
+        said["unreported"] = handler.proc.poll() is None
+        try:
+            handler.close()
+            said["close"] = "ok"
+        except ProcessLookupError as error:
+            said["close"] = repr(error)
+    said["code"] = handler.proc.wait(timeout=30)
+    print(json.dumps(said))

@@ -91,7 +91,7 @@ def patch_rendezvous() -> None:
 
 def patch_worker_start(zygote: zygote_module.Zygote) -> None:
     handler = subprocess_handler.SubprocessHandler
-    popen = handler._popen
+    popen, close = handler._popen, handler.close
 
     def start_worker(self, args, env):
         if worker.runnable(args):
@@ -101,7 +101,21 @@ def patch_worker_start(zygote: zygote_module.Zygote) -> None:
                 pass
         return popen(self, args, env)
 
+    def close_worker(self, death_sig=None):
+        try:
+            close(self, death_sig)
+        except ProcessLookupError:
+            if not isinstance(self.proc, zygote_module.ForkedWorker):
+                raise
+            # torch signals a worker's group when poll() said it runs; a forked worker is the zygote's child, reaped
+            # there as it exits, its exit code reported a moment later: between the two its group is already gone
+            # (torch's own children stay until torch reaps them). It has ended: close its files as torch would.
+            for stream in (self._stdout, self._stderr):
+                if stream:
+                    stream.close()
+
     handler._popen = start_worker
+    handler.close = close_worker
 
 
 if __name__ == "__main__":
