@@ -143,8 +143,6 @@ def delete(runner, manifests: Sequence[dict[str, Any]], wait: bool = True, timeo
     again right after does not meet its predecessor's terminating pods under the same names. `wait=False`: asked for,
     not waited on (a claim a pod still uses stays until that pod ends). A wait is bounded (`timeout` seconds): past
     it, one line naming what did not go."""
-    from .errors import DoeksError
-
     argv = ["delete", "--ignore-not-found", f"--wait={'true' if wait else 'false'}", "--cascade=foreground"]
     argv += [f"--timeout={timeout}s"] if wait else []
     argv += ["-f", "-"]
@@ -152,13 +150,22 @@ def delete(runner, manifests: Sequence[dict[str, Any]], wait: bool = True, timeo
         for manifest in manifests:
             runner.step(f"delete {object_name(manifest)} (kubectl {' '.join(argv[:3])}; gone already is fine)", lambda: None)
         return
+    names = ", ".join(object_name(m) for m in manifests)
+    _bounded_delete(runner, argv, timeout if wait else None, names, "`kubectl describe` it",
+                    input=to_yaml_stream(manifests))
+
+
+def _bounded_delete(runner, argv: list[str], timeout: int | None, what: str, look: str, input: str | None = None):
+    """`kubectl ARGV` (a delete with --timeout=`timeout`s); kubectl's "timed out" past it as one line naming `what` and
+    where to `look`. `timeout` None: a delete not waited on, its errors as they are."""
+    from .errors import DoeksError
+
     try:
-        run(runner, argv, input=to_yaml_stream(manifests))
+        run(runner, argv, input=input)
     except DoeksError as error:
-        if wait and "timed out" in str(error):
-            names = ", ".join(object_name(m) for m in manifests)
-            raise DoeksError(f"waited {timeout} s for {names} to be gone, and it was not (something still holds it: "
-                             f"`kubectl describe` it); nothing more was deleted") from None
+        if timeout is not None and "timed out" in str(error):
+            raise DoeksError(f"waited {timeout} s for {what} to be gone, and it was not (something still holds it: "
+                             f"{look}); nothing more was deleted") from None
         raise
 
 
@@ -166,16 +173,8 @@ def delete_from(runner, flag: str, source: str, timeout: int = DELETE_TIMEOUT) -
     """`kubectl delete --ignore-not-found -f FILE` (or `-k FOLDER`): everything it names, what is gone already is fine,
     waited for at most `timeout` s (kubectl waits for ever by default: a pod that never ended, on a fresh machine, held
     `down` in the MPI operator's deletion until CI's limit); past it, one line naming what did not go."""
-    from .errors import DoeksError
-
-    try:
-        run(runner, ["delete", "--ignore-not-found", flag, source, f"--timeout={timeout}s"])
-    except DoeksError as error:
-        if "timed out" in str(error):
-            raise DoeksError(f"waited {timeout} s for what {source} names to be gone, and it was not (something "
-                             f"still holds it: `kubectl get {flag} {source}`, then `kubectl describe` what is left); "
-                             "nothing more was deleted") from None
-        raise
+    _bounded_delete(runner, ["delete", "--ignore-not-found", flag, source, f"--timeout={timeout}s"], timeout,
+                    f"what {source} names", f"`kubectl get {flag} {source}`, then `kubectl describe` what is left")
 
 
 def object_name(manifest: dict[str, Any]) -> str:

@@ -385,11 +385,6 @@ def _sysctl(key: str, value: str) -> None:
 NETNS_DIR = Path("/run/netns")  # where containerd (and iproute2) bind-mount the network namespaces they keep
 
 
-def mounted_at(path: Path) -> bool:
-    """Whether a file system is mounted at `path` itself (this process' mount namespace)."""
-    return any(line.split()[4] == str(path) for line in Path("/proc/self/mountinfo").read_text().splitlines())
-
-
 def make_netns_dir(path: Path = NETNS_DIR) -> None:
     """/run/netns made a mount point of its own, shared (as `ip netns add` makes it, the first time it runs on a
     machine), before containerd keeps a pod's network namespace there. Else the first `ip netns add` after the
@@ -398,7 +393,7 @@ def make_netns_dir(path: Path = NETNS_DIR) -> None:
     file cannot be removed (EBUSY), and containerd reports the sandbox's status as an error for ever: the pod stays
     Terminating and `down` waited on it (a fresh machine, CI: test_network_guard ran after the cluster started)."""
     path.mkdir(parents=True, exist_ok=True)
-    if mounted_at(path):
+    if str(path) in mounts_under(path):  # a mount point already (iproute2's, or ours)
         return
     mount = shutil.which("mount") or "/bin/mount"
     for args in (["--rbind", str(path), str(path)], ["--make-rshared", str(path)]):
