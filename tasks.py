@@ -14,7 +14,8 @@ from doeks.taskkit import runner, settings, target, task
 ROOT = Path(__file__).resolve().parent
 UNIT_FILES = {"eks": "eks/tasks.py", "csi": "csi/tasks.py", "efa": "efa-device-plugin/tasks.py",
               "gpu-metrics": "gpu-metrics/tasks.py", "kubeflow": "kubeflow/tasks.py", "sagemaker": "kubeflow/sagemaker.py",
-              "kueue": "kueue/tasks.py", "elasticjob": "elasticjob/tasks.py", "dev": "dev/tasks.py"}
+              "kueue": "kueue/tasks.py", "elasticjob": "elasticjob/tasks.py", "cluster": "cluster/tasks.py",
+              "dev": "dev/tasks.py"}
 
 
 def _load_unit(name, path):

@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 _last_report: list[float] = []
+_beat: list[float] = []  # when this process last told its node's watchdog (doeks.watchdog) about its progress
 
 
 def checkpoints(uri: str | None = None, keep: int | None = None):
@@ -40,18 +41,24 @@ def save_model(obj, name: str = "model.pt", uri: str | None = None) -> str:
     return save_file(where, name, obj)
 
 
-def report(step: int, loss: float | None = None, samples: int | None = None, total: int | None = None) -> str:
+def report(step: int, loss: float | None = None, samples: int | None = None, total: int | None = None,
+           productive: float | None = None) -> str:
     """Print one progress line in the format doeks reads from any training script's log (docs/your-own-script.md):
 
-        doeks: step=<int> [loss=<float>] [samples/s=<float>] [world=<int>] [total=<int>]
+        doeks: step=<int> [loss=<float>] [samples/s=<float>] [world=<int>] [total=<int>] [productive=<float>s]
 
     `samples`: samples this process trained since its last report (the rate is over the time between two calls),
-    `total`: the steps the run will take (for the progress bar). Call it from rank 0 alone, or from every rank:
-    doeks shows the highest step. Standard library only, so a script may also print the line itself."""
+    `total`: the steps the run will take (for the progress bar), `productive`: the seconds of step time the model's
+    state holds (carried in your checkpoint; `status` and `history` show goodput from it). Call it from rank 0 alone,
+    or from every rank: doeks shows the highest step. Each call also tells the node's watchdog that this rank made
+    progress (DOEKS_PROGRESS_DIR, set by doeks' torchrun), and the first makes SIGUSR1 dump its stacks
+    (faulthandler), which the watchdog asks for when it made none for HANG_TIMEOUT seconds. Standard library only,
+    so a script may also print the line itself."""
     import os
     import time
 
     now = time.monotonic()
+    _heartbeat(int(step))
     parts = [f"doeks: step={int(step)}"]
     if loss is not None:
         parts.append(f"loss={float(loss):.6g}")
@@ -64,7 +71,36 @@ def report(step: int, loss: float | None = None, samples: int | None = None, tot
         parts.append(f"world={int(os.environ['WORLD_SIZE'])}")
     if total is not None:
         parts.append(f"total={int(total)}")
+    if productive is not None:
+        parts.append(f"productive={float(productive):.1f}s")
     _last_report[:] = [now]
     line = " ".join(parts)
     print(line, flush=True)
     return line
+
+
+def _heartbeat(step: int) -> None:
+    """DOEKS_PROGRESS_DIR/<rank>: `step wall-time`, at most once a second (what doeks.watchdog reads)."""
+    import os
+    import time
+
+    folder = os.environ.get("DOEKS_PROGRESS_DIR")
+    now = time.time()
+    if not folder or (_beat and now - _beat[0] < 1.0):
+        return
+    if not _beat:
+        try:
+            import faulthandler
+            import signal
+
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (ValueError, RuntimeError, AttributeError):  # not the main thread, or no SIGUSR1 here
+            pass
+    _beat[:] = [now]
+    path = os.path.join(folder, os.environ.get("RANK", "0"))
+    try:
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{step} {now:.3f}\n")
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass

@@ -5,12 +5,18 @@ by `doeks.local.jobs` (one torchrun agent per replica, PET_* environment as the 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 ETCD_PORT = 2379
 CONTAINER_SCRIPT = "/workspace/train.py"  # where the training image keeps doeks/workload/train.py (doeks.code)
 RDZV_CONF = {"last_call_timeout": "1", "timeout": "600"}
+# torchrun's --local-addr from the downward API. Without it rank 0's agent publishes its FQDN (the pod's name) as
+# MASTER_ADDR, and the other ranks look it up in the cluster DNS, which caches answers (CoreDNS `cache 30` on EKS as on
+# doeks' cluster): after a pod was replaced its name still gave the old pod's address for up to 30 s ("No route to
+# host" retries; measured: 79 s from rendezvous to the first step once). A pod's IP is routable on any cluster (the VPC
+# CNI gives pods VPC addresses on EKS).
+POD_ADDRESS = {"name": "PET_LOCAL_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
 
 from .catalog import EFA_ADAPTERS, GPUS  # noqa: E402,F401 - offline stand-ins (doeks.instancetypes asks EC2)
 
@@ -104,6 +110,40 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
     return [deployment, service]
 
 
+def watchdog_env(settings) -> list[dict[str, Any]]:
+    """What each replica's hang watchdog (doeks.watchdog, in the image's torchrun) reads: the timeout, each rung's
+    bound, and (on a cluster) the job, pod and node it acts on."""
+    values = {"DOEKS_HANG_TIMEOUT": settings.hang_timeout, "DOEKS_HANG_RESTARTS": settings.hang_restarts,
+              "DOEKS_HANG_REPLACEMENTS": settings.hang_replacements, "DOEKS_HANG_MOVES": settings.hang_moves,
+              "DOEKS_HANG_JOB_RESTARTS": settings.hang_job_restarts, "DOEKS_JOB_NAME": settings.job_name}
+    return [{"name": k, "value": str(v)} for k, v in values.items()] + [
+        {"name": "DOEKS_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+
+
+def watchdog_rbac(settings) -> list[dict[str, Any]]:
+    """The job's pods' service account and what their watchdog may do through the API server: delete the job's pods
+    (rungs 2 and 4), record Events (what `status` reads), and list and cordon nodes (rung 3)."""
+    name = f"{settings.job_name}-watchdog"
+    meta = {"namespace": settings.namespace, "labels": labels(settings)}
+    cluster_name = f"doeks-watchdog-{settings.namespace}-{settings.job_name}"
+    subject = [{"kind": "ServiceAccount", "name": name, "namespace": settings.namespace}]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, **meta}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name, **meta},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "delete"]},
+                   {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name, **meta},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}, "subjects": subject},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": cluster_name, "labels": labels(settings)},
+         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": cluster_name, "labels": labels(settings)},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_name},
+         "subjects": subject},
+    ]
+
+
 def train_args(settings, mount: str | None = None, code=None) -> list[str]:
     """The script's arguments: the built-in workload's ImageNet flags (only when it is the script), then TRAIN_ARGS.
     `code`: the job's, resolved once (doeks.code.resolve) by whoever holds the job."""
@@ -140,6 +180,7 @@ class Placement:
     node_efa: int = 0
     cpu: bool = False
     cloud: bool = False
+    tolerations: list[dict[str, Any]] = field(default_factory=list)  # taints of the nodes meant for training pods
 
 
 def node_type_placement(settings) -> Placement:
@@ -217,7 +258,12 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
                 # follow reads why and ends the job before the kubelet or docker restarts it
                 {"name": END_WAIT_ENV, "value": str(CLOSED_WAIT_S)}]
         + env_list(contract(settings, settings.shared_mount, f"{settings.job_name}-{run}", hosts))
-        + [{"name": "SM_CURRENT_HOST", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        + [{"name": "SM_CURRENT_HOST", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           # the address each agent publishes through the rendezvous (torchrun --local-addr): the pod's own IP, so the
+           # ranks reach rank 0's store by address, not by a pod name the cluster DNS may still answer with the
+           # address of the pod it replaced (see POD_ADDRESS)
+           POD_ADDRESS]
+        + watchdog_env(settings),
         "resources": resources,
         "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
@@ -232,6 +278,13 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     }
     if placement.selector:
         pod_spec["nodeSelector"] = dict(placement.selector)
+    if placement.tolerations:
+        pod_spec["tolerations"] = copy.deepcopy(placement.tolerations)
+    # the replicas on different nodes where there are enough (preferred, not required): a lost node takes one replica,
+    # and the elastic job goes on with the others
+    pod_spec["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                           "labelSelector": {"matchLabels": labels(settings)}}}]}}
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -292,10 +345,17 @@ def pytorchjob_fixed(settings, extra_args: list[str] | None = None, run: str | N
 
 
 def manifests(settings, extra_args: list[str] | None = None, run: str | None = None,
-              image: str | None = None, placement: Placement | None = None, code=None) -> list[dict[str, Any]]:
-    """Everything `elasticjob.deploy` applies, in apply order."""
+              image: str | None = None, placement: Placement | None = None, code=None,
+              account: bool = False) -> list[dict[str, Any]]:
+    """Everything `elasticjob.deploy` applies, in apply order: etcd, the PyTorchJob; `account` (a cluster's API server
+    is there for the watchdog to act through): with HANG_TIMEOUT set, the watchdog's service account before the job,
+    whose pods run under it."""
     head = etcd_manifests(settings) if settings.rdzv_backend.startswith("etcd") else []
-    return head + [pytorchjob(settings, extra_args, run, image, placement, code)]
+    job = pytorchjob(settings, extra_args, run, image, placement, code)
+    if account and settings.hang_timeout:
+        head += watchdog_rbac(settings)
+        worker_pod(job)["serviceAccountName"] = f"{settings.job_name}-watchdog"
+    return head + [job]
 
 
 def worker_pod(job: dict[str, Any]) -> dict[str, Any]:

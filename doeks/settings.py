@@ -339,6 +339,7 @@ KEYS: tuple[Key, ...] = (
     _key("KUBE_CONTEXT", "kubernetes", "", "Context in KUBECONFIG to use (empty = its current context)", _text),
     _key("STORAGE_CLASS", "kubernetes", "", "StorageClass of SHARED_PVC on TARGET=kubernetes (empty = on doeks' cluster a volume in a folder of this machine; elsewhere the cluster's default class)", _text),
     _key("KUBE_GPUS", "kubernetes", "0", "nvidia.com/gpu each training pod asks for on TARGET=kubernetes (0 = train on CPU)", _int(0, 64)),
+    _key("KUBE_NODES", "kubernetes", "1", "Nodes of doeks' own cluster (TARGET=kubernetes, KUBECONFIG empty): 1 = the host's; each more is a kubelet with its own containerd, network namespace and pod range on the same bridge, as kind runs nodes (`invoke cluster.node-stop NAME` loses one)", _int(1, 16)),
     _key("KUBE_MEMORY", "kubernetes", "", "Memory limit of each training pod on TARGET=kubernetes, also its request (empty = no limit); a pod over it is OOM-killed", _MEMORY),
     _key("KUBE_SIM_NODES", "kubernetes", "0", "Simulated nodes added to doeks' own cluster (kwok: nodes and pods that exist only in the API server), labelled and sized as EKS labels a KUBE_SIM_NODE_TYPE node; tainted so only jobs that tolerate them go there (0 = none; `down` removes them)", _int(0, 1000)),
     _key("KUBE_SIM_NODE_TYPE", "kubernetes", "", "Instance type of the simulated nodes: its GPUs, EFA adapters, CPUs and memory, and EKS' labels (empty = GPU_INSTANCE_TYPE)", _pattern(_INSTANCE_TYPE, "an EC2 instance type such as p5.48xlarge", optional=True)),
@@ -382,6 +383,12 @@ KEYS: tuple[Key, ...] = (
     _key("ETCD_ENDPOINT", "elasticjob", "", "External etcd (http://host:port, v2 API) for local rendezvous (empty = doeks starts its own)", _url),
     _key("ETCD_PORT", "elasticjob", "0", "Port of the local etcd doeks starts (0 = any free port)", _int(0, 65535)),
     _key("LOCAL_PRELOAD", "elasticjob", "true", "Local target: start workers as forks of a process that has already imported torch and torchvision (false = a fresh interpreter per worker, as plain torchrun)", _bool),
+    _key("HANG_TIMEOUT", "elasticjob", "300", "Seconds without progress (a step, doeks.report) after which a replica's watchdog names the rank that holds the job, dumps its stacks and climbs the ladder below (0 = no watchdog; HyperPod's hang rule waits 300)", _int(0, 86400)),
+    _key("HANG_RESTARTS", "elasticjob", "1", "Watchdog rung 1: times a hung rank's processes are restarted before its pod is replaced", _int(0, 100)),
+    _key("HANG_REPLACEMENTS", "elasticjob", "1", "Watchdog rung 2: times a hung replica's pod is replaced (local: its node restarted; docker: its container) before rung 3", _int(0, 100)),
+    _key("HANG_MOVES", "elasticjob", "1", "Watchdog rung 3 (Kubernetes, with another node): times a hung replica's node is cordoned and its pod replaced elsewhere before rung 4", _int(0, 100)),
+    _key("HANG_JOB_RESTARTS", "elasticjob", "1", "Watchdog rung 4: times the whole job is restarted from its checkpoint (every pod replaced; local: every node) before the watchdog gives up", _int(0, 100)),
+    _key("NODE_LOST_TIMEOUT", "elasticjob", "60", "Seconds a fixed-size job's pod (a TrainJob) stays bound to a node that stopped answering (NotReady) before it is evicted and made again on a node that answers (Kubernetes' default toleration: 300)", _int(0, 86400)),
     _key("ARCH", "elasticjob", "resnet18", "torchvision model to train", _choice(ARCHES)),
     _key("EPOCHS", "elasticjob", "4", "Training epochs", _int(1, 10000)),
     _key("BATCH_SIZE", "elasticjob", "16", "Batch size per process", _int(1, 4096)),
@@ -524,7 +531,7 @@ class Settings:
 
     @property
     def own_cluster(self) -> bool:
-        """TARGET=kubernetes on doeks' own single-node cluster (KUBECONFIG empty, or its own kubeconfig): it runs here."""
+        """TARGET=kubernetes on doeks' own cluster (KUBECONFIG empty, or its own kubeconfig): it runs here."""
         if self.target != "kubernetes":
             return False
         from .cluster.versions import kubeconfig

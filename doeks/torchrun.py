@@ -14,12 +14,21 @@ the directory is never renewed: 2 h after the job started it lapses with the ren
 fails after that cannot rendezvous again ("Unexpected state of EtcdRendezvousHandler, worker needs to die"). Here the
 directory lives 7 days and nobody tries to renew it: each deploy makes a new run id, and the job's etcd goes with it.
 
+Preloaded workers (doeks.zygote): the agent forks, right after its own `import torch`, a process that imports
+torchvision and the rest once; every worker (start and restart) is a fork of it instead of a new interpreter
+importing them again: a replaced pod's first step and a restarted container's come seconds sooner. A fork runs the
+script through doeks.worker.run, as a new interpreter's `python -u -m doeks.worker script.py` does. DOEKS_PRELOAD=0
+in the pod's environment starts workers the usual way (that command).
+
+The hang watchdog (doeks.watchdog) runs in the agent's monitor loop when DOEKS_HANG_TIMEOUT is set.
+
 Before it starts, it waits (at most RDZV_WAIT_S) for its etcd rendezvous server to take a connection: a job's pods and
 its etcd are made together, and an agent that started before the etcd Service's name resolved ended at once, its
 container restarted by the kubelet after 10 s, then 20 s (see wait_for_rendezvous).
 
-Standard library and torch only, doeks.targets.reasons (standard library: how doeks reads a traceback) and doeks.worker
-(how a worker runs the script), staged beside it: in the image it runs without the rest of doeks.
+Standard library and torch only, doeks.targets.reasons (standard library: how doeks reads a traceback), doeks.worker
+(how a worker runs the script), doeks.zygote and doeks.watchdog, staged beside it: in the image it runs without the
+rest of doeks.
 """
 from __future__ import annotations
 
@@ -101,6 +110,42 @@ def patch_rendezvous() -> None:
     rendezvous.setup_lease_renewal = lease
     rendezvous.rendezvous_barrier = leave_then_barrier
     rendezvous._doeks_recovery = True
+
+
+def patch_worker_start(zygote) -> None:
+    """torchrun's worker start (SubprocessHandler._popen) forks `python -u script.py ...` from the zygote; without
+    files of its own its output goes through the agent's relays (patch_whole_lines), as a worker torchrun starts."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    from . import worker
+    from . import zygote as zygote_module
+
+    handler = subprocess_handler.SubprocessHandler
+    popen = handler._popen
+
+    def start_worker(self, args, env):
+        if worker.runnable(args):
+            # no file of its own (no --redirects): its stdout and stderr are pipes the agent relays, one write per line,
+            # and reads for the script's own exception (_script_error), as for a worker torchrun starts itself
+            relayed = self._stdout is None and self._stderr is None
+            pipes = [os.pipe(), os.pipe()] if relayed else []
+            try:
+                process = zygote.spawn(list(args), env, self._stdout and self._stdout.name,
+                                       self._stderr and self._stderr.name,
+                                       fds=tuple(w for _, w in pipes) if relayed else None)
+            except zygote_module.ZygoteGone:
+                for pair in pipes:
+                    for fd in pair:
+                        os.close(fd)
+            else:
+                for _, write in pipes:
+                    os.close(write)
+                if relayed:
+                    _relay(process, [os.fdopen(read, "rb") for read, _ in pipes])
+                return process
+        return popen(self, args, env)
+
+    handler._popen = start_worker
 
 
 PERMANENT_EXIT = 2  # the training script's (and argparse's) exit code for an error no restart can fix
@@ -230,6 +275,27 @@ def _worker_command(args):
     return command(args)
 
 
+def _relay_lines(source, sink) -> None:
+    reading = _reader()
+    with source:
+        for line in iter(source.readline, b""):
+            with _WRITE:
+                sink.write(line)
+                sink.flush()
+            if reading is not None:  # this stream's own reading: read outside the lock every relay writes under
+                reading.feed(line.decode(errors="replace").rstrip("\n"))
+
+
+def _relay(process, sources) -> None:
+    """A thread per stream of a worker (its stdout, its stderr: pipes) that writes each line whole on the agent's own
+    (one write per line) and reads it for the script's own exception; `process` (poll()) tells when it has ended."""
+    for source, sink in zip(sources, (sys.stdout.buffer, sys.stderr.buffer)):
+        thread = threading.Thread(target=_relay_lines, args=(source, sink), name="doeks-lines", daemon=True)
+        thread.doeks_process = process
+        thread.start()
+        _RELAYS.append(thread)
+
+
 def patch_whole_lines() -> None:
     """Each line a worker writes reaches the node's log whole. torchrun starts workers as `python -u script` (every
     write unbuffered, print's text and its newline two writes) on the agent's own stdout and stderr, so two ranks'
@@ -246,27 +312,13 @@ def patch_whole_lines() -> None:
         return
     popen = handler._popen
 
-    def relay(source, sink) -> None:
-        reading = _reader()
-        with source:
-            for line in iter(source.readline, b""):
-                with _WRITE:
-                    sink.write(line)
-                    sink.flush()
-                if reading is not None:  # this stream's own reading: read outside the lock every relay writes under
-                    reading.feed(line.decode(errors="replace").rstrip("\n"))
-
     def start(self, args, env):
         args = _worker_command(args)
         if self._stdout is not None or self._stderr is not None:
             return popen(self, args, env)
         process = subprocess.Popen(args=args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    start_new_session=True)
-        for source, sink in ((process.stdout, sys.stdout.buffer), (process.stderr, sys.stderr.buffer)):
-            thread = threading.Thread(target=relay, args=(source, sink), name="doeks-lines", daemon=True)
-            thread.doeks_process = process
-            thread.start()
-            _RELAYS.append(thread)
+        _relay(process, [process.stdout, process.stderr])
         return process
 
     handler._popen = start
@@ -397,11 +449,18 @@ def wait_for_rendezvous(argv: list[str], limit_s: float = RDZV_WAIT_S, say=_say)
 
 
 def main() -> int:
+    from torch.distributed.run import main as torchrun  # torch imported once, before the fork: the zygote shares it
+
+    patch_whole_lines()  # a worker the zygote cannot start is started the usual way, its lines whole
+    if os.environ.get("DOEKS_PRELOAD", "1") != "0":
+        from . import zygote
+
+        patch_worker_start(zygote.start())  # in a worker, start() runs the script and exits
     patch_rendezvous()
     patch_restarts()
-    patch_whole_lines()
-    from torch.distributed.run import main as torchrun
+    from . import watchdog
 
+    watchdog.patch_agent()  # the hang watchdog (DOEKS_HANG_TIMEOUT > 0), around the monitor loop patch_restarts changed
     wait_for_rendezvous(sys.argv[1:])
     sys.argv[0] = "torchrun"
     return run_quietly(torchrun)

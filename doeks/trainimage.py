@@ -37,15 +37,21 @@ DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile"
 BASE_DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile.torch-cpu"
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
 # At /opt/doeks-stage: the stager, for the cluster's staging Job (`python -m doeks.datastage`, standard library only),
-# the image's torchrun (`python3 -m doeks.torchrun`: torch's, with its etcd run directory fixed), its default command
-# (`doeks-launch`: doeks.launch, the job under torchrun with whatever started the container's settings), and
-# doeks.checkpoints() for a user's script (doeks/workload/checkpoints.py: torch, s3fs, s3torchconnector), and
-# doeks.targets.reasons, by which the image's torchrun tells the script's own exception (no restart) from a lost peer's.
+# the image's torchrun (`python3 -m doeks.torchrun`: torch's, with its etcd rendezvous fixed, preloaded workers
+# (doeks.zygote) and the hang watchdog (doeks.watchdog)), each worker run by doeks.worker (`python -u -m doeks.worker
+# script.py`, or doeks.worker.run in a zygote's fork), its default command (`doeks-launch`: doeks.launch, the job under
+# torchrun with whatever started the container's settings), doeks.checkpoints() for a user's script
+# (doeks/workload/checkpoints.py: torch, s3fs, s3torchconnector), and doeks.targets.reasons, by which the image's
+# torchrun tells the script's own exception (no restart) from a lost peer's.
+# py-spy in the image: the hang watchdog's stack dumps (doeks.watchdog), of a stopped rank too. Its wheel (one static
+# binary, any Python, x86_64) is fetched by pip on this machine and installed from the build context, as the CPU
+# base's torch wheels are: the image's own pip may not reach an index (behind a TLS-inspecting proxy it has no CA).
+PY_SPY = "py-spy==0.4.3"
 STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py",
-                                                          "launch.py", "workload/__init__.py",
-                                                          "workload/checkpoints.py", "targets/__init__.py",
-                                                          "targets/base.py", "targets/reasons.py",
-                                                          "worker.py")]
+                                                           "worker.py", "zygote.py", "watchdog.py", "launch.py",
+                                                           "workload/__init__.py", "workload/checkpoints.py",
+                                                           "targets/__init__.py", "targets/base.py",
+                                                           "targets/reasons.py")]
 
 
 def _cpu_base() -> str:
@@ -73,7 +79,7 @@ def content_tag(base: str, code=None) -> str:
     doeks.code) and the stager: a changed script is a new tag."""
     digest = hashlib.sha256()
     digest.update(DOCKERFILE.read_bytes())
-    digest.update(base.encode())
+    digest.update(base.encode() + b"\0" + PY_SPY.encode())
     if code is None or code.builtin:
         for path in workload_files():
             digest.update(path.relative_to(WORKLOAD).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
@@ -230,6 +236,7 @@ def build(settings, runner, on_this_machine: bool, code=None) -> str:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
         shutil.copyfile(DOCKERFILE, context / "Dockerfile")
+        _tool_wheels(context / "tools", runner)
         try:
             stream_build(client, context, ref, {"TRAIN_BASE_IMAGE": base, "WORKDIR": workdir, "ENTRY": entry,
                                                  "SCRIPT": script})
@@ -239,6 +246,19 @@ def build(settings, runner, on_this_machine: bool, code=None) -> str:
     if named != ref and PLACEHOLDER_ACCOUNT not in named:
         client.images.get(ref).tag(named)
     return named
+
+
+def _tool_wheels(folder: Path, runner) -> None:
+    """PY_SPY's wheel into the build context (best effort: without it the watchdog dumps stacks with faulthandler)."""
+    import subprocess
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                              "--platform", "manylinux2014_x86_64", "-d", str(folder), PY_SPY],
+                             capture_output=True, text=True)
+    if fetched.returncode != 0:
+        runner.note(f"{PY_SPY} not fetched ({(fetched.stderr.strip().splitlines() or ['?'])[-1]}): the image goes "
+                    "without it; the hang watchdog asks the ranks for their stacks with SIGUSR1 instead")
 
 
 def require_image(ref: str, settings=None) -> str:

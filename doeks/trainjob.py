@@ -57,6 +57,13 @@ def trainjob(settings, name: str | None = None, extra_args: list[str] | None = N
                     {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         "containers": [{"name": CONTAINER, "volumeMounts": [{"name": "shared", "mountPath": settings.shared_mount},
                                                             {"name": "dshm", "mountPath": "/dev/shm"}]}],
+        # a node that stops answering: its pod is evicted after NODE_LOST_TIMEOUT s (Kubernetes' default toleration
+        # is 300 s), and the Job makes it again on a node that answers (its Terminating predecessor does not hold
+        # the index: Jobs replace terminating pods); the job resumes from its checkpoint on the remaining nodes
+        "tolerations": [{"key": key, "operator": "Exists", "effect": "NoExecute",
+                         "tolerationSeconds": settings.node_lost_timeout}
+                        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")]
+        + copy.deepcopy(placement.tolerations),
     }
     pod_template: dict[str, Any] = {"spec": pod_spec}
     if topology_annotations(settings):  # Kueue reads it on the JobSet's pod template, which the runtime patch makes

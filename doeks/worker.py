@@ -3,7 +3,8 @@ arguments, sys.path[0], `__main__`, `__file__`, its traceback and exit code; sys
 with the end of torch's process groups made safe.
 
 torchrun starts each worker as `python -u script.py`; the training image's torchrun (doeks.torchrun) starts
-`python -u -m doeks.worker script.py` instead, and doeks' local zygote runs `run()` in each fork.
+`python -u -m doeks.worker script.py` instead, and doeks.zygote (the local agent's and the image's torchrun's
+preloaded workers) runs `run()` in each fork.
 
 Why: a script that ends as PyTorch's DDP tutorial ends (`dist.destroy_process_group()` while its DistributedDataParallel
 model is still alive) can hang for ever on gloo after its work is done. destroy_process_group drops the group from

@@ -303,6 +303,8 @@ def history(c, job_name=None):
         ui.say(f"job {s.job_name}: no runs recorded in {runs.index_path(s)} (`invoke elasticjob.deploy` starts one)")
         return
     ui.table(f"job {s.job_name}: {len(rows)} runs ({runs.index_path(s)})", runs.COLUMNS, rows)
+    for line in runs.note_lines(s):  # what each run went through: the hang watchdog's steps, a lost node
+        ui.say(line)
 
 
 @task(help={"replicas": "new number of nodes, within MIN_REPLICAS:MAX_REPLICAS", "dry_run": "print, change nothing",

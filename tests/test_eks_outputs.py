@@ -47,6 +47,11 @@ def test_eks_dry_run_shows_the_pods_identity_and_s3_and_none_where_nothing_is_in
         "name": "doeks-train", "namespace": "default", "labels": {"app.kubernetes.io/part-of": "doeks"}}}
     pod = docs[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["serviceAccountName"] == "doeks-train"
+    # the hang watchdog acts through the API server as the pods' one service account: its rights are bound to it
+    bound = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert len(bound) == 2 and all(d["subjects"] == [{"kind": "ServiceAccount", "name": "doeks-train",
+                                                      "namespace": "default"}] for d in bound), bound
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"] == ["doeks-train"]
     container = pod["containers"][0]
     values = {e["name"]: e.get("value") for e in container["env"]}
     assert values["DOEKS_MODEL_URI"] == "s3://teardown-data/doeks/models/imagenet"
@@ -59,8 +64,10 @@ def test_eks_dry_run_shows_the_pods_identity_and_s3_and_none_where_nothing_is_in
     volume = invoke("elasticjob.deploy", "--dry-run", env={**env, "CHECKPOINT_URI": "/fsx-shared/ck", "MODEL_URI": "/fsx-shared/m"})
     assert volume.returncode == 0, volume.stderr[-3000:]
     docs = [d for d in yaml.safe_load_all(volume.stdout) if d]
-    assert [d["kind"] for d in docs if d["kind"] == "ServiceAccount"] == [] and "AWS identity" not in volume.stderr
-    assert "serviceAccountName" not in docs[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    # no AWS identity: the pods run as the hang watchdog's own account (HANG_TIMEOUT's default is on)
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"] == ["imagenet-watchdog"]
+    assert "AWS identity" not in volume.stderr
+    assert docs[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["serviceAccountName"] == "imagenet-watchdog"
     # the jobs doeks submits otherwise run as other service accounts, without that role: they keep the claim
     for args in (("kubeflow.pytorchjob.submit", "--dry-run"), ("kubeflow.trainjob.submit", "--dry-run")):
         other = invoke(*args, env=env)

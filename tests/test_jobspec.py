@@ -63,6 +63,20 @@ def test_schema_catches_a_broken_job():
         jsonschema.validate(job, crd_schema("kubeflow.org_pytorchjobs.crd.yaml", "v1"))
 
 
+def test_on_a_cluster_the_watchdog_gets_its_account_and_the_ranks_publish_their_pod_ip():
+    s = S.load(environ={"TARGET": "kubernetes", "HANG_TIMEOUT": "60"}, path=ROOT / ".env")
+    docs = jobspec.manifests(s, image="doeks-train:x", account=True)
+    assert [d["kind"] for d in docs] == ["Deployment", "Service", "ServiceAccount", "Role", "RoleBinding",
+                                         "ClusterRole", "ClusterRoleBinding", "PyTorchJob"]
+    pod = jobspec.worker_pod(docs[-1])
+    assert pod["serviceAccountName"] == f"{s.job_name}-watchdog"
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["PET_LOCAL_ADDR"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["DOEKS_HANG_TIMEOUT"]["value"] == "60"
+    off = S.load(environ={"TARGET": "kubernetes", "HANG_TIMEOUT": "0"}, path=ROOT / ".env")
+    assert "serviceAccountName" not in jobspec.worker_pod(jobspec.manifests(off, image="x", account=True)[-1])
+
+
 def test_pet_env_matches_what_the_operator_sets():
     s = S.load(environ={"MIN_REPLICAS": "1", "MAX_REPLICAS": "3"}, path=ROOT / ".env")
     env = jobspec.pet_env(jobspec.pytorchjob(s), "127.0.0.1:2379")
@@ -162,7 +176,9 @@ def test_deploy_dry_run_prints_the_local_plan_and_starts_nothing(state_dir):
     assert not (state_dir / "jobs").exists() and not (state_dir / "services").exists()
     cluster = invoke("elasticjob.deploy", "--dry-run", "--replicas", "3", env={"TARGET": "kubernetes"})
     docs = list(yaml.safe_load_all(cluster.stdout))
-    assert [d["kind"] for d in docs] == ["Deployment", "Service", "PyTorchJob"], cluster.stderr
+    # etcd, the hang watchdog's account (a cluster's API server is where it acts), the job
+    assert [d["kind"] for d in docs] == ["Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ClusterRole",
+                                         "ClusterRoleBinding", "PyTorchJob"], cluster.stderr
     assert docs[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
 
 

@@ -351,11 +351,11 @@ def test_down_twice_leaves_nothing_behind_even_with_a_job_running_and_its_claim_
     held = next((line for line in said.splitlines() if "claim default/fsx-pvc is in use by pod " in line), "")
     assert "holder" in held and "asked to go without waiting" in held, said[-3000:]
     assert node.leftovers() == {"processes": [], "mounts": [], "network namespaces": [], "iptables chains": [],
-                                "bridge": [], "cgroups": []}
+                                "bridge": [], "routes": [], "cgroups": []}
     second = invoke("down", "--yes", env=env, timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
     assert node.leftovers() == {"processes": [], "mounts": [], "network namespaces": [], "iptables chains": [],
-                                "bridge": [], "cgroups": []}
+                                "bridge": [], "routes": [], "cgroups": []}
 
 
 @pytest.mark.cluster_down
@@ -381,4 +381,4 @@ def test_up_after_down_starts_a_cluster_with_nothing_doeks_made_left(env):
     from doeks.cluster import node
 
     assert node.leftovers() == {"processes": [], "mounts": [], "network namespaces": [], "iptables chains": [],
-                                "bridge": [], "cgroups": []}
+                                "bridge": [], "routes": [], "cgroups": []}

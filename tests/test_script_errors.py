@@ -111,7 +111,7 @@ def test_frames_of_doeks_and_installed_packages_are_not_the_scripts():
     assert reasons.user_code("/tmp/me/fit.py") and reasons.user_code("/workspace/train.py")
     assert reasons.user_code(str(PROJECT_ROOT / "doeks" / "workload" / "train.py"))  # the built-in job is a script
     assert reasons.user_code(str(PROJECT_ROOT / "examples" / "ddp-plain" / "train.py"))
-    for path in (str(PROJECT_ROOT / "doeks" / "local" / "zygote.py"), "/opt/doeks-stage/doeks/torchrun.py",
+    for path in (str(PROJECT_ROOT / "doeks" / "zygote.py"), "/opt/doeks-stage/doeks/torchrun.py",
                  "<frozen runpy>", "/usr/lib/python3.11/json/decoder.py",
                  "/home/me/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py"):
         assert not reasons.user_code(path), path

@@ -53,11 +53,14 @@ def test_a_group_the_script_destroyed_is_held_until_the_script_returns(tmp_path)
     assert _scenario(tmp_path, "held") == "held [True]\nafter 0"
 
 
-def _run(folder, script: str, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
+def _run(folder, script: str, *args: str, nproc: int = 2, preload: bool = True) -> subprocess.CompletedProcess:
+    """The image's torchrun on `script`: its workers forked from the zygote (doeks.zygote, the image's default), or
+    (`preload=False`, DOEKS_PRELOAD=0) started as `python -u -m doeks.worker fit.py`."""
     (folder / "fit.py").write_text(script)
+    env = {**os.environ, "DOEKS_PRELOAD": "1" if preload else "0"}
     return subprocess.run([sys.executable, "-m", "doeks.torchrun", "--standalone", "--nproc-per-node", str(nproc),
                            "--max-restarts", "0", "fit.py", *args], cwd=folder, capture_output=True, text=True,
-                          timeout=180)
+                          timeout=180, env=env)
 
 
 def test_the_images_torchrun_runs_the_script_as_python_does_through_doeks_worker(tmp_path):
@@ -71,13 +74,16 @@ def test_the_images_torchrun_runs_the_script_as_python_does_through_doeks_worker
              "    print('argv', sys.argv, 'name', __name__, 'file', __file__, 'path0', sys.path[0], 'cmd', parent[1:5], flush=True)\n"
              "    atexit.register(lambda: print('at exit the group is', 'open' if dist.is_initialized() else 'gone', flush=True))\n"
              "if __name__ == '__main__':\n    main()\n")
-    ran = _run(tmp_path, probe, "--steps", "3")
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    lines = [line for line in ran.stdout.splitlines() if line.startswith("argv")]
-    assert len(lines) == 2, ran.stdout
-    assert f"argv ['{tmp_path}/fit.py', '--steps', '3'] name __main__ file {tmp_path}/fit.py path0 {tmp_path} cmd ['-u', '-m', " \
-           "'doeks.worker', 'fit.py']" in lines[0], lines
-    assert ran.stdout.count("at exit the group is gone") == 2, ran.stdout
+    seen = f"argv ['{tmp_path}/fit.py', '--steps', '3'] name __main__ file {tmp_path}/fit.py path0 {tmp_path} cmd "
+    for preload in (False, True):  # a new interpreter's `-m doeks.worker`, and a zygote's fork (doeks.worker.run)
+        ran = _run(tmp_path, probe, "--steps", "3", preload=preload)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        lines = [line for line in ran.stdout.splitlines() if line.startswith("argv")]
+        assert len(lines) == 2, ran.stdout
+        assert all(line.startswith(seen) for line in lines), lines
+        if not preload:
+            assert lines[0].endswith("cmd ['-u', '-m', 'doeks.worker', 'fit.py']"), lines
+        assert ran.stdout.count("at exit the group is gone") == 2, ran.stdout
 
     raised = _run(tmp_path, "def main():\n    raise ValueError('bad input at step 2')\nif __name__ == '__main__':\n    main()\n")
     assert raised.returncode == 1

@@ -1,4 +1,4 @@
-"""Drives doeks.local.zygote as the agent does (tests/test_zygote.py): `python zygote_driver.py SCENARIO FOLDER`."""
+"""Drives doeks.zygote as the agent does (tests/test_zygote.py): `python zygote_driver.py SCENARIO FOLDER`."""
 import json
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from doeks.local import zygote
+from doeks import zygote
 
 scenario, folder = sys.argv[1], Path(sys.argv[2])
 z = zygote.start()  # in a worker this runs the script and exits

@@ -3,8 +3,13 @@ machine's default interface. One iptables chain in the mangle table's POSTROUTIN
 DNAT, before any SNAT, and a chain kube-proxy never writes to), whose DROP rules count what they stop.
 
 The one exception is the machine's own resolver when it has a private address (a nameserver in /etc/resolv.conf
-reached by the default interface): the host keeps its DNS on port 53. Pods never reach it: everything from the pod
-range is dropped first.
+reached by the default interface): the host keeps its DNS on port 53. Pods never reach it: everything from the
+cluster's range (every node's pods, the extra nodes' own addresses) is dropped first.
+
+An extra node (a network namespace of its own, doeks.cluster.node) gets a chain of the same name in its own mangle
+POSTROUTING before any of its processes starts: what leaves it by its eth0 must go to the cluster's range (the API
+server, the other nodes and their pods, all on the bridge); anything else is dropped and counted there. Its only way
+out is through the host anyway, where the host's chain stands too. `dropped()` counts both.
 """
 from __future__ import annotations
 
@@ -30,10 +35,12 @@ def iptables() -> str:
     return found
 
 
-def _ipt(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([iptables(), "-w", "5", "-t", TABLE, *args], capture_output=True, text=True)
+def _ipt(*args: str, check: bool = True, netns: str | None = None) -> subprocess.CompletedProcess:
+    enter = [shutil.which("nsenter") or "/usr/bin/nsenter", f"--net=/run/netns/{netns}", "--"] if netns else []
+    result = subprocess.run(enter + [iptables(), "-w", "5", "-t", TABLE, *args], capture_output=True, text=True)
     if check and result.returncode != 0:
-        raise DoeksError(f"iptables -t {TABLE} {' '.join(args)} failed: {result.stderr.strip()}")
+        where = f" in network namespace {netns}" if netns else ""
+        raise DoeksError(f"iptables -t {TABLE} {' '.join(args)}{where} failed: {result.stderr.strip()}")
     return result
 
 
@@ -64,7 +71,7 @@ def resolvers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:
 
 def rules(interface: str) -> list[list[str]]:
     """The chain's rules, in order."""
-    out = [["-s", versions.POD_CIDR, "-o", interface, "-j", "DROP"]]
+    out = [["-s", versions.CLUSTER_CIDR, "-o", interface, "-j", "DROP"]]
     for resolver in resolvers():
         for proto in ("udp", "tcp"):
             out.append(["-d", f"{resolver}/32", "-o", interface, "-p", proto, "--dport", "53", "-j", "RETURN"])
@@ -90,6 +97,37 @@ def install() -> str:
     return interface
 
 
+NODE_INTERFACE = "eth0"  # an extra node's end of its veth pair
+
+
+def node_rules() -> list[list[str]]:
+    """An extra node's chain: to the cluster's range by its eth0, nothing else."""
+    return [["-o", NODE_INTERFACE, "-d", versions.CLUSTER_CIDR, "-j", "RETURN"],
+            ["-o", NODE_INTERFACE, "-j", "DROP"]]
+
+
+def install_node(netns: str) -> None:
+    """The guard of an extra node, inside its network namespace (made fresh), before anything there starts."""
+    if _ipt("-n", "-L", CHAIN, check=False, netns=netns).returncode == 0:
+        _ipt("-F", CHAIN, netns=netns)
+    else:
+        _ipt("-N", CHAIN, netns=netns)
+    for rule in node_rules():
+        _ipt("-A", CHAIN, *rule, netns=netns)
+    if _ipt("-C", HOOK, "-j", CHAIN, check=False, netns=netns).returncode != 0:
+        _ipt("-I", HOOK, "1", "-j", CHAIN, netns=netns)
+
+
+def node_namespaces() -> list[str]:
+    """The extra nodes' network namespaces that exist now."""
+    folder = Path("/run/netns")
+    return sorted(p.name for p in folder.glob(f"{versions.NODE_NETNS_PREFIX}*")) if folder.is_dir() else []
+
+
+def node_installed(netns: str) -> bool:
+    return _ipt("-C", HOOK, "-j", CHAIN, check=False, netns=netns).returncode == 0
+
+
 def remove() -> bool:
     """Unhook and delete the chain; True if it was there. Safe to call twice."""
     if shutil.which("iptables") is None and not Path("/usr/sbin/iptables").exists():
@@ -104,16 +142,27 @@ def remove() -> bool:
 
 
 def listing() -> str:
-    """The chain with each rule's packet and byte counters (what a failed "nothing left the machine" check shows)."""
-    result = _ipt("-n", "-v", "-x", "-L", CHAIN, check=False)
+    """The chain with each rule's packet and byte counters (what a failed "nothing left the machine" check shows): the
+    host's, then every extra node's under its network namespace's name."""
+    parts = [_listing()]
+    parts += [f"{netns}:\n{_listing(netns)}" for netns in node_namespaces()]
+    return "\n".join(parts)
+
+
+def _listing(netns: str | None = None) -> str:
+    result = _ipt("-n", "-v", "-x", "-L", CHAIN, check=False, netns=netns)
     return result.stdout if result.returncode == 0 else result.stderr.strip()
 
 
 def dropped() -> int:
     """Packets the guard's DROP rules have stopped since it was installed (0 when it is not installed: the listing is
-    then iptables' error, which has no DROP line)."""
+    then iptables' error, which has no DROP line): the host's chain and every extra node's."""
+    return _dropped() + sum(_dropped(netns) for netns in node_namespaces())
+
+
+def _dropped(netns: str | None = None) -> int:
     total = 0
-    for line in listing().splitlines():
+    for line in _listing(netns).splitlines():
         fields = line.split()
         if len(fields) > 2 and fields[0].isdigit() and fields[2] == "DROP":
             total += int(fields[0])

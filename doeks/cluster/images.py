@@ -4,9 +4,11 @@ names a real cluster pulls; `LOCAL_IMAGES` says what each one is here (the READM
 """
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from .. import ui
@@ -119,9 +121,14 @@ def containerd_name(ref: str) -> str:
     return f"docker.io/{ref}"
 
 
-def in_containerd(ref: str) -> bool:
-    out = node.ctr("images", "list", "-q").stdout.split()
-    return ref in out or containerd_name(ref) in out
+def in_containerd(ref: str, where: "node.Node" = node.NODE0) -> bool:
+    return _stored_name(ref, where) is not None
+
+
+def _stored_name(ref: str, where: "node.Node" = node.NODE0) -> str | None:
+    """The name a node's containerd keeps `ref` under (as given, or docker's short name in full), None if missing."""
+    out = node.ctr("images", "list", "-q", node=where).stdout.split()
+    return next((name for name in (ref, containerd_name(ref)) if name in out), None)
 
 
 def build_recipe_image(ref: str, folder: Path, base: str) -> bool:
@@ -141,8 +148,9 @@ def build_recipe_image(ref: str, folder: Path, base: str) -> bool:
                              "--label", f"doeks.recipe={recipe}", "-t", ref, str(folder)], capture_output=True, text=True)
     if result.returncode != 0:
         raise DoeksError(f"docker build {ref} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
-    if node.pid("containerd") and in_containerd(ref):  # the node's copy is the old recipe: import the new one
-        node.ctr("images", "rm", containerd_name(ref))
+    for each in node.all_nodes():  # the nodes' copies are the old recipe: import the new one
+        if node.started(each) and in_containerd(ref, each):
+            node.ctr("images", "rm", containerd_name(ref), node=each)
     return True
 
 
@@ -163,16 +171,56 @@ def nccl_tests_image(runner) -> str:
 
 
 def import_image(ref: str) -> None:
-    """docker save REF | ctr -n k8s.io images import (the name kept; the node never pulls it)."""
-    if in_containerd(ref):
-        return
-    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
-    result = subprocess.run(["ctr", "--address", str(node.CONTAINERD_SOCKET), "--namespace", "k8s.io", "images",
-                             "import", "--no-unpack=false", "-"], stdin=save.stdout, capture_output=True, text=True)
-    save.wait()
-    if save.returncode != 0 or result.returncode != 0:
-        raise DoeksError(f"importing {ref} into the cluster's containerd failed: "
-                         f"{(result.stderr.strip().splitlines() or ['docker save failed'])[-1]}")
+    """docker save REF | ctr -n k8s.io images import into node 0 (the name kept; no node ever pulls it), then into
+    every other node that runs (`copy_to_node`)."""
+    if not in_containerd(ref):
+        save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
+        result = subprocess.run(["ctr", "--address", str(node.CONTAINERD_SOCKET), "--namespace", "k8s.io", "images",
+                                 "import", "--no-unpack=false", "-"], stdin=save.stdout, capture_output=True, text=True)
+        save.wait()
+        if save.returncode != 0 or result.returncode != 0:
+            raise DoeksError(f"importing {ref} into the cluster's containerd failed: "
+                             f"{(result.stderr.strip().splitlines() or ['docker save failed'])[-1]}")
+    for each in node.extra_nodes():
+        if node.started(each) and not in_containerd(ref, each):
+            copy_to_node(ref, each)
+
+
+CONTENT = Path("io.containerd.content.v1.content") / "blobs" / "sha256"
+
+
+def sync_node(where: "node.Node", refs: list[str]) -> None:
+    """Every image of `refs` that node 0 has and `where` lacks, copied into it (a node that starts gets the images
+    of the pods it may run, as a real node pulls them)."""
+    for ref in refs:
+        if in_containerd(ref) and not in_containerd(ref, where):
+            ui.say(f"  importing {ref} into node {where.name}")
+            copy_to_node(ref, where)
+
+
+def copy_to_node(ref: str, where: "node.Node") -> None:
+    """An image node 0 has, into an extra node's own store, as a node that pulls it gets its own copy. The layers are
+    node 0's files, hard-linked into the node's content store first (blobs are immutable and named by their digest:
+    containerd then finds each one present and writes nothing), so only the unpacked snapshots are written."""
+    name = _stored_name(ref)
+    if name is None:
+        raise DoeksError(f"image {ref} is not in node {node.NODE0.name}: import it there first")
+    source, target = node.NODE0.containerd_root / CONTENT, where.containerd_root / CONTENT
+    target.mkdir(parents=True, exist_ok=True)
+    for blob in source.iterdir() if source.is_dir() else []:
+        if not (target / blob.name).exists():
+            try:
+                os.link(blob, target / blob.name)
+            except OSError:  # another file system: containerd copies it
+                pass
+    export = subprocess.Popen(["ctr", "--address", str(node.CONTAINERD_SOCKET), "--namespace", "k8s.io", "images",
+                               "export", "-", name], stdout=subprocess.PIPE)
+    result = subprocess.run(["ctr", "--address", str(where.socket), "--namespace", "k8s.io", "images", "import",
+                             "--no-unpack=false", "-"], stdin=export.stdout, capture_output=True, text=True)
+    export.wait()
+    if export.returncode != 0 or result.returncode != 0:
+        raise DoeksError(f"importing {ref} into node {where.name} failed: "
+                         f"{(result.stderr.strip().splitlines() or ['ctr export failed'])[-1]}")
 
 
 def etcd_job_image(settings) -> None:
@@ -194,17 +242,75 @@ def system_images() -> None:
         import_image(ref)
 
 
-def ensure(runner, refs: list[str]) -> None:
-    """Import images already built in docker (the training image, operators) into the node."""
+def warm(ref: str, where: "node.Node" = node.NODE0) -> tuple[int, float]:
+    """Read every file of the image once, as the node has them unpacked (`ctr images mount`, read-only), so the
+    first container's start reads them from memory: (bytes read, seconds).
+
+    Why: a pod's first start read torch's libraries through page faults scattered over 2-3 GB of an image whose files
+    were no longer in memory (the image imported minutes or a cluster start before), 63-65 s here before its first log
+    line, against 10 s warm; read in order, 1 MiB at a time by a few threads, the same files take a few seconds. A
+    node that pulls an image has just written its files, so they start warm: this makes doeks' nodes start as such a
+    node does, at every deploy (what is still in memory is read again in a second or two)."""
+    import concurrent.futures
+    import hashlib
+
+    name = _stored_name(ref, where)
+    if name is None:
+        return 0, 0.0
+    began = time.monotonic()
+    target = where.run_dir / "warm" / hashlib.sha256(name.encode()).hexdigest()[:12]
+    node.ctr("images", "unmount", "--rm", str(target), node=where)  # a mount an interrupted warm left
+    target.mkdir(parents=True, exist_ok=True)
+    mounted = node.ctr("images", "mount", name, str(target), node=where)
+    if mounted.returncode != 0:
+        raise DoeksError(f"cannot read image {ref} in node {where.name}: "
+                         f"{(mounted.stderr.strip().splitlines() or ['ctr images mount failed'])[-1]}")
+
+    def read(path: str) -> int:
+        total = 0
+        try:
+            with open(path, "rb", buffering=0) as f:
+                while chunk := f.read(1 << 20):
+                    total += len(chunk)
+        except OSError:
+            pass
+        return total
+
+    try:
+        files = [os.path.join(folder, f) for folder, _, names in os.walk(target) for f in names]
+        files = [f for f in files if os.path.isfile(f) and not os.path.islink(f)]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            total = sum(pool.map(read, files, chunksize=64))
+    finally:
+        node.ctr("images", "unmount", "--rm", str(target), node=where)
+        try:
+            target.rmdir()
+        except OSError:
+            pass
+    return total, time.monotonic() - began
+
+
+def ensure(runner, refs: list[str], warmed: tuple[str, ...] = ()) -> None:
+    """Import images already built in docker (the training image, operators) into every node; read those of `warmed`
+    once on every node (`warm`)."""
     for ref in refs:
         if runner.dry_run:
             runner.step(f"import image {ref} into the cluster's containerd (docker save | ctr images import)", lambda: None)
+            if ref in warmed:
+                runner.step(f"read every file of {ref} once on each node (ctr images mount, read-only)", lambda: None)
             continue
         if not has_docker_image(ref):
             raise DoeksError(f"image {ref} is not built: run `invoke elasticjob.build`")
-        if not in_containerd(ref):
-            ui.say(f"importing {ref} into the cluster")
+        lacking = [each.name for each in node.all_nodes() if node.started(each) and not in_containerd(ref, each)]
+        if lacking:
+            ui.say(f"importing {ref} into the cluster" + (f" (nodes {', '.join(lacking)})" if len(lacking) > 1 or
+                                                          lacking != [node.NODE0.name] else ""))
             import_image(ref)
+        if ref in warmed:
+            for each in node.all_nodes():
+                if node.started(each):
+                    size, took = warm(ref, each)
+                    runner.note(f"read {size / 2**30:.1f} GiB of {ref} on node {each.name} in {took:.1f}s")
 
 
 __all__ = ["LOCAL_IMAGES", "build", "ensure", "import_image", "system_images", "etcd_job_image"]

@@ -93,8 +93,8 @@ def _wait(what: str, check, timeout: float) -> None:
     raise DoeksError(f"{what} not ready after {timeout:.0f}s: see {versions.cluster_dir() / 'logs'}")
 
 
-def node_ready() -> bool:
-    out = kubectl("get", "node", versions.NODE_NAME, "-o",
+def node_ready(name: str = versions.NODE_NAME) -> bool:
+    out = kubectl("get", "node", name, "-o",
                   "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}", check=False)
     return out.returncode == 0 and out.stdout.strip() == "True"
 
@@ -105,14 +105,16 @@ def dns_ready() -> bool:
     return out.returncode == 0 and out.stdout.strip() not in ("", "0")
 
 
-def up(runner) -> Path:
-    """Start the cluster (what runs already is kept), then CoreDNS; returns the admin kubeconfig's path."""
+def up(runner, nodes: int = 1) -> Path:
+    """Start the cluster with `nodes` nodes (KUBE_NODES; what runs already is kept, extra nodes beyond it removed),
+    then CoreDNS; returns the admin kubeconfig's path."""
     from ..runner import to_yaml_stream
 
     started = time.monotonic()
     if not runner.dry_run:
         images._docker()  # the images are built and imported with docker: refused before anything starts
-    kubeconfig = node.up(runner)
+    kubeconfig = node.up(runner, nodes, forget=lambda name: kubectl("delete", "node", name, "--ignore-not-found",
+                                                                    "--wait=false", check=False))
     if runner.dry_run:
         runner.step(f"import {versions.PAUSE_IMAGE} and {versions.COREDNS_IMAGE} into the node's containerd", lambda: None)
         runner.emit(coredns_manifests())
@@ -120,12 +122,18 @@ def up(runner) -> Path:
                     f"{versions.DNS_SERVICE_IP}, no upstream forwarding)", lambda: None)
         return kubeconfig
     images.system_images()
-    _wait(f"node {versions.NODE_NAME} Ready", node_ready, 120)
+    if nodes > 1:
+        referenced = pod_images()
+        for index in range(1, nodes):
+            images.sync_node(node.Node(index), referenced)
+    for index in range(nodes):
+        name = versions.node_name(index)
+        _wait(f"node {name} Ready", lambda name=name: node_ready(name), 120)
     kubectl("apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-",
             input=to_yaml_stream(coredns_manifests()))
     _wait("CoreDNS", dns_ready, 120)
-    ui.say(f"doeks' cluster (Kubernetes v{versions.KUBERNETES}) ready in {time.monotonic() - started:.0f}s: one node, "
-           f"API server {node.SERVER}")
+    ui.say(f"doeks' cluster (Kubernetes v{versions.KUBERNETES}) ready in {time.monotonic() - started:.0f}s: "
+           + ("one node" if nodes == 1 else f"{nodes} nodes") + f", API server {node.SERVER}")
     return kubeconfig
 
 
@@ -148,9 +156,93 @@ def status_rows() -> list[list[str]]:
     from . import simnodes
 
     rows = []
-    for component, value in node.running().items():
-        healthy = bool(value) and node.HEALTH[component]()
-        rows.append([component, "running" if healthy else ("starting" if value else "stopped"), str(value or ""),
-                     str(node.log_file(component))])
+    for each in node.all_nodes():
+        for component, value in node.running(each).items():
+            healthy = bool(value) and node.healthy(component, each)
+            shown = component if each.index == 0 else f"{component} ({each.name})"
+            rows.append([shown, "running" if healthy else ("starting" if value else "stopped"), str(value or ""),
+                         str(node.log_file(component, each))])
     return rows + simnodes.status_rows()
 
+
+# -- one node lost and back (KUBE_NODES > 1) -------------------------------------------------------------------------
+def _extra_node(name: str, verb: str) -> "node.Node":
+    """The extra node of that name; one line naming the nodes when there is none, or when it is node 0."""
+    nodes = node.all_nodes()
+    names = ", ".join(n.name for n in nodes)
+    if name == versions.NODE_NAME:
+        raise DoeksError(f"node {name} runs the control plane (API server, etcd): it cannot be {verb} on its own "
+                         f"(`invoke down` stops the cluster); the nodes are {names}")
+    try:
+        found = node.node_named(name)
+    except ValueError:
+        found = None
+    if found is None or found not in nodes:
+        if not node.pid("kube-apiserver"):
+            raise DoeksError(f"doeks' cluster is not running: `KUBE_NODES=3 TARGET=kubernetes invoke up` starts it "
+                             "with extra nodes")
+        raise DoeksError(f"no node {name} in doeks' cluster: its nodes are {names} (KUBE_NODES adds nodes at `invoke up`)")
+    return found
+
+
+def stop_node(runner, name: str) -> bool:
+    """Lose one extra node as a machine is lost (its kubelet, kube-proxy, containers and containerd stopped, its
+    link down); its Node object stays and goes NotReady. True if it was running."""
+    target = _extra_node(name, "stopped")
+    what = (f"node {name}: stop kubelet and kube-proxy, kill and remove its containers, stop its containerd, link "
+            f"{target.veth} down (its Node object stays: NotReady after the controller manager's grace period)")
+    if runner.dry_run:
+        runner.step(what, lambda: None)
+        return False
+    if not any(node.running(target).values()):
+        ui.say(f"node {name} is not running")
+        return False
+    return runner.step(what, node.stop_node, target)
+
+
+def start_node(runner, name: str) -> bool:
+    """Start an extra node again (or the first time after `up`); its pods start again on it. True if it was stopped."""
+    target = _extra_node(name, "started")
+    what = (f"node {name}: link {target.veth} up, start containerd, kubelet and kube-proxy, import the images its "
+            "pods name; wait for it Ready")
+    if runner.dry_run:
+        runner.step(what, lambda: None)
+        return False
+    if not node.pid("kube-apiserver"):
+        raise DoeksError("doeks' cluster is not running: `TARGET=kubernetes invoke up` starts it")
+    was_stopped = not all(node.running(target).values())
+
+    def start():
+        node.start_node(target)
+        images.sync_node(target, pod_images())
+        _wait(f"node {name} Ready", lambda: node_ready(name), 120)
+
+    runner.step(what, start)
+    return was_stopped
+
+
+def pod_images() -> list[str]:
+    """Every image a pod of the cluster names (what a node that runs them would pull)."""
+    out = kubectl("get", "pods", "-A", "-o", "jsonpath={range .items[*]}{range .spec.containers[*]}{.image}{'\\n'}"
+                  "{end}{range .spec.initContainers[*]}{.image}{'\\n'}{end}{end}", check=False)
+    return sorted({line.strip() for line in out.stdout.splitlines() if line.strip()})
+
+
+def node_rows() -> list[list[str]]:
+    """Each node: name, address, pod range, its processes, and what the API server says of it (Ready, cordoned)."""
+    import json
+
+    out = kubectl("get", "nodes", "-o", "json", check=False)
+    api = {}
+    if out.returncode == 0:
+        for item in json.loads(out.stdout).get("items", []):
+            ready = next((c for c in item.get("status", {}).get("conditions", []) if c.get("type") == "Ready"), {})
+            api[item["metadata"]["name"]] = ("Ready" if ready.get("status") == "True" else
+                                             f"NotReady ({ready.get('reason', '?')})") + (
+                ", cordoned" if item.get("spec", {}).get("unschedulable") else "")
+    rows = []
+    for each in node.all_nodes():
+        pids = node.running(each)
+        state = "running" if all(pids.values()) else ("stopped" if not any(pids.values()) else "partly running")
+        rows.append([each.name, each.ip, each.pod_cidr, state, api.get(each.name, "not registered")])
+    return rows

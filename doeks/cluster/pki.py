@@ -128,6 +128,31 @@ def make(server_url: str) -> None:
                                                          serialization.PublicFormat.SubjectPublicKeyInfo))
 
 
+def make_node(name: str, ip: str) -> None:
+    """An extra node's kubelet identity (client certificate system:node:<name>, its kubeconfig) and serving certificate
+    for its address, signed by the cluster's CA (once: kept while the cluster's folder is)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    pki = pki_dir()
+    client, serving = f"kubelet-{name}", f"kubelet-serving-{name}"
+    kubeconfig = versions.cluster_dir() / "nodes" / name / "kubelet.kubeconfig"
+    if all(p.exists() for p in (pki / f"{client}.crt", pki / f"{serving}.crt", kubeconfig)):
+        return
+    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), password=None)
+    ca_name = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes()).subject
+    key = _key()
+    cert = _certificate(_name(name), ca_name, key.public_key(), ca_key, server=True, server_names=[name, ip])
+    _write(pki / f"{serving}.key", _pem_key(key), private=True)
+    _write(pki / f"{serving}.crt", _pem(cert))
+    key = _key()
+    cert = _certificate(_name(f"system:node:{name}", "system:nodes"), ca_name, key.public_key(), ca_key, client=True)
+    _write(pki / f"{client}.key", _pem_key(key), private=True)
+    _write(pki / f"{client}.crt", _pem(cert))
+    server = f"https://{versions.NODE_IP}:{versions.API_PORT}"
+    write_kubeconfig(kubeconfig, server, client)
+
+
 def write_kubeconfig(path: Path, server_url: str, client: str) -> None:
     import yaml
 

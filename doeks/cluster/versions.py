@@ -39,6 +39,39 @@ API_PORT = 6443
 ETCD_CLIENT_PORT = 12379          # loopback only (not 2379: the local target's etcd may be there)
 ETCD_PEER_PORT = 12380
 NODE_NAME = "doeks"
+# More nodes (KUBE_NODES=N), as kind runs them: node i >= 1 is a network namespace of its own joined to the bridge by a
+# veth pair, at NODE_NET's address i, with its own containerd, kubelet and kube-proxy and the pod range 10.244.i.0/24
+# on a bridge inside it; the host routes each node's pod range to the node. Everything stays inside CLUSTER_CIDR,
+# which the guard keeps from leaving by the default interface.
+CLUSTER_CIDR = "10.244.0.0/16"    # every node's pods and the extra nodes' own addresses
+NODE_NET = "10.244.255.0/24"      # the extra nodes' addresses on the bridge (node i: 10.244.255.i)
+NODE_NET_GATEWAY = "10.244.255.254"  # the host's address on it: the extra nodes' default route
+MAX_NODES = 16
+# The extra nodes are for the training jobs' pods, as an EKS GPU node group is (tainted nvidia.com/gpu there): they
+# register with this taint, which doeks' job pods tolerate on doeks' cluster (KubernetesTarget.placement), so the
+# cluster's own services (CoreDNS, the operators, a job's etcd) stay on node `doeks`, and losing an extra node takes
+# only what a training job can do without (one of its replicas).
+WORKER_TAINT = {"key": "doeks/training", "value": "true", "effect": "NoSchedule"}
+
+
+def node_name(index: int) -> str:
+    return NODE_NAME if index == 0 else f"{NODE_NAME}-{index}"
+
+
+def node_ip(index: int) -> str:
+    return NODE_IP if index == 0 else f"10.244.255.{index}"
+
+
+def pod_cidr(index: int) -> str:
+    return f"10.244.{index}.0/24"
+
+
+NODE_NETNS_PREFIX = "doeks-node-"
+
+
+def node_netns(index: int) -> str | None:
+    """The network namespace of an extra node (/run/netns/<name>); node 0 runs in the host's."""
+    return None if index == 0 else f"{NODE_NETNS_PREFIX}{index}"
 
 
 def cache_dir() -> Path:

@@ -3,7 +3,7 @@
 Exactly torch.distributed.run (same arguments, same rendezvous protocol, same worker environment), with changes that
 only make sense when every node is a process on this machine:
 
-- workers are forks of a zygote that has imported torch and torchvision once (doeks.local.zygote), so a start or a
+- workers are forks of a zygote that has imported torch and torchvision once (doeks.zygote), so a start or a
   restart does not pay for those imports again;
 - etcd rendezvous: an agent that leaves a round deletes its own keep-alive key instead of letting it lapse, so the
   others see at once that the round is over, and an agent whose round was replaced by a newer one joins it at its next
@@ -27,14 +27,12 @@ import os
 import sys
 import time
 
-from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 from torch.distributed.elastic.rendezvous import etcd_rendezvous
 from torch.distributed.run import main
 
-from .. import worker
+from .. import zygote as zygote_module
 from ..torchrun import patch_rendezvous as patch_torchrun
-from ..torchrun import patch_restarts, patch_whole_lines, run_quietly
-from . import zygote as zygote_module
+from ..torchrun import patch_restarts, patch_whole_lines, patch_worker_start, run_quietly
 
 LAST_CALL_POLL = 0.2
 JOIN_WAIT = 120  # longest the join window waits for a node the supervisor runs (its start: importing torch)
@@ -89,34 +87,6 @@ def patch_rendezvous() -> None:
 
     rendezvous.handle_join_last_call = close_when_all_joined
 
-def patch_worker_start(zygote: zygote_module.Zygote) -> None:
-    handler = subprocess_handler.SubprocessHandler
-    popen, close = handler._popen, handler.close
-
-    def start_worker(self, args, env):
-        if worker.runnable(args):
-            try:
-                return zygote.spawn(list(args), env, self._stdout and self._stdout.name, self._stderr and self._stderr.name)
-            except zygote_module.ZygoteGone:
-                pass
-        return popen(self, args, env)
-
-    def close_worker(self, death_sig=None):
-        try:
-            close(self, death_sig)
-        except ProcessLookupError:
-            if not isinstance(self.proc, zygote_module.ForkedWorker):
-                raise
-            # torch signals a worker's group when poll() said it runs; a forked worker is the zygote's child, reaped
-            # there as it exits, its exit code reported a moment later: between the two its group is already gone
-            # (torch's own children stay until torch reaps them). It has ended: close its files as torch would.
-            for stream in (self._stdout, self._stderr):
-                if stream:
-                    stream.close()
-
-    handler._popen = start_worker
-    handler.close = close_worker
-
 
 if __name__ == "__main__":
     patch_whole_lines()  # a worker the zygote cannot start is started the usual way, its lines whole
@@ -124,4 +94,7 @@ if __name__ == "__main__":
         patch_worker_start(zygote_module.start())  # in a worker, start() runs the script and exits
     patch_rendezvous()
     patch_restarts()
+    from .. import watchdog
+
+    watchdog.patch_agent()  # after patch_restarts: it wraps the monitor loop that one changed
     sys.exit(run_quietly(main, end_wait_s=0))  # the supervisor reads why itself (the manifest's wait is a container's)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import watchdog
 from ..errors import DoeksError
 from .services import kill_group, pid_alive, reap_exited
 
@@ -30,6 +31,7 @@ STEP_LINE = re.compile(r"step=(?P<step>\d+) epoch=(?P<epoch>\d+) loss=(?P<loss>[
                        r"|doeks: step=(?P<rstep>\d+)(?: loss=(?P<rloss>[-+\w.]+))?(?: samples/s=(?P<rrate>[\d.]+))?"
                        r"(?: world=(?P<rworld>\d+))?(?: total=(?P<total>\d+))?")
 LATER_STEP = re.compile(r"\[rank \d+\] (?:epoch=\d+ val_acc=.* |checkpoint |done .*|training already finished at |resumed from checkpoint )steps?=(\d+)")
+PRODUCTIVE = re.compile(r"\bproductive=([\d.]+)s\b")
 RESTART_DELAY = 1.0
 SCAN_EVERY = 0.5
 FINISH_GRACE = 30.0
@@ -85,7 +87,7 @@ def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str,
     container (the code's folder, the shared volume) become this machine's folders, in the arguments and the
     environment alike.
 
-    `preload`: workers are forks of a process that has imported torch and torchvision (doeks.local.zygote)."""
+    `preload`: workers are forks of a process that has imported torch and torchvision (doeks.zygote)."""
     from ..jobspec import pet_env, worker_pod
 
     container = worker_pod(job)["containers"][0]
@@ -194,10 +196,17 @@ def parse_progress(text: str) -> dict[str, Any] | None:
             progress = {"step": int(g["rstep"]), "loss": _number(g["rloss"]), "samples_per_s": _number(g["rrate"]),
                         "world": int(g["rworld"]) if g["rworld"] else None,
                         "total": int(g["total"]) if g["total"] else None}
-    later = [int(n) for n in LATER_STEP.findall(text[matches[-1].end():] if matches else text)]
+    after = text[matches[-1].end():] if matches else text
+    later = [int(n) for n in LATER_STEP.findall(after)]
     if later:
         progress = progress or {}
         progress["step"] = max(later + ([progress["step"]] if "step" in progress else []))
+    if progress is not None:  # productive step time: on the step line, or the `done` line after it
+        line_end = text.find("\n", matches[-1].end()) if matches else -1
+        said = PRODUCTIVE.findall(text[matches[-1].start():line_end if line_end >= 0 else None] if matches else "")
+        said += PRODUCTIVE.findall(after)
+        if said:
+            progress["productive"] = max(float(x) for x in said)
     return progress
 
 
@@ -270,6 +279,8 @@ from ..targets import reasons  # noqa: E402
 from ..targets.reasons import NODE_RESTART, WORKER_RESTART, WORKER_RESTARTED  # noqa: E402
 
 GROUP_FAILED = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: \d+\)")
+# the hang watchdog's steps (doeks.watchdog.say): what `status` and `history` show; its stack dumps and notes are not
+WATCHDOG_LINE = re.compile(r"^doeks: watchdog: (hang: |replica \S+: (?!no progress)|node \S+ cordoned|every rung)")
 
 
 def restarting(lines: list[str]) -> bool:
@@ -297,6 +308,7 @@ class LogScanner:
         self.roots = tuple(roots)
         self.tracebacks = reasons.Tracebacks()
         self.permanent = None
+        self.watchdog: list[str] = []  # the hang watchdog's lines (doeks.watchdog): what it named and did
 
     def scan(self, key: str, log: Path) -> None:
         from ..targets.follow import new_lines
@@ -313,6 +325,8 @@ class LogScanner:
                 self.restarting[key] = True
             elif WORKER_RESTARTED.search(line) or NODE_RESTART.search(line):
                 self.restarting[key] = False
+            if WATCHDOG_LINE.match(line) and line.split("doeks: watchdog: ", 1)[1] not in self.watchdog:
+                self.watchdog.append(line.split("doeks: watchdog: ", 1)[1])
             raised = self.tracebacks.feed(f"[node-{key}] {line}") is not None or raised
             if STEP_LINE.search(line):
                 self.restarting[key] = False
@@ -434,7 +448,7 @@ class Supervisor:
         status = {"name": self.spec["name"], "state": self.state, "desired": self.desired, "min": self.spec["min"],
                   "max": self.spec["max"], "restarts": self.total_restarts(), "max_restarts": self.max_restarts,
                   "node_restarts": self.restarts_total, "replicas": replicas, "run": self.spec.get("run", ""),
-                  "reason": reason_record(self.reason), "updated": time.time()}
+                  "reason": reason_record(self.reason), "watchdog": self.scanner.watchdog[-20:], "updated": time.time()}
         tmp = self.home / ".status.json.tmp"
         tmp.write_text(json.dumps(status, indent=2))
         os.replace(tmp, self.home / "status.json")
@@ -527,6 +541,15 @@ class Supervisor:
                     record["state"] = "Succeeded"
                     self.finished_at = self.finished_at or time.time()
                     self._log(f"replica {index} succeeded")
+                elif code == watchdog.JOB_EXIT and index < self.desired and self.finished_at is None:
+                    # its hang watchdog's last rung but one: the whole job again, from its checkpoint
+                    self.restarts_total += 1
+                    self._log(f"replica {index} exited {code}: its watchdog restarts the job from its checkpoint")
+                    for other in list(self.agents):
+                        self.stop_replica(other, "Restarting")
+                    for other in range(self.desired):
+                        self.replicas.setdefault(other, {"restarts": -1})["state"] = "Restarting"
+                        pending_restart[other] = time.time() + RESTART_DELAY
                 elif index < self.desired and self.finished_at is None:
                     self._failed(index, code, pending_restart)
                 else:

@@ -150,6 +150,7 @@ class ReplicaStatus:
     world: int | None = None
     detail: str = ""     # pid, container id, pod name, host ...
     total: int | None = None  # the steps the run will take, when the script said so (doeks.report total=)
+    productive: float | None = None  # seconds of step time its model state holds (goodput's numerator)
 
 
 @dataclass
@@ -165,6 +166,9 @@ class JobStatus:
     fix: str = ""          # what to do about it
     permanent: bool = False  # a restart cannot help (bad arguments, missing data, import error)
     queue: str = ""        # a queued job: its queue and admission, as Kueue says (doeks.kueue.Admission.line)
+    # what the job went through, one line each, oldest first: the hang watchdog's steps (doeks.watchdog), a lost node
+    notes: list[str] = field(default_factory=list)
+    ended: float | None = None  # when a final job ended (time.time()), where the target tells
 
     @property
     def finished(self) -> bool:

@@ -380,7 +380,7 @@ def read_replica(container, name: str, seen: dict | None = None) -> ReplicaStatu
     progress = parse_progress(tail) or {}
     return ReplicaStatus(name, replica_state, int(container.attrs.get("RestartCount", 0)) + worker_restarts,
                          progress.get("step"), progress.get("samples_per_s"), progress.get("world"), container.short_id,
-                         progress.get("total"))
+                         progress.get("total"), progress.get("productive"))
 
 
 def since_last_step(lines: list[str]) -> list[str]:

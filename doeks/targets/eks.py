@@ -270,16 +270,17 @@ class EksTarget(OnAws, KubernetesTarget):
         if account is None:
             return found
         env = jobpaths.pod_env(job.settings)
+        name = account["metadata"]["name"]
         for manifest in found:
             if manifest["kind"] != "PyTorchJob":
                 continue
             for spec in manifest["spec"]["pytorchReplicaSpecs"].values():
                 pod = spec["template"]["spec"]
-                pod["serviceAccountName"] = account["metadata"]["name"]
+                pod["serviceAccountName"] = name
                 for container in pod["containers"]:
                     have = {e["name"] for e in container.setdefault("env", [])}
                     container["env"] += [{"name": k, "value": v} for k, v in env.items() if k not in have]
-        return [account] + found
+        return [account] + _watchdog_as(found, f"{job.settings.job_name}-watchdog", name)
 
     def without_identity(self, settings):
         """The jobs doeks submits besides elasticjob's (their pods run as other service accounts: the TrainJob's, the
@@ -537,3 +538,18 @@ def _save_job(settings, workload, sources: dict[str, str], destination: str) -> 
             "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 600, "template": {"spec": {
                 "restartPolicy": "Never", "serviceAccountName": workload.sa(s), "containers": containers,
                 "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": s.shared_pvc}}]}}}}
+
+
+def _watchdog_as(manifests: list[dict], watchdog: str, account: str) -> list[dict]:
+    """The hang watchdog's rights (doeks.jobspec.watchdog_rbac) bound to `account`, the service account the job's
+    pods run as where it has an AWS identity of its own (a pod has one service account): its own `watchdog` account,
+    which no pod would then use, is left out."""
+    kept = []
+    for manifest in manifests:
+        if manifest["kind"] == "ServiceAccount" and manifest["metadata"]["name"] == watchdog:
+            continue
+        for subject in manifest.get("subjects", []) if manifest["kind"] in ("RoleBinding", "ClusterRoleBinding") else []:
+            if subject.get("kind") == "ServiceAccount" and subject.get("name") == watchdog:
+                subject["name"] = account
+        kept.append(manifest)
+    return kept

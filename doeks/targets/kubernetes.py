@@ -58,8 +58,9 @@ class KubernetesTarget(Target):
         s = self.settings
         if self.own:
             self.say(f"TARGET=kubernetes, KUBECONFIG empty: {'the plan for' if runner.dry_run else 'starting'} doeks' "
-                     f"own single-node cluster (Kubernetes v{versions.KUBERNETES})")
-            path = lifecycle.up(runner)
+                     f"own {'single-node' if s.kube_nodes == 1 else f'{s.kube_nodes}-node'} cluster (Kubernetes "
+                     f"v{versions.KUBERNETES})")
+            path = lifecycle.up(runner, nodes=s.kube_nodes)
             self.sim_nodes(runner)
         else:
             if s.kube_sim_nodes:
@@ -299,8 +300,15 @@ class KubernetesTarget(Target):
         return None
 
     def placement(self):
-        """KUBE_GPUS GPUs (or a CPU share where it trains on CPU, as on doeks' own cluster), KUBE_MEMORY, NODE_LABELS."""
-        return jobspec.cluster_placement(self.settings)
+        """KUBE_GPUS GPUs (or a CPU share where it trains on CPU, as on doeks' own cluster), KUBE_MEMORY, NODE_LABELS;
+        on doeks' own cluster the extra nodes' taint tolerated (they are for training pods: versions.WORKER_TAINT)."""
+        placement = jobspec.cluster_placement(self.settings)
+        if self.own:
+            from ..cluster import versions
+
+            placement.tolerations.append({"key": versions.WORKER_TAINT["key"], "operator": "Exists",
+                                          "effect": versions.WORKER_TAINT["effect"]})
+        return placement
 
     def ensure_images(self, runner, refs: list[str]) -> None:
         """doeks' own cluster pulls nothing: the images (built here) are imported into the node first."""
@@ -332,6 +340,12 @@ class KubernetesTarget(Target):
     def on_this_machine(self) -> bool:
         """doeks' own cluster runs here: the image is built and imported here, the claim's folder is on this disk."""
         return self.settings.own_cluster
+
+    def manifests(self, job: Job) -> list[dict]:
+        """The base's, with the hang watchdog's service account (it acts through this cluster's API server)."""
+        return jobspec.manifests(job.settings, job.train_args, job.run,
+                                 image=job.image or trainimage.reference(job.settings, self.on_this_machine, job.code),
+                                 placement=self.placement(), code=job.code, account=True)
 
     def plan(self, job: Job) -> Plan:
         plan = self.manifest_plan(job)
@@ -417,7 +431,7 @@ class KubernetesTarget(Target):
             if self.settings.rdzv_backend.startswith("etcd"):
                 images.etcd_job_image(self.settings)
                 refs.append(self.settings.etcd_image)
-            images.ensure(runner, refs)
+            images.ensure(runner, refs, warmed=(image,))
 
     def _get(self, args: list[str]) -> dict[str, Any] | None:
         return kube.get_json(args)
@@ -483,7 +497,8 @@ class KubernetesTarget(Target):
                 replica_state = RESTARTING
             replicas.append(ReplicaStatus(pod["metadata"]["name"], replica_state, restarts, step=progress.get("step"),
                                           samples_per_s=progress.get("samples_per_s"), world=progress.get("world"),
-                                          detail=pod.get("spec", {}).get("nodeName", ""), total=progress.get("total")))
+                                          detail=pod.get("spec", {}).get("nodeName", ""), total=progress.get("total"),
+                                          productive=progress.get("productive")))
         desired = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("replicas")
         restarts_of_pods = sum(c.get("restartCount", 0) for p in pods for c in p.get("status", {}).get("containerStatuses", []))
         fix, permanent = "", False
@@ -509,9 +524,15 @@ class KubernetesTarget(Target):
             said = reasons.restart_limit(over[0].name, over[0].restarts, int(limit), reasons.last_error(everything))
         if state == RUNNING and any(r.state == RESTARTING for r in replicas):
             state = RESTARTING
-        if state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals) or (said and said.permanent)):
+        wrong = state != SUCCEEDED and (state in (FAILED, PENDING) or any(signals) or (said and said.permanent))
+        # the events are read only when something is wrong or happened (a restart, a replaced pod, a watchdog line):
+        # a healthy job costs two kubectl calls
+        events = self._events([p["metadata"]["name"] for p in pods]) if pods and (
+            wrong or restarts_of_pods or any(r.restarts for r in replicas) or _replaced(job, pods)
+            or _watchdog_notes([], by_pod)) else []
+        notes = _watchdog_notes(events, by_pod) + self._lost_nodes(pods, replicas)
+        if wrong:
             # what the kubelet and the operator said, then the pods' last log lines (only when something is wrong)
-            events = self._events([p["metadata"]["name"] for p in pods])
             signals += [e.get("reason", "") for e in events]
             found = said if said and said.permanent else reasons.classify(
                 messages + [e.get("message", "") for e in events] + recent, exit_codes, signals,
@@ -521,7 +542,35 @@ class KubernetesTarget(Target):
                 reason, fix, permanent = found.text, found.fix, found.permanent
         return JobStatus(self.name, s.job_name, state, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
                          replicas=replicas, desired=desired, restarts=sum(r.restarts for r in replicas), reason=reason, fix=fix,
-                         permanent=permanent, queue=queued.line() if queued else "")
+                         permanent=permanent, queue=queued.line() if queued else "", notes=notes,
+                         ended=_when(job.get("status", {}).get("completionTime")) if state in (SUCCEEDED, FAILED) else None)
+
+    def _lost_nodes(self, pods: list[dict[str, Any]], replicas: list[ReplicaStatus]) -> list[str]:
+        """A node of the job's pods that the API server says is not Ready: named, with its pods (asked only when a
+        pod is not Ready: the node controller marks them so once their node stops reporting)."""
+        unready = [p for p in pods if p.get("spec", {}).get("nodeName") and not any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in p.get("status", {}).get("conditions", []))]
+        if not unready:
+            return []
+        try:
+            nodes = {n["metadata"]["name"]: n for n in (self._get(["nodes"]) or {}).get("items", [])}
+        except DoeksError:  # nodes cannot be read (a user's cluster may not allow it): nothing said of them
+            return []
+        out = []
+        for name in sorted({p["spec"]["nodeName"] for p in unready}):
+            ready = next((c for c in nodes.get(name, {}).get("status", {}).get("conditions", [])
+                          if c.get("type") == "Ready"), None)
+            if name in nodes and (ready is None or ready.get("status") == "True"):
+                continue
+            on_it = [p["metadata"]["name"] for p in pods if p.get("spec", {}).get("nodeName") == name]
+            for replica in replicas:
+                if replica.name in on_it:
+                    replica.detail = f"{name} (lost)"
+            since = (ready or {}).get("lastTransitionTime", "")
+            why = (ready or {}).get("message") or (ready or {}).get("reason") or "gone from the API server"
+            out.append(f"node {name} lost: NotReady" + (f" since {since}" if since else "") + f" ({why}); on it: "
+                       + ", ".join(on_it))
+        return out
 
     def _kept(self) -> JobStatus | None:
         """The status end_failed kept when it deleted the failed job (doeks.targets.runs), None when there is none."""
@@ -534,7 +583,8 @@ class KubernetesTarget(Target):
         replicas = [ReplicaStatus(**{k: v for k, v in r.items() if k in fields}) for r in ended.get("replicas", [])]
         return JobStatus(self.name, self.settings.job_name, ended.get("state", FAILED), run=ended.get("run", ""),
                          replicas=replicas, desired=ended.get("desired"), restarts=ended.get("restarts", 0),
-                         reason=ended.get("reason", ""), fix=ended.get("fix", ""), permanent=ended.get("permanent", False))
+                         reason=ended.get("reason", ""), fix=ended.get("fix", ""), permanent=ended.get("permanent", False),
+                         notes=list(ended.get("notes") or []), ended=ended.get("ended"))
 
     def _pods(self, etcd: bool = False) -> list[dict[str, Any]]:
         """The job's worker pods by name (`etcd`: its etcd pod too)."""
@@ -638,7 +688,7 @@ class KubernetesTarget(Target):
             ui.say(f"doeks' cluster is not running: job {s.job_name} is not on it")
             return False
         existed = False if runner.dry_run else self._get(["pytorchjob", s.job_name, "-n", s.namespace]) is not None
-        kube.delete(runner, list(reversed(jobspec.manifests(s, image="-"))))
+        kube.delete(runner, list(reversed(jobspec.manifests(s, image="-", account=True))))
         return existed
 
     def end_failed(self, runner, status: JobStatus | None = None) -> None:
@@ -711,6 +761,31 @@ KUBECTL_BURST = 9   # pods whose logs one `kubectl logs -l` reads within client-
 
 def _is_etcd(pod: dict[str, Any]) -> bool:
     return "etcd" in pod["metadata"].get("labels", {}).get("app", "")
+
+
+def _when(stamp: str | None) -> float | None:
+    import datetime
+
+    if not stamp:
+        return None
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _replaced(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
+    """A pod made well after its job: one was replaced (deleted, evicted, or by the hang watchdog)."""
+    made = _when(job.get("metadata", {}).get("creationTimestamp")) or 0
+    return any((_when(p.get("metadata", {}).get("creationTimestamp")) or 0) > made + 60 for p in pods)
+
+
+def _watchdog_notes(events: list[dict[str, Any]], by_pod: dict[str, list[str]]) -> list[str]:
+    """The hang watchdog's steps (doeks.watchdog): its Events (they outlive a replaced pod), then its lines in the
+    pods' logs (an Event the pod could not record), once each, prefixed `watchdog: `."""
+    from ..local.jobs import WATCHDOG_LINE
+
+    said = [e.get("message", "") for e in events if e.get("reason") == "DoeksWatchdog"]
+    said += [line.split("doeks: watchdog: ", 1)[1] for pod in sorted(by_pod) for line in by_pod[pod]
+             if WATCHDOG_LINE.match(line)]
+    return [f"watchdog: {line}" for line in dict.fromkeys(said)]
 
 
 def _since_last_step(by_pod: dict[str, list[str]]) -> list[str]:

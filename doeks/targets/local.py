@@ -236,7 +236,8 @@ class LocalTarget(OnThisMachine, Target):
             # restarts = the node's (the supervisor restarted its agent) + its workers' (torchrun restarted them)
             replicas.append(ReplicaStatus(f"node-{r['replica']}", replica_state, r["restarts"] + r.get("worker_restarts", 0),
                                           progress.get("step"), progress.get("samples_per_s"), progress.get("world"),
-                                          f"pid {r['pid']}" if r.get("pid") else "", progress.get("total")))
+                                          f"pid {r['pid']}" if r.get("pid") else "", progress.get("total"),
+                                          progress.get("productive")))
         state = state if state in (RUNNING, SUCCEEDED, FAILED, STOPPED) else RUNNING
         if state == RUNNING and any(r.state == RESTARTING for r in replicas):
             state = RESTARTING  # a node, or torchrun's group in it, is being restarted: not training now
@@ -245,7 +246,8 @@ class LocalTarget(OnThisMachine, Target):
         return JobStatus(self.name, s.job_name, state, run=status.get("run") or run, replicas=replicas,
                          desired=status.get("desired"), restarts=sum(r.restarts for r in replicas),
                          reason=reason.text if reason else "", fix=reason.fix if reason else "",
-                         permanent=bool(reason and reason.permanent))
+                         permanent=bool(reason and reason.permanent), notes=[f"watchdog: {line}" for line in status.get("watchdog") or []],
+                         ended=status.get("updated") if state in (SUCCEEDED, FAILED) else None)
 
     def _cursor(self, replica: int | None = None, run: str | None = None) -> FileCursor:
         return FileCursor(local_jobs.run_dir(self.home, run), "replicas/*/agent.log", replica)

@@ -2,7 +2,10 @@
 and how it ended. The index is STATE_DIR/runs/<job>.json on the machine that deployed; `elasticjob.history` shows it.
 
 A run's end is recorded when someone sees it (a status, a follow, a delete, the next deploy), from its target's
-JobStatus; a run replaced before anyone saw its end is recorded as such.
+JobStatus; a run replaced before anyone saw its end is recorded as such. Each time its status is seen the run also
+keeps what it went through (the hang watchdog's steps, a lost node: JobStatus.notes, one line each) and its goodput:
+the productive step time its replicas report (the seconds of steps the model's state holds; steps done again after a
+restart count once) over its wall time since the deploy.
 
 A target that removes a failed job to end it (a cluster's PyTorchJob, deleted so that no pod crash-loops on GPUs that
 bill) keeps what said why first (`keep_end`): its pods' logs in STATE_DIR/runs/<job>/<run>.log (`elasticjob.logs
@@ -101,16 +104,33 @@ def refuse_other_code(settings, code, fresh: bool) -> None:
                      "over with it)")
 
 
-def settle(settings, status) -> None:
-    """Record the end of the run a JobStatus describes, once it is final (Succeeded, Failed, Stopped)."""
-    if not status.run or not status.finished:
-        return
+def settle(settings, status) -> dict[str, Any] | None:
+    """Record what a JobStatus says of its run: its notes and goodput so far, and its end once it is final (Succeeded,
+    Failed, Stopped). Returns the run's record (None: not a run deployed from here)."""
+    if not status.run:
+        return None
     records = read(settings)
     for record in records:
-        if record["run"] == status.run and record.get("end") is None:
-            record.update(end=time.time(), result=status.state, reason=status.reason)
+        if record["run"] != status.run:
+            continue
+        changed = False
+        notes = record.setdefault("notes", [])
+        for note in status.notes:
+            if note not in notes:
+                notes.append(note)
+                changed = True
+        productive = max((r.productive for r in status.replicas if r.productive is not None), default=None)
+        if productive is not None and record.get("end") is None and (status.ended or not status.finished):
+            wall = max((status.ended or time.time()) - record["start"], 1e-6)
+            record.update(productive=round(productive, 1), wall=round(wall, 1), goodput=round(min(productive / wall, 1.0), 3))
+            changed = True
+        if status.finished and record.get("end") is None:
+            record.update(end=status.ended or time.time(), result=status.state, reason=status.reason)
+            changed = True
+        if changed:
             _write(settings, records)
-            return
+        return record
+    return None
 
 
 def settle_quietly(target) -> None:
@@ -191,9 +211,15 @@ def rows(settings) -> list[list[str]]:
     out = []
     for r in read(settings):
         took = f"{r['end'] - r['start']:.0f}s" if r.get("end") and r.get("start") else ""
+        goodput = f"{r['goodput']:.2f}" if r.get("goodput") is not None else ""
         out.append([r["run"], r.get("target", ""), r.get("script", ""), when(r.get("start")), when(r.get("end")), took,
-                    r.get("result", ""), r.get("reason", "")])
+                    r.get("result", ""), goodput, r.get("reason", "")])
     return out
 
 
-COLUMNS = ["run", "target", "script", "start", "end", "took", "result", "reason"]
+def note_lines(settings) -> list[str]:
+    """What each run went through (the watchdog's steps, a lost node), one line each: `<run>: <note>`."""
+    return [f"{r['run']}: {note}" for r in read(settings) for note in r.get("notes", [])]
+
+
+COLUMNS = ["run", "target", "script", "start", "end", "took", "result", "goodput", "reason"]

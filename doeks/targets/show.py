@@ -9,7 +9,7 @@ from .runs import settle
 
 def status(target) -> JobStatus:
     st = target.describe()
-    settle(target.settings, st)
+    record = settle(target.settings, st) or {}
     title = f"job {st.name} on {st.target}: {st.state}"
     if st.run:
         title += f" (run {st.run})"
@@ -25,6 +25,11 @@ def status(target) -> JobStatus:
     if st.replicas and all(r.step is None for r in st.replicas) and not _builtin(target.settings):
         ui.say("no step count: the script reports none (print `doeks: step=N loss=L` lines or call "
                "doeks.report(step=..., loss=..., samples=...): docs/your-own-script.md)")
+    for note in st.notes:  # what the job went through: the hang watchdog's steps, a lost node
+        ui.say(note, style="yellow")
+    if record.get("goodput") is not None:
+        ui.say(f"goodput: {record['goodput']:.2f} (productive step time {record['productive']:.0f} s of "
+               f"{record['wall']:.0f} s since the deploy)")
     if st.reason:
         ui.say(f"reason: {st.reason}" + (" (permanent: restarts cannot help)" if st.permanent else ""),
                style="red" if st.state == FAILED else "yellow")

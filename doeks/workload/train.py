@@ -95,6 +95,41 @@ def parse_args(argv=None, p: argparse.ArgumentParser | None = None) -> argparse.
     return args
 
 
+class Heartbeat:
+    """This rank's progress for its node's watchdog (doeks.watchdog, in the agent that started it): its last step and
+    when, written to DOEKS_PROGRESS_DIR/<rank> at most once a second; and its stacks on SIGUSR1 (faulthandler), which
+    the watchdog asks for when the rank made no progress. Nothing without DOEKS_PROGRESS_DIR (plain torchrun)."""
+
+    def __init__(self):
+        self.folder = os.environ.get("DOEKS_PROGRESS_DIR", "")
+        self.last = 0.0
+        self.step = 0
+        if self.folder:
+            import faulthandler
+            import signal
+
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+    def __call__(self, step: int | None = None, force: bool = False) -> None:
+        """A step done (or, without one, still working on the last: a validation batch)."""
+        now = time.time()
+        self.step = self.step if step is None else step
+        if not self.folder or (not force and now - self.last < 1.0):
+            return
+        self.last = now
+        step = self.step
+        path = os.path.join(self.folder, os.environ.get("RANK", "0"))
+        try:
+            with open(path + ".tmp", "w") as f:
+                f.write(f"{step} {now:.3f}\n")
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
+
+
+BEAT = Heartbeat()
+
+
 def log(message: str) -> None:
     rank = os.environ.get("RANK", "0")
     now = time.time()
@@ -587,8 +622,12 @@ def main(argv=None) -> int:
     if rank == 0:
         metrics_dir.mkdir(parents=True, exist_ok=True)
     epoch, consumed, step = 0, 0, 0  # consumed: samples of `epoch` already trained on (all ranks together)
+    # productive step time: the seconds spent on the steps this state holds (a checkpoint carries it, so steps done
+    # again after a restart count once): goodput = productive / the run's wall time (docs/benchmarks.md)
+    productive = 0.0
     if checkpoint is not None:
         epoch, consumed, step = checkpoint["epoch"], checkpoint["consumed"], checkpoint["step"]
+        productive = float(checkpoint.get("productive", 0.0))
         was = checkpoint.get("world", world)
         log(f"resumed from checkpoint step={step} epoch={epoch} consumed={consumed}"
             + (f" (written by world size {was}, now {world})" if was != world else ""))
@@ -612,7 +651,7 @@ def main(argv=None) -> int:
         """Every rank, at the same step: step-N/ with DCP (asynchronously), `latest` moved by rank 0 once complete."""
         model_state, optim_state = get_state_dict(raw_model, optimizer)
         meta = {"epoch": epoch, "consumed": consumed, "step": step, "world": world, "arch": args.arch,
-                "classes": train_set.classes, "time": time.time()}
+                "classes": train_set.classes, "time": time.time(), "productive": productive}
         if result is not None:
             meta["result"] = result
         stall = store.save({"model": model_state, "optimizer": optim_state}, step, meta, background=background)
@@ -624,11 +663,13 @@ def main(argv=None) -> int:
 
     done = bool(args.max_steps and step >= args.max_steps)
     accuracy = top5 = None
+    beat = BEAT
+    beat.step = step
     while epoch < args.epochs and not done:
         sampler.set_epoch(epoch, consumed)
         model.train()
         window_start, window_samples, window_wait, window_steps = time.perf_counter(), 0, 0.0, 0
-        ready = time.perf_counter()
+        ready = step_began = time.perf_counter()
         last_batch = len(loader) - 1
         for batch, (images, labels) in enumerate(loader):
             window_wait += time.perf_counter() - ready
@@ -651,13 +692,16 @@ def main(argv=None) -> int:
             window_steps += 1
             if args.step_delay:
                 time.sleep(args.step_delay)
+            productive += time.perf_counter() - step_began
+            beat(step, force=step % args.log_every == 0 or step == 1)
             if step % args.log_every == 0 or step == 1:
                 elapsed = time.perf_counter() - window_start
                 rate = window_samples / elapsed if elapsed > 0 else 0.0
                 accuracy_now = (output.argmax(1) == labels).float().mean().item()
                 wait = window_wait / window_steps
                 log(f"step={step} epoch={epoch} loss={loss.item():.4f} acc={accuracy_now:.3f} samples/s={rate:.1f} world={world} "
-                    f"data_wait={wait:.4f}s ({100 * window_wait / elapsed if elapsed > 0 else 0:.0f}%) lr={lr:.5f}")
+                    f"data_wait={wait:.4f}s ({100 * window_wait / elapsed if elapsed > 0 else 0:.0f}%) lr={lr:.5f} "
+                    f"productive={productive:.1f}s")
                 if writer:
                     writer.train(step, epoch, loss.item(), accuracy_now, rate, world, wait)
                 window_start, window_samples, window_wait, window_steps = time.perf_counter(), 0, 0.0, 0
@@ -667,7 +711,7 @@ def main(argv=None) -> int:
                 checkpoint_now()  # (at the very end the final checkpoint, with the result, is the one)
             if done:
                 break
-            ready = time.perf_counter()
+            ready = step_began = time.perf_counter()
         if not done:
             epoch, consumed = epoch + 1, 0
         accuracy, top5 = evaluate(raw_model, val_loader, device, distributed, amp, use_cuda)
@@ -679,7 +723,7 @@ def main(argv=None) -> int:
     if accuracy is None:  # a checkpoint with nothing left to train but no recorded result: evaluate it
         accuracy, top5 = evaluate(raw_model, val_loader, device, distributed, amp, use_cuda)
     result = {"step": step, "epochs": args.epochs, "val_accuracy": accuracy, "val_top5": top5, "arch": args.arch,
-              "classes": train_set.classes, "crop_size": args.crop_size}
+              "classes": train_set.classes, "crop_size": args.crop_size, "productive_s": round(productive, 1)}
     checkpoint_now(result, background=False)  # the final state, with the result a later deploy reports at once
     if rank == 0:
         write_final(metrics_dir, result)
@@ -688,7 +732,7 @@ def main(argv=None) -> int:
             log(f"model saved to {where}")
         stalls = sorted(store.stalls)
         log(f"done final_val_acc={accuracy:.4f} val_top5={top5:.4f} steps={step} "
-            f"checkpoint_stall_max={stalls[-1] * 1000 if stalls else 0:.1f}ms")
+            f"checkpoint_stall_max={stalls[-1] * 1000 if stalls else 0:.1f}ms productive={productive:.1f}s")
     if writer:
         writer.close()
     term.release()
@@ -796,6 +840,7 @@ def evaluate(model, loader, device, distributed, amp, channels_last) -> tuple[fl
             counts[0] += (top[:, 0] == labels).sum()
             counts[1] += (top == labels[:, None]).any(dim=1).sum()
             counts[2] += len(labels)
+            BEAT()  # validation is progress too
     if distributed:
         dist.all_reduce(counts)
     total = counts[2].clamp(min=1)

@@ -1,13 +1,16 @@
-"""Start a local node's workers as forks of a process that has already imported torch and torchvision (a "zygote").
+"""Start a node's workers as forks of a process that has already imported torch and torchvision (a "zygote").
 
-torchrun starts every worker as a new interpreter, which on a small CPU machine spends seconds importing torch and
-torchvision before its first step, at every start and every restart. On the local target the agent forks a zygote
-right after its own `import torch` (before any thread exists); the zygote imports the rest once and then forks one
-process per worker, which takes the argv, environment, new session and output files torchrun asked for and runs the
-script with runpy. Anything else (`--no-python`, `-m`, a wrapped command) is started by torchrun the usual way.
+torchrun starts every worker as a new interpreter, which spends seconds importing torch and torchvision before its
+first step, at every start and every restart (a pod that recovers pays it twice: the agent's import, then each
+worker's). The agent forks a zygote right after its own `import torch` (before any thread exists); the zygote imports
+the rest once and then forks one process per worker, which takes the argv, environment, new session and output files
+torchrun asked for and runs the script (doeks.worker.run, as `python -u -m doeks.worker script.py` would). Anything
+else (`--no-python`, `-m`, a wrapped command) is started by torchrun the usual way. Nothing CUDA is touched before
+the fork: a worker initialises its GPU itself, as a fresh interpreter would. The local agent (doeks.local.agent) and the training image's torchrun (doeks.torchrun) both use it.
 
 If the agent dies the zygote sees its socket close, kills its workers and exits: like a pod's containers, nothing
-outlives the node.
+outlives the node. Standard library only (and what it preloads) and doeks.worker, so the training image carries it
+with doeks.worker beside it.
 """
 from __future__ import annotations
 
@@ -21,8 +24,7 @@ import sys
 import threading
 from typing import Any
 
-from .. import worker
-from .services import reap_exited
+from . import worker
 
 PRELOAD = ("torchvision", "torchvision.datasets", "torchvision.models", "torchvision.transforms", "torch.nn.parallel",
            "torch.utils.data", "PIL.Image")
@@ -38,6 +40,20 @@ def _title(text: str) -> None:
     except ImportError:  # the title is cosmetic (ps shows the agent's command instead)
         return
     setproctitle.setproctitle(text)
+
+
+def reap_exited() -> list[tuple[int, int]]:
+    """(pid, exit code) of every child that has exited, without blocking; a signal shows as minus its number."""
+    exited = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        exited.append((pid, os.waitstatus_to_exitcode(status)))
+    return exited
 
 
 # -- the agent's side ---------------------------------------------------------------------------------------------
@@ -83,6 +99,7 @@ class Zygote:
         self._next_id = 0
         self._gone = False
         self._reader: threading.Thread | None = None
+        self._send = threading.Lock()
 
     def _read(self) -> None:
         stream = self.sock.makefile("rb")
@@ -104,7 +121,10 @@ class Zygote:
                 self._exits[pid] = -signal.SIGKILL
             self._cond.notify_all()
 
-    def spawn(self, args: list[str], env: dict[str, str], stdout: str | None = None, stderr: str | None = None) -> ForkedWorker:
+    def spawn(self, args: list[str], env: dict[str, str], stdout: str | None = None, stderr: str | None = None,
+              fds: tuple[int, int] | None = None) -> ForkedWorker:
+        """Fork a worker of `args`; its output to the files `stdout`/`stderr` (appended), or to the pipes `fds` (the
+        write ends of its stdout's and its stderr's, which the caller then closes and reads), else the agent's own."""
         with self._cond:
             if self._gone:
                 raise ZygoteGone("the zygote exited")
@@ -113,9 +133,13 @@ class Zygote:
                 self._reader.start()
             self._next_id += 1
             request_id = self._next_id
-        request = {"id": request_id, "args": list(args), "env": env, "cwd": os.getcwd(), "stdout": stdout, "stderr": stderr}
+        request = {"id": request_id, "args": list(args), "env": env, "cwd": os.getcwd(), "stdout": stdout, "stderr": stderr,
+                   "fds": len(fds) if fds else 0}
+        data = json.dumps(request).encode() + b"\n"
         try:
-            self.sock.sendall(json.dumps(request).encode() + b"\n")
+            with self._send:  # one request's bytes and its descriptors together
+                sent = socket.send_fds(self.sock, [data], list(fds)) if fds else 0
+                self.sock.sendall(data[sent:])
         except OSError as exc:
             raise ZygoteGone(f"the zygote is unreachable: {exc}") from exc
         with self._cond:
@@ -169,6 +193,7 @@ def _serve(sock: socket.socket) -> dict[str, Any]:
             pass
     children: set[int] = set()
     pending = b""
+    passed: list[int] = []  # descriptors the agent sent (a request's pipes), in the order of its requests
 
     def send(message: dict) -> None:
         try:
@@ -179,7 +204,8 @@ def _serve(sock: socket.socket) -> dict[str, Any]:
     while True:
         readable, _, _ = select.select([sock], [], [], 0.05)
         if readable:
-            data = sock.recv(1 << 20)
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
+            passed += fds
             if not data:  # the agent is gone: so are its workers
                 for pid in children:
                     try:
@@ -191,10 +217,16 @@ def _serve(sock: socket.socket) -> dict[str, Any]:
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 request = json.loads(line)
+                own, passed = passed[:request.get("fds", 0)], passed[request.get("fds", 0):]
                 pid = os.fork()
                 if pid == 0:
                     sock.close()
+                    for fd in passed:  # another request's pipes: its reader must see their end when that worker ends
+                        os.close(fd)
+                    request["fds"] = own
                     return request
+                for fd in own:
+                    os.close(fd)
                 children.add(pid)
                 send({"id": request["id"], "pid": pid})
         for pid, code in reap_exited():
@@ -220,6 +252,9 @@ def _become_worker(request: dict[str, Any]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
+    for fd, target in zip(request.get("fds") or [], (1, 2)):  # the agent's pipes, which it reads line by line
+        os.dup2(fd, target)
+        os.close(fd)
     _redirect(request["stdout"], 1)
     _redirect(request["stderr"], 2)
     # as `python -u`, every line out at once, but each line in one write: unbuffered, print's text and its newline are
