@@ -12,9 +12,12 @@ import threading
 import time
 
 import pytest
+import yaml
 
+from doeks import jobspec
 from doeks import settings as S
 from doeks import trainimage
+from doeks.runner import to_yaml_stream
 from doeks.targets import reasons
 
 from .conftest import ROOT, invoke, training_processes, wait_for
@@ -83,7 +86,13 @@ def test_build_then_train_in_containers_of_the_clusters_manifest(client, job_env
     eks = invoke("elasticjob.deploy", "--epochs", "1", "--dry-run", env={"TARGET": "eks", **shared})
     assert eks.returncode == 0, eks.stderr
     run_id = re.compile(r"dockerjob-(\d{8}-\d{6}-[0-9a-f]{4}|dry-run)")  # a shown plan's run id is always dry-run
-    assert run_id.sub("RUN", ran) == run_id.sub("RUN", eks.stdout)
+    # but the hang watchdog's account and rights, which a cluster target applies beside the job (its watchdog acts
+    # through the API server: docker has none), and the pods' serviceAccountName naming that account
+    rights = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    on_eks = [d for d in yaml.safe_load_all(eks.stdout) if d and d["kind"] not in rights]
+    accounts = [jobspec.worker_pod(d).pop("serviceAccountName") for d in on_eks if d["kind"] == "PyTorchJob"]
+    assert accounts == ["dockerjob-watchdog"], accounts
+    assert run_id.sub("RUN", ran) == run_id.sub("RUN", to_yaml_stream(on_eks))
 
     status = invoke("elasticjob.status", env={"COLUMNS": "200"})
     assert status.returncode == 0 and "on docker: Succeeded" in status.stderr
