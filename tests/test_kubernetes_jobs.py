@@ -227,7 +227,7 @@ def test_a_users_script_that_raises_ends_failed_with_its_exception_and_one_resta
         # tests/test_rendezvous_wait.py)
         assert restarts == 0, ours[-1]
         runs = _said(invoke("elasticjob.history", env={**values, "COLUMNS": "400"}))
-        assert re.search(r"│ Failed │ the script raised RuntimeError: --fail-at 2: failing on purpose at step 2 \(fit\.py, "
+        assert re.search(r"│ Failed │[^│]*│ the script raised RuntimeError: --fail-at 2: failing on purpose at step 2 \(fit\.py, "
                          rf"line {line}", runs), runs
         wait_for(lambda: not kubectl(env, "get", "pods", "-l", "doeks/job=byo-k8s", "-o", "name").stdout.strip(), 120,
                  "the failed job's pods to be gone (nothing crash-loops on)")
