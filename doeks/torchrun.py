@@ -121,7 +121,7 @@ def patch_worker_start(zygote) -> None:
     from . import zygote as zygote_module
 
     handler = subprocess_handler.SubprocessHandler
-    popen = handler._popen
+    popen, close = handler._popen, handler.close
 
     def start_worker(self, args, env):
         if worker.runnable(args):
@@ -145,7 +145,21 @@ def patch_worker_start(zygote) -> None:
                 return process
         return popen(self, args, env)
 
+    def close_worker(self, death_sig=None):
+        try:
+            close(self, death_sig)
+        except ProcessLookupError:
+            if not isinstance(self.proc, zygote_module.ForkedWorker):
+                raise
+            # torch signals a worker's group when poll() said it runs; a forked worker is the zygote's child, reaped
+            # there as it exits, its exit code reported a moment later: between the two its group is already gone
+            # (torch's own children stay until torch reaps them). It has ended: close its files as torch would.
+            for stream in (self._stdout, self._stderr):
+                if stream:
+                    stream.close()
+
     handler._popen = start_worker
+    handler.close = close_worker
 
 
 PERMANENT_EXIT = 2  # the training script's (and argparse's) exit code for an error no restart can fix

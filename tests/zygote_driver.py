@@ -42,9 +42,9 @@ elif scenario == "reaped-unreported":
     # a loaded machine opens for milliseconds stays open
     from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
 
-    from doeks.local import agent
+    from doeks import torchrun
 
-    agent.patch_worker_start(z)
+    torchrun.patch_worker_start(z)
     handler = SubprocessHandler(sys.executable, ("-u", str(folder / "ok.py")), {}, None, None, 0, None)
     said = {"forked": isinstance(handler.proc, zygote.ForkedWorker)}
     with z._cond:
