@@ -49,7 +49,19 @@ def trains_past(env, step: int, world: int, timeout: float = 240, job: str = JOB
         ok = len(seen) == world and all(p.get("step", 0) > step and p.get("world") == world for p in seen.values())
         return min(p["step"] for p in seen.values()) if ok else None
 
-    return wait_for(ahead, timeout, f"{world} workers training past step {step}", poll=2)
+    try:
+        return wait_for(ahead, timeout, f"{world} workers training past step {step}", poll=2)
+    except AssertionError as error:  # what the job was doing instead, for the one who reads CI's log
+        raise AssertionError(f"{error}\n{job_state(env, job)}") from None
+
+
+def job_state(env, job: str = JOB) -> str:
+    """The job's pods, their last log lines, the namespace's recent events and `describe`: a failed wait's context."""
+    pods = kubectl(env, "get", "pods", "-n", "default", "-o", "wide").stdout
+    logs = kubectl(env, "logs", "-n", "default", "-l", f"doeks/job={job}", "--prefix", "--tail=25",
+                   "--max-log-requests=16").stdout
+    events = kubectl(env, "get", "events", "-n", "default", "--sort-by=.lastTimestamp").stdout.splitlines()[-30:]
+    return "\n".join(["pods:", pods, "logs:", logs, "events:", *events, "describe:", describe(env)])
 
 
 def pod_json(env, name: str) -> dict:
