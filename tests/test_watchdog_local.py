@@ -19,7 +19,7 @@ from .conftest import invoke, job_settings, wait_for
 pytestmark = pytest.mark.slow  # real torchrun agents and etcd for a few minutes
 
 JOB = {"JOB_NAME": "hang", "DATA_TRAIN_PER_CLASS": "64", "DATA_VAL_PER_CLASS": "8", "REPLICAS": "2",
-       "NPROC_PER_NODE": "1", "MIN_REPLICAS": "1", "MAX_REPLICAS": "2", "EPOCHS": "5", "CHECKPOINT_EVERY": "4",
+       "NPROC_PER_NODE": "1", "MIN_REPLICAS": "1", "MAX_REPLICAS": "2", "EPOCHS": "3", "CHECKPOINT_EVERY": "4",
        "BATCH_SIZE": "8", "HANG_TIMEOUT": "10", "HANG_RESTARTS": "1", "HANG_REPLACEMENTS": "1"}
 TRAIN_ARGS = "--log-every 1 --step-delay 0.3"
 
