@@ -136,16 +136,21 @@ def test_a_lost_node_is_named_the_job_goes_on_with_two_and_grows_back_to_three(e
 
 def test_a_stopped_rank_is_named_within_the_hang_timeout_and_the_job_succeeds(env):
     pod = f"{JOB}-worker-0"
+    # the node lost above stalled the job past HANG_TIMEOUT: its watchdogs named ranks and restarted them (what ended
+    # the survivors' wait in a collective with the lost rank), so notes of that hang are there already: this fault's
+    # note is the one that says the rank is stopped
     victim = rank_process(env, pod)
     os.kill(victim, signal.SIGSTOP)
     began = time.monotonic()
-    # (a note of an earlier hang may be there already: the node lost above stalls the job for a while)
-    text = wait_for(lambda: f"(replica {pod}, local rank 0, pid " in (t := status(env)) and t, HANG_TIMEOUT + 15,
-                    "status naming the stopped rank", poll=1)
-    assert re.search(rf"\(replica {pod}, local rank 0, pid \d+\) made no progress for \d+ s since step \d+: stopped "
-                     r"\(SIGSTOP or a debugger\)", text), text
+    stopped = re.compile(rf"\(replica {pod}, local rank 0, pid \d+\) made no progress for \d+ s since step \d+: "
+                         r"stopped \(SIGSTOP or a debugger\)")
+    wait_for(lambda: stopped.search(status(env)), HANG_TIMEOUT + 15, "status naming the stopped rank", poll=1)
     print(f"rank of {pod} stopped: named in status after {time.monotonic() - began:.0f} s")
-    wait_for(lambda: f"replica {pod}: restart the process (rung 1 of 4" in status(env), 60, "rung 1 in status")
+    # the ladder acted on it (rung 1 kills it, rung 2 where the node loss spent rung 1 replaces its pod): it is gone
+    from doeks.watchdog import process_state
+
+    wait_for(lambda: process_state(victim) in ("", "Z"), 60, f"the stopped rank (pid {victim} here) ended by the watchdog")
+    assert re.search(rf"watchdog: replica {pod}: .* \(rung [12] of 4, ", status(env)), status(env)
     job = wait_for(lambda: _final(env), 900, "the job to end", poll=5)
     assert job == "Succeeded", status(env)
     text = status(env)

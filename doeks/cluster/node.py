@@ -622,10 +622,16 @@ def unplug(node: Node) -> None:
 
 
 def remove_node_network(node: Node) -> None:
+    """The node's route, link and network namespace removed; with the last extra node, the host's address on the
+    nodes' network (NODE_NET_GATEWAY) too, and with it the bridge's route to NODE_NET (`up` with fewer nodes left it)."""
     _ip("route", "del", node.pod_cidr, check=False)
     _ip("link", "delete", node.veth, check=False)
     if netns_exists(node):
         _ip("netns", "delete", node.netns, check=False)
+    if not guard.node_namespaces():
+        prefix = versions.NODE_NET.split("/")[1]
+        if f"{versions.NODE_NET_GATEWAY}/" in _ip("-4", "addr", "show", versions.BRIDGE, check=False).stdout:
+            _ip("addr", "del", f"{versions.NODE_NET_GATEWAY}/{prefix}", "dev", versions.BRIDGE, check=False)
 
 
 # -- up / down -------------------------------------------------------------------------------------------------------
