@@ -322,7 +322,7 @@ def test_a_failing_stager_ends_the_wait_at_once_with_its_reason(cluster, tmp_pat
         with pytest.raises(DoeksError, match="staging failed .*is in eu-west-1, not us-west-2"):
             kube.wait_job("default", "i31-failing", "staging", timeout=300)
         assert clock.monotonic() - started < 60
-        old = kubectl("wait", "-n", "default", "--for=condition=complete", "job/i31-failing", "--timeout=20s")
+        old = kubectl("wait", "-n", "default", "--for=condition=complete", "job/i31-failing", "--timeout=5s")
         assert old.returncode != 0 and "timed out" in old.stderr  # the old wait was still waiting (for 6 h)
     finally:
         kubectl("delete", "job", "i31-failing", "-n", "default", "--ignore-not-found", "--cascade=foreground", "--wait=true",
