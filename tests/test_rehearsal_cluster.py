@@ -293,8 +293,8 @@ def test_a_finished_staging_job_no_longer_keeps_the_claim_and_every_delete_wait_
         done = kubectl("wait", "-n", "default", "--for=condition=complete", "job/i31-stage", "--timeout=120s")
         assert done.returncode == 0, done.stderr
         assert kube.pods_using_claim("default", "i31-claim")  # the Completed pod still counts
-        with pytest.raises(DoeksError, match="waited 15 s for PersistentVolumeClaim default/i31-claim to be gone"):
-            kube.delete(Runner(echo=False), [claim], timeout=15)  # the old code waited here for ever
+        with pytest.raises(DoeksError, match="waited 5 s for PersistentVolumeClaim default/i31-claim to be gone"):
+            kube.delete(Runner(echo=False), [claim], timeout=5)  # the old code waited here for ever
         assert kube.release_claim(Runner(echo=False), "default", "i31-claim") == []
         assert kube.get_json(["job", "i31-stage", "-n", "default"]) is None
         wait_for(lambda: kube.get_json(["pvc", "i31-claim", "-n", "default"]) is None, 60, "the claim to go")
