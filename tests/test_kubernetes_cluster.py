@@ -139,11 +139,13 @@ def test_the_job_trains_to_the_end_in_pods_of_the_training_image(env):
 
 
 def _wait_for(env, kind: str, name: str, done: str, timeout: int = 900, stuck=None) -> dict:
-    """The object once its `done` or Failed condition is True; `stuck()`, when given, is asked each poll for a reason
-    it will never get there (an AssertionError at once instead of the timeout)."""
+    """The object once its `done` or Failed condition is True (read every 2 s); `stuck()`, when given, is asked every
+    15 s for a reason it will never get there (an AssertionError at once instead of the timeout): for a TrainJob it is
+    a whole `invoke` start-up, CPU taken from the job's pods."""
     import time
 
     deadline = time.monotonic() + timeout
+    asked = float("-inf")  # the first poll asks at once
     while time.monotonic() < deadline:
         got = kubectl(env, "get", kind, name, "-n", "default", "-o", "json")
         if got.returncode == 0:
@@ -151,9 +153,11 @@ def _wait_for(env, kind: str, name: str, done: str, timeout: int = 900, stuck=No
             true = {c["type"] for c in obj.get("status", {}).get("conditions", []) if c.get("status") == "True"}
             if done in true or "Failed" in true:
                 return obj
-        if stuck is not None and (why := stuck()):
-            raise AssertionError(f"{kind}/{name} will not finish: {why}")
-        time.sleep(5)
+        if stuck is not None and time.monotonic() - asked >= 15:
+            asked = time.monotonic()
+            if why := stuck():
+                raise AssertionError(f"{kind}/{name} will not finish: {why}")
+        time.sleep(2)
     raise AssertionError(f"{kind}/{name} not finished after {timeout}s")
 
 
