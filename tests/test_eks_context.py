@@ -28,7 +28,8 @@ def test_every_kubectl_on_eks_reads_the_kubeconfig_of_the_configured_cluster(tmp
     record = tmp_path / "record.jsonl"
     env = {"TARGET": "eks", "CLUSTER_NAME": "train-a", "AWS_REGION": "eu-west-1", "KUBECONFIG": str(theirs),
            "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record), "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
-           "TRAIN_IMAGE": "123456789012.dkr.ecr.eu-west-1.amazonaws.com/doeks-train:1"}
+           "TRAIN_IMAGE": "123456789012.dkr.ecr.eu-west-1.amazonaws.com/doeks-train:1",
+           "AWS_MAX_ATTEMPTS": "1"}  # the dead endpoint refused once, not after botocore's 5 tries and their back-off
     invoke("elasticjob.status", env=env)
     invoke("elasticjob.delete", env=env)
     seen = [json.loads(line) for line in record.read_text().splitlines()]
