@@ -96,7 +96,7 @@ def ensure_jpegcrop(runner) -> str:
     return "built"
 
 
-def _build_operators(runner, ops) -> None:
+def _build_operators(runner, ops, prefetch=None) -> None:
     """Each operator built from the Go module proxy unless its binary is in the cache (the dry run names the build);
     its build id is its version, with the library versions it is built against when it has `requires`."""
     from .cluster import operators
@@ -107,6 +107,8 @@ def _build_operators(runner, ops) -> None:
         elif runner.dry_run:
             runner.step(f"build {op.name} {op.build_id} from the Go module proxy ({op.module}/{op.package})", lambda: None)
         else:
+            if prefetch is not None:
+                prefetch.ready(op.name)
             operators.build_binary(op)
 
 
@@ -121,20 +123,30 @@ def setup_kubernetes(runner) -> None:
     if missing:
         _apt(runner, missing)
     started = time.monotonic()
-    build.build(runner)
-    _build_operators(runner, operators.OPERATORS.values())
-    from .cluster import registry  # the EKS rehearsal's registry (the node pulls the training image from it)
+    from .cluster.prefetch import Prefetch
 
-    if registry.built():
-        ui.say(f"registry {registry.VERSION}: already built in {registry.home()}")
-    else:
-        registry.build_binary(runner)
-    from .cluster import eksctl  # its module only (its ClusterConfig schema, for the tests); building it is long
+    prefetch = Prefetch(runner)  # the later Go builds' modules, fetched while doeks-node compiles
+    try:
+        build.build(runner, prefetch=prefetch)
+        _build_operators(runner, operators.OPERATORS.values(), prefetch)
+        from .cluster import registry  # the EKS rehearsal's registry (the node pulls the training image from it)
 
-    if runner.dry_run:
-        runner.step(f"go mod download {eksctl.MODULE}@{eksctl.VERSION} (its ClusterConfig JSON schema)", lambda: None)
-    else:
-        eksctl.module()
+        if registry.built():
+            ui.say(f"registry {registry.VERSION}: already built in {registry.home()}")
+        else:
+            prefetch.ready("registry")
+            registry.build_binary(runner)
+        from .cluster import eksctl  # its module only (its ClusterConfig schema, for the tests); building it is long
+
+        if runner.dry_run:
+            runner.step(f"go mod download {eksctl.MODULE}@{eksctl.VERSION} (its ClusterConfig JSON schema)", lambda: None)
+        else:
+            prefetch.ready("eksctl")
+            eksctl.module()
+        prefetch.finish()
+    except BaseException:
+        prefetch.cancel()  # nothing of it outlives setup
+        raise
     if not runner.dry_run:
         ui.say(f"doeks' cluster is built ({time.monotonic() - started:.0f}s this time; cached in {build.versions.cache_dir()})")
 

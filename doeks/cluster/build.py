@@ -143,8 +143,9 @@ def write_module(name: str, where: Path, log) -> Path:
     return where
 
 
-def build(runner, force: bool = False) -> dict[str, Path]:
-    """Build what is missing (everything with `force`); print the time it took."""
+def build(runner, force: bool = False, prefetch=None) -> dict[str, Path]:
+    """Build what is missing (everything with `force`); print the time it took. `prefetch` (doeks.cluster.prefetch):
+    started once doeks-node compiles, and waited for before each later Go build."""
     todo = list(BINARIES) if force else missing()
     out = versions.bin_dir()
     if not todo:
@@ -172,9 +173,13 @@ def build(runner, force: bool = False) -> dict[str, Path]:
             if name == "pause":
                 _pause(out, log)
             else:
+                if prefetch is not None and name != "doeks-node":
+                    prefetch.ready(name)  # its modules fetched while doeks-node compiled
                 module = {"doeks-node": "node"}.get(name, name)
                 where = write_module(module, versions.build_dir() / "src" / module, log)
                 _go(["mod", "tidy"], where, f"{name}: go mod tidy", log)
+                if prefetch is not None:
+                    prefetch.start()  # the first compile: the later builds' modules are fetched meanwhile
                 target = out / f".{name}.partial"
                 _compile(["build", "-trimpath", f"-ldflags={ldflags(name)}", "-o", str(target), "."], where,
                          f"{name}: go build", log, static=name != "doeks-node")  # CoreDNS and etcd run FROM scratch or anywhere

@@ -85,6 +85,21 @@ def binary(op: Operator) -> Path:
     return versions.cache_dir() / "operators" / f"{op.name}-{op.build_id}" / op.binary
 
 
+def main_package(op: Operator) -> str:
+    return op.module if op.package == "." else f"{op.module}/{op.package}"
+
+
+def write_build_module(op: Operator) -> Path:
+    """The folder the operator is built in: a one-line build module requiring it (and its `requires`). As a
+    dependency: `go install pkg@version` also asks the proxy for the module's version list, which it refuses for some
+    (sigs.k8s.io/jobset: 403)."""
+    where = versions.cache_dir() / "operators" / f"src-{op.name}-{op.build_id}"
+    where.mkdir(parents=True, exist_ok=True)
+    requires = "".join(f"\t{line}\n" for line in (f"{op.module} {op.version}",) + op.requires)
+    (where / "go.mod").write_text(f"module doeks.local/{op.name}\n\ngo 1.25.0\n\nrequire (\n{requires})\n")
+    return where
+
+
 def build_binary(op: Operator) -> Path:
     out = binary(op)
     if out.exists():
@@ -93,17 +108,11 @@ def build_binary(op: Operator) -> Path:
     started = time.monotonic()
     ui.say(f"building {op.name} {op.version} from the Go module proxy ({op.module}/{op.package})")
     log = versions.cache_dir() / "operators" / f"{op.name}-{op.build_id}.log"
-    # as a dependency of a one-line build module: `go install pkg@version` also asks the proxy for the module's
-    # version list, which it refuses for some (sigs.k8s.io/jobset: 403)
-    where = versions.cache_dir() / "operators" / f"src-{op.name}-{op.build_id}"
-    where.mkdir(parents=True, exist_ok=True)
-    requires = "".join(f"\t{line}\n" for line in (f"{op.module} {op.version}",) + op.requires)
-    (where / "go.mod").write_text(f"module doeks.local/{op.name}\n\ngo 1.25.0\n\nrequire (\n{requires})\n")
-    package = op.module if op.package == "." else f"{op.module}/{op.package}"
+    where = write_build_module(op)
     partial = out.with_suffix(".partial")
     with open(log, "w") as f:
         process = subprocess.run([build.go(), "build", "-trimpath", f"-ldflags=-s -w {op.ldflags}".strip(), "-o",
-                                  str(partial), package],
+                                  str(partial), main_package(op)],
                                  stdout=f, stderr=subprocess.STDOUT, env=build._env(), cwd=where)
     if process.returncode != 0:
         tail = log.read_text().strip().splitlines()[-1:] or ["?"]

@@ -56,6 +56,15 @@ def built() -> bool:
     return binary().exists()
 
 
+def write_module() -> Path:
+    """The folder the registry is built in: doeks' main.go and a go.mod requiring `distribution` at VERSION."""
+    where = home() / "src"
+    where.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SOURCE, where / "main.go")
+    (where / "go.mod").write_text(f"module doeks.local/registry\n\ngo 1.26.0\n\nrequire {MODULE} {VERSION}\n")
+    return where
+
+
 def build_binary(runner=None) -> Path:
     """`distribution` at VERSION as a dependency of a small module (doeks' main.go), static, into the cache."""
     out = binary()
@@ -65,10 +74,7 @@ def build_binary(runner=None) -> Path:
         runner.step(f"build the registry ({MODULE} {VERSION}, filesystem storage only) from the Go module proxy "
                     f"into {out}", lambda: None)
         return out
-    where = home() / "src"
-    where.mkdir(parents=True, exist_ok=True)
-    shutil.copy(SOURCE, where / "main.go")
-    (where / "go.mod").write_text(f"module doeks.local/registry\n\ngo 1.26.0\n\nrequire {MODULE} {VERSION}\n")
+    where = write_module()
     started = time.monotonic()
     ui.say(f"building the registry ({MODULE} {VERSION}) from the Go module proxy (a few minutes on 2 cores)")
     log_path = home() / "build.log"
