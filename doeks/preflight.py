@@ -56,13 +56,24 @@ def setup(runner, docker: bool = False, kubernetes: bool = False, kueue: bool = 
         _apt(runner, ["etcd-server"])
         ui.say(f"etcd: {etcd_binary()}")
     ensure_jpegcrop(runner)
+    images = None
     if docker:
         ensure_docker(runner)
-        ensure_base_image(runner)
-    if kubernetes or kueue:
-        setup_kubernetes(runner)
-    if kueue:
-        setup_kueue(runner)
+        if kubernetes and not runner.dry_run:
+            images = start_images(runner)  # beside the Go builds, which keep both cores busy for minutes
+        else:
+            ensure_base_image(runner)
+    try:
+        if kubernetes or kueue:
+            setup_kubernetes(runner)
+        if kueue:
+            setup_kueue(runner)
+    except BaseException:
+        if images is not None:
+            images.cancel()  # nothing of it outlives setup
+        raise
+    if images is not None:
+        finish_images(images)
 
 
 def ensure_jpegcrop(runner) -> str:
@@ -205,35 +216,89 @@ def ensure_docker(runner, state_dir: Path | None = None) -> None:
 from .container import BASE_IMAGE  # noqa: E402 - the name lives below the image builders
 
 
-def ensure_base_image(runner, name: str = BASE_IMAGE) -> None:
-    """A Debian bookworm base image made here (debootstrap minbase + docker import), for builds with no registry."""
+def _base_image_present(runner, name: str) -> bool:
+    """Whether docker has the base image (said when it does); a read: the dry run says what `setup` would do here."""
     import docker as docker_sdk
 
-    try:  # a read: the dry run says what `setup` would do on this machine
+    try:
         docker_sdk.from_env(timeout=600).images.get(name)
         ui.say(f"base image {name}: present")
-        return
+        return True
     except docker_sdk.errors.ImageNotFound:
-        pass
+        return False
     except docker_sdk.errors.DockerException:
         if not runner.dry_run:
             raise
+        return False
+
+
+def ensure_base_image(runner, name: str = BASE_IMAGE) -> None:
+    """A Debian bookworm base image made here (debootstrap minbase + docker import), for builds with no registry."""
+    if _base_image_present(runner, name):
+        return
     if runner.dry_run:
         runner.run(["debootstrap", "--variant=minbase", "bookworm", "ROOTFS", "http://deb.debian.org/debian"])
         runner.run(["docker", "import", "-", name])
         return
     if shutil.which("debootstrap") is None:
         _apt(runner, ["debootstrap"])
+    make_base_image(name, lambda argv, timeout: runner.run(argv))
+    ui.say(f"base image {name}: imported")
+
+
+def make_base_image(name: str, run) -> None:
+    """debootstrap minbase into a root of its own (not the host's dpkg), then `docker import` of it. `run(argv,
+    timeout)` runs each command."""
     import tempfile
+
+    import docker as docker_sdk
 
     with tempfile.TemporaryDirectory(prefix="doeks-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        runner.run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), "http://deb.debian.org/debian"])
+        run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), "http://deb.debian.org/debian"], 1200)
         archive = Path(tmp) / "rootfs.tar"
-        runner.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."])
+        run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], 300)
         client = docker_sdk.from_env(timeout=600)
         client.api.import_image_from_file(str(archive), repository=name.split(":")[0], tag=name.split(":")[1])
-    ui.say(f"base image {name}: imported")
+
+
+IMAGES_LIMIT = 3600  # the longest setup waits at its end for the images made in the background (each command's own
+#                      limit comes first)
+
+
+def start_images(runner):
+    """What `setup --kubernetes` makes in docker while the Go builds run, in a background thread (doeks.background):
+    the debootstrap base (its own root, so the host's apt for the node's tools is not held up). debootstrap itself is
+    installed first, here, by the host's apt. None when there is nothing to make (each says it is present)."""
+    from .background import Background
+    from .cluster import versions
+
+    steps = []
+    if not _base_image_present(runner, BASE_IMAGE):
+        if shutil.which("debootstrap") is None:
+            _apt(runner, ["debootstrap"])
+
+        def base(bg) -> str:
+            make_base_image(BASE_IMAGE, bg.run)
+            return f"base image {BASE_IMAGE}: imported"
+        steps.append((f"base image {BASE_IMAGE}", "debootstrap, docker import", base))
+    if not steps:
+        return None
+    bg = Background("setup's images", versions.cache_dir() / "setup-images.log", stop_on_failure=True)
+    for name, _, step in steps:
+        bg.add(name, step)
+    bg.start()
+    ui.say(f"in the background, beside the Go builds: {'; then '.join(f'{n} ({how})' for n, how, _ in steps)} "
+           f"(log: {bg.log})")
+    return bg
+
+
+def finish_images(bg) -> None:
+    """setup's end: the images made in the background are there (waited for, with progress lines; a failure is one
+    line naming it and the log, and setup fails)."""
+    bg.wait(limit=IMAGES_LIMIT)
+    for name, _ in bg.steps:
+        ui.say(f"{bg.said.get(name, name)} ({bg.took.get(name, 0):.0f}s, in the background)")
 
 
 def checks() -> list[tuple[str, bool, str]]:

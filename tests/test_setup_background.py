@@ -87,3 +87,30 @@ def test_a_failed_prefetch_is_a_warning_naming_its_log_and_the_build_goes_on(cac
     fetch.ready("etcd")
     fetch.finish()
     assert "warning:" not in capsys.readouterr().err  # said once
+
+
+def test_the_base_image_made_in_the_background_fails_setup_in_one_line_naming_its_log(cache, tmp_path, monkeypatch,
+                                                                                        capsys):
+    """debootstrap failing (here a stand-in on PATH; nothing reaches docker): setup's end is one error line naming the
+    step, debootstrap's last words and the log, and the progress line said where the log is."""
+    from doeks import preflight
+    from doeks.runner import Runner
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "debootstrap").write_text("#!/bin/sh\necho 'I: Retrieving InRelease'\n"
+                                         "echo 'E: Failed getting release file http://deb.debian.org/debian/dists/"
+                                         "bookworm/Release' >&2\nexit 1\n")
+    (bin_dir / "debootstrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(preflight, "_base_image_present", lambda runner, name: False)
+    bg = preflight.start_images(Runner())
+    assert f"in the background, beside the Go builds: base image {preflight.BASE_IMAGE} (debootstrap, docker import)" \
+           in capsys.readouterr().err
+    with pytest.raises(DoeksError) as raised:
+        preflight.finish_images(bg)
+    said = str(raised.value)
+    assert len(said.splitlines()) == 1 and said.startswith(f"base image {preflight.BASE_IMAGE} (setup's images) failed: "
+                                                           "'debootstrap --variant=minbase bookworm' failed with exit code 1: "
+                                                           "E: Failed getting release file"), said
+    assert said.endswith(f"see {cache / 'setup-images.log'}")
