@@ -63,6 +63,8 @@ def setup(runner, docker: bool = False, kubernetes: bool = False, kueue: bool = 
             images = start_images(runner)  # beside the Go builds, which keep both cores busy for minutes
         else:
             ensure_base_image(runner)
+            if kubernetes:
+                _plan_stand_in(runner)
     try:
         if kubernetes or kueue:
             setup_kubernetes(runner)
@@ -267,9 +269,11 @@ IMAGES_LIMIT = 3600  # the longest setup waits at its end for the images made in
 
 
 def start_images(runner):
-    """What `setup --kubernetes` makes in docker while the Go builds run, in a background thread (doeks.background):
-    the debootstrap base (its own root, so the host's apt for the node's tools is not held up). debootstrap itself is
-    installed first, here, by the host's apt. None when there is nothing to make (each says it is present)."""
+    """What `setup --kubernetes` makes in docker while the Go builds run, in a background thread (doeks.background),
+    one after the other: the debootstrap base (its own root, so the host's apt for the node's tools is not held up),
+    then the nccl-tests stand-in image on it (apt inside its build's containers), which the first `efa.test` on doeks'
+    cluster built before (it finds it by its recipe label, and only imports it). debootstrap itself is installed
+    first, here, by the host's apt. None when there is nothing to make (each says it is present)."""
     from .background import Background
     from .cluster import versions
 
@@ -282,6 +286,17 @@ def start_images(runner):
             make_base_image(BASE_IMAGE, bg.run)
             return f"base image {BASE_IMAGE}: imported"
         steps.append((f"base image {BASE_IMAGE}", "debootstrap, docker import", base))
+    from .cluster import images  # the image `efa.test` names on doeks' cluster, which its first run built before
+    from .efa import NCCL_TESTS_IMAGE
+
+    if not images.recipe_built(NCCL_TESTS_IMAGE, images.NCCL_TESTS_RECIPE):
+        def stand_in(bg) -> str:
+            images.build_recipe_image(NCCL_TESTS_IMAGE, images.NCCL_TESTS_RECIPE, BASE_IMAGE, background=bg)
+            return f"image {NCCL_TESTS_IMAGE}: built from {images.NCCL_TESTS_RECIPE.name}/ on {BASE_IMAGE}"
+        steps.append(("the nccl-tests stand-in image", f"docker build {images.NCCL_TESTS_RECIPE.name}/: Open MPI, "
+                      "OpenSSH", stand_in))
+    else:
+        ui.say(f"image {NCCL_TESTS_IMAGE}: present (recipe {images.recipe_of(images.NCCL_TESTS_RECIPE)})")
     if not steps:
         return None
     bg = Background("setup's images", versions.cache_dir() / "setup-images.log", stop_on_failure=True)
@@ -291,6 +306,23 @@ def start_images(runner):
     ui.say(f"in the background, beside the Go builds: {'; then '.join(f'{n} ({how})' for n, how, _ in steps)} "
            f"(log: {bg.log})")
     return bg
+
+
+def _plan_stand_in(runner) -> None:
+    """The dry run: the nccl-tests stand-in image `setup --kubernetes` builds where docker lacks its recipe."""
+    import docker as docker_sdk
+
+    from .cluster import images
+    from .efa import NCCL_TESTS_IMAGE
+
+    try:
+        if images.recipe_built(NCCL_TESTS_IMAGE, images.NCCL_TESTS_RECIPE):
+            ui.say(f"image {NCCL_TESTS_IMAGE}: present (recipe {images.recipe_of(images.NCCL_TESTS_RECIPE)})")
+            return
+    except docker_sdk.errors.DockerException:
+        pass  # no daemon to ask: plan it
+    runner.step(f"docker build {NCCL_TESTS_IMAGE} from doeks/cluster/images/{images.NCCL_TESTS_RECIPE.name} on "
+                f"{BASE_IMAGE} (in the background, beside the Go builds)", lambda: None)
 
 
 def finish_images(bg) -> None:

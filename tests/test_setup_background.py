@@ -92,7 +92,7 @@ def test_a_failed_prefetch_is_a_warning_naming_its_log_and_the_build_goes_on(cac
 def test_the_base_image_made_in_the_background_fails_setup_in_one_line_naming_its_log(cache, tmp_path, monkeypatch,
                                                                                         capsys):
     """debootstrap failing (here a stand-in on PATH; nothing reaches docker): setup's end is one error line naming the
-    step, debootstrap's last words and the log, and the progress line said where the log is."""
+    step, debootstrap's last words and the log; the stand-in image after it in the chain is not attempted."""
     from doeks import preflight
     from doeks.runner import Runner
 
@@ -104,9 +104,12 @@ def test_the_base_image_made_in_the_background_fails_setup_in_one_line_naming_it
     (bin_dir / "debootstrap").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setattr(preflight, "_base_image_present", lambda runner, name: False)
+    from doeks.cluster import images
+
+    monkeypatch.setattr(images, "recipe_built", lambda ref, folder: False)
     bg = preflight.start_images(Runner())
-    assert f"in the background, beside the Go builds: base image {preflight.BASE_IMAGE} (debootstrap, docker import)" \
-           in capsys.readouterr().err
+    assert f"in the background, beside the Go builds: base image {preflight.BASE_IMAGE} (debootstrap, docker import); " \
+           "then the nccl-tests stand-in image (docker build nccl-tests/: Open MPI, OpenSSH)" in capsys.readouterr().err
     with pytest.raises(DoeksError) as raised:
         preflight.finish_images(bg)
     said = str(raised.value)
@@ -114,3 +117,4 @@ def test_the_base_image_made_in_the_background_fails_setup_in_one_line_naming_it
                                                            "'debootstrap --variant=minbase bookworm' failed with exit code 1: "
                                                            "E: Failed getting release file"), said
     assert said.endswith(f"see {cache / 'setup-images.log'}")
+    assert bg.failed["the nccl-tests stand-in image"] == f"not run: base image {preflight.BASE_IMAGE} failed"

@@ -131,23 +131,38 @@ def _stored_name(ref: str, where: "node.Node" = node.NODE0) -> str | None:
     return next((name for name in (ref, containerd_name(ref)) if name in out), None)
 
 
-def build_recipe_image(ref: str, folder: Path, base: str) -> bool:
-    """`docker build` of a recipe folder (a Dockerfile and what it copies) on `base`, once per recipe: a label holds
-    the hash of the folder's files, and a changed recipe is rebuilt and its old copy removed from the node.
-    Returns whether it was built now."""
+def recipe_of(folder: Path) -> str:
+    """The hash of a recipe folder's files (names and contents), as the image's doeks.recipe label holds it."""
     import hashlib
 
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
-    recipe = digest.hexdigest()[:12]
+    return digest.hexdigest()[:12]
+
+
+def recipe_built(ref: str, folder: Path) -> bool:
+    """Whether docker has `ref` built from the recipe as it is now."""
+    return docker_label(ref, "doeks.recipe") == recipe_of(folder)
+
+
+def build_recipe_image(ref: str, folder: Path, base: str, background=None) -> bool:
+    """`docker build` of a recipe folder (a Dockerfile and what it copies) on `base`, once per recipe: a label holds
+    the hash of the folder's files, and a changed recipe is rebuilt and its old copy removed from the node.
+    Returns whether it was built now. `background` (doeks.background.Background): the build runs as its command
+    (its whole output in its log, bounded), and nothing is said here."""
+    recipe = recipe_of(folder)
     if docker_label(ref, "doeks.recipe") == recipe:
         return False
-    ui.say(f"building image {ref} from {folder.name}/ on {base} (apt packages: a minute or two)")
-    result = subprocess.run(["docker", "build", "--network", "host", "-q", "--build-arg", f"BASE_IMAGE={base}",
-                             "--label", f"doeks.recipe={recipe}", "-t", ref, str(folder)], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise DoeksError(f"docker build {ref} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    argv = ["docker", "build", "--network", "host", "--build-arg", f"BASE_IMAGE={base}",
+            "--label", f"doeks.recipe={recipe}", "-t", ref, str(folder)]
+    if background is not None:
+        background.run(argv, timeout=1800)
+    else:
+        ui.say(f"building image {ref} from {folder.name}/ on {base} (apt packages: a minute or two)")
+        result = subprocess.run(argv[:2] + ["-q"] + argv[2:], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise DoeksError(f"docker build {ref} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
     for each in node.all_nodes():  # the nodes' copies are the old recipe: import the new one
         if node.started(each) and in_containerd(ref, each):
             node.ctr("images", "rm", containerd_name(ref), node=each)
