@@ -310,6 +310,12 @@ def test_the_network_guard_counted_nothing_after_the_job(env):
 
     assert guard.installed()
     assert guard.dropped() == 0, guard.listing()
+    # an address of the cluster's range that no node has is refused by the routing table, never routed to the default
+    # interface (where only the guard stops it); a node's own range still goes to the bridge
+    nowhere = subprocess.run(["ip", "route", "get", "10.244.77.1"], capture_output=True, text=True)
+    assert nowhere.returncode != 0 and "no route to host" in nowhere.stderr.lower(), (nowhere.stdout, nowhere.stderr)
+    pods = subprocess.run(["ip", "route", "get", "10.244.0.77"], capture_output=True, text=True)
+    assert pods.returncode == 0 and "dev doeks0" in pods.stdout, pods.stdout
 
 
 def test_cluster_dns_answers_cluster_names_and_forwards_nothing(env):

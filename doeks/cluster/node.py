@@ -514,6 +514,10 @@ def make_bridge() -> None:
     if versions.NODE_IP not in _ip("-4", "addr", "show", versions.BRIDGE).stdout:
         _ip("addr", "add", f"{versions.NODE_IP}/{prefix}", "dev", versions.BRIDGE)
     _ip("link", "set", versions.BRIDGE, "up")
+    # the cluster's whole range unreachable but for the nodes' own routes (more specific): an address of no node (a
+    # node removed, a pod range of a stopped one) is refused here, never routed to the default interface, where only
+    # the guard would stop it (`up` with fewer nodes: the API server's last packets to a removed node were counted)
+    _ip("route", "replace", "unreachable", versions.CLUSTER_CIDR)
 
 
 def _sysctl(key: str, value: str) -> None:
@@ -666,7 +670,8 @@ def started(node: Node) -> bool:
 
 def _plan(nodes: int) -> list[str]:
     steps = ["install the network guard (iptables mangle POSTROUTING chain DOEKS-GUARD on the default interface)",
-             f"make bridge {versions.BRIDGE} {versions.NODE_IP}/24, net.ipv4.ip_forward=1, bridge-nf-call-iptables=1",
+             f"make bridge {versions.BRIDGE} {versions.NODE_IP}/24 (the rest of {versions.CLUSTER_CIDR} unreachable), "
+             "net.ipv4.ip_forward=1, bridge-nf-call-iptables=1",
              "write certificates and kubeconfigs, containerd/kubelet/kube-proxy configuration, CNI bridge config"]
     steps += [f"start {component}: {' '.join(argv_preview(component))}" for component in COMPONENTS]
     for index in range(1, nodes):
@@ -905,8 +910,13 @@ def leftovers() -> dict[str, list[str]]:
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     veths = sorted({line.split(":")[1].strip().split("@")[0] for line in links.splitlines()
                     if line.split(":")[1].strip().startswith("doeks-node")})
-    routes = [line.split()[0] for line in _ip("-4", "route", "show", check=False).stdout.splitlines()
-              if line.startswith("10.244.")]
+    routes = []
+    for line in _ip("-4", "route", "show", check=False).stdout.splitlines():
+        words = line.split()
+        if words and words[0] in ("unreachable", "blackhole", "prohibit"):
+            words = words[1:] + [f"({words[0]})"]
+        if words and words[0].startswith("10.244."):
+            routes.append(" ".join(words[:1] + [w for w in words[1:] if w.startswith("(")]))
     return {"processes": processes, "mounts": _mounts(),
             "network namespaces": sorted(set(namespaces) | {n for n in ours if Path(n).exists()}),
             "iptables chains": chains, "bridge": ([versions.BRIDGE] if bridge_exists() else []) + veths,
@@ -956,6 +966,7 @@ def down(runner, keep_state: bool = False) -> bool:
         Path(path).unlink(missing_ok=True)
     if bridge_exists():
         _ip("link", "delete", versions.BRIDGE, check=False)
+    _ip("route", "del", "unreachable", versions.CLUSTER_CIDR, check=False)
     _flush_kube_chains()
     guard.remove()
     shutil.rmtree(RUN_DIR, ignore_errors=True)
