@@ -289,14 +289,12 @@ def start_images(runner):
     from .cluster import images  # the image `efa.test` names on doeks' cluster, which its first run built before
     from .efa import NCCL_TESTS_IMAGE
 
-    if not images.recipe_built(NCCL_TESTS_IMAGE, images.NCCL_TESTS_RECIPE):
+    if not _stand_in_present():
         def stand_in(bg) -> str:
             images.build_recipe_image(NCCL_TESTS_IMAGE, images.NCCL_TESTS_RECIPE, BASE_IMAGE, background=bg)
             return f"image {NCCL_TESTS_IMAGE}: built from {images.NCCL_TESTS_RECIPE.name}/ on {BASE_IMAGE}"
         steps.append(("the nccl-tests stand-in image", f"docker build {images.NCCL_TESTS_RECIPE.name}/: Open MPI, "
                       "OpenSSH", stand_in))
-    else:
-        ui.say(f"image {NCCL_TESTS_IMAGE}: present (recipe {images.recipe_of(images.NCCL_TESTS_RECIPE)})")
     if not steps:
         return None
     bg = Background("setup's images", versions.cache_dir() / "setup-images.log", stop_on_failure=True)
@@ -316,13 +314,23 @@ def _plan_stand_in(runner) -> None:
     from .efa import NCCL_TESTS_IMAGE
 
     try:
-        if images.recipe_built(NCCL_TESTS_IMAGE, images.NCCL_TESTS_RECIPE):
-            ui.say(f"image {NCCL_TESTS_IMAGE}: present (recipe {images.recipe_of(images.NCCL_TESTS_RECIPE)})")
+        if _stand_in_present():
             return
     except docker_sdk.errors.DockerException:
         pass  # no daemon to ask: plan it
     runner.step(f"docker build {NCCL_TESTS_IMAGE} from doeks/cluster/images/{images.NCCL_TESTS_RECIPE.name} on "
                 f"{BASE_IMAGE} (in the background, beside the Go builds)", lambda: None)
+
+
+def _stand_in_present() -> bool:
+    """Whether docker has the nccl-tests stand-in image of the recipe as it is now (said when it does)."""
+    from .cluster import images
+    from .efa import NCCL_TESTS_IMAGE
+
+    if not images.recipe_built(NCCL_TESTS_IMAGE, images.NCCL_TESTS_RECIPE):
+        return False
+    ui.say(f"image {NCCL_TESTS_IMAGE}: present (recipe {images.recipe_of(images.NCCL_TESTS_RECIPE)})")
+    return True
 
 
 def finish_images(bg) -> None:

@@ -516,7 +516,7 @@ def make_bridge() -> None:
     _ip("link", "set", versions.BRIDGE, "up")
     # the cluster's whole range unreachable but for the nodes' own routes (more specific): an address of no node (a
     # node removed, a pod range of a stopped one) is refused here, never routed to the default interface, where only
-    # the guard would stop it (`up` with fewer nodes: the API server's last packets to a removed node were counted)
+    # the guard would stop it (`up` with fewer nodes: the guard counted one packet, most likely to a removed node)
     _ip("route", "replace", "unreachable", versions.CLUSTER_CIDR)
 
 
@@ -632,10 +632,9 @@ def remove_node_network(node: Node) -> None:
     _ip("link", "delete", node.veth, check=False)
     if netns_exists(node):
         _ip("netns", "delete", node.netns, check=False)
-    if not guard.node_namespaces():
-        prefix = versions.NODE_NET.split("/")[1]
-        if f"{versions.NODE_NET_GATEWAY}/" in _ip("-4", "addr", "show", versions.BRIDGE, check=False).stdout:
-            _ip("addr", "del", f"{versions.NODE_NET_GATEWAY}/{prefix}", "dev", versions.BRIDGE, check=False)
+    if not guard.node_namespaces():  # gone already is fine
+        _ip("addr", "del", f"{versions.NODE_NET_GATEWAY}/{versions.NODE_NET.split('/')[1]}", "dev", versions.BRIDGE,
+            check=False)
 
 
 # -- up / down -------------------------------------------------------------------------------------------------------
@@ -910,13 +909,12 @@ def leftovers() -> dict[str, list[str]]:
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     veths = sorted({line.split(":")[1].strip().split("@")[0] for line in links.splitlines()
                     if line.split(":")[1].strip().startswith("doeks-node")})
-    routes = []
-    for line in _ip("-4", "route", "show", check=False).stdout.splitlines():
-        words = line.split()
-        if words and words[0] in ("unreachable", "blackhole", "prohibit"):
-            words = words[1:] + [f"({words[0]})"]
-        if words and words[0].startswith("10.244."):
-            routes.append(" ".join(words[:1] + [w for w in words[1:] if w.startswith("(")]))
+    routes = []  # "10.244.1.0/24", or "10.244.0.0/16 (unreachable)" for a route of that type
+    for words in (line.split() for line in _ip("-4", "route", "show", check=False).stdout.splitlines()):
+        typed = bool(words) and words[0] in ("unreachable", "blackhole", "prohibit")
+        destination = words[1] if typed else (words[0] if words else "")
+        if destination.startswith("10.244."):
+            routes.append(f"{destination} ({words[0]})" if typed else destination)
     return {"processes": processes, "mounts": _mounts(),
             "network namespaces": sorted(set(namespaces) | {n for n in ours if Path(n).exists()}),
             "iptables chains": chains, "bridge": ([versions.BRIDGE] if bridge_exists() else []) + veths,
