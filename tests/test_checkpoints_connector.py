@@ -145,3 +145,28 @@ def test_the_s3_client_of_a_background_write_makes_its_threads_at_the_lower_prio
     built.clear()
     store.load(_fresh(_state()), "step-1")
     assert built and set(built) == {(True, base)}, built
+
+
+def test_the_connector_clients_are_made_once_per_process_not_per_checkpoint(endpoint, monkeypatch):
+    """Three saves and two restores make one native client for the writes and one for the reads (and the first save's
+    probe its own): a client per checkpoint opened new connections to S3 and made new threads every time."""
+    from s3torchconnector._s3client import _s3client
+
+    built: list[int] = []
+    builder = _s3client.S3Client._client_builder
+
+    def counting(self):
+        built.append(threading.get_native_id())
+        return builder(self)
+
+    monkeypatch.setattr(_s3client.S3Client, "_client_builder", counting)
+    store = checkpoints.Store("s3://bench/reuse")
+    state = _state()
+    for step in (1, 2, 3):
+        store.save(state, step)
+    store.wait()
+    for name in ("step-2", "step-3"):
+        loaded = _fresh(state)
+        store.load(loaded, name)
+        assert all(torch.equal(loaded["model"][n], t) for n, t in state["model"].items())
+    assert len(built) == 3, built  # the probe's, the writes', the reads'

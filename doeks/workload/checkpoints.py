@@ -136,6 +136,7 @@ class _S3:
                                     skip_instance_cache=True, use_listings_cache=False)
         self.client = None  # "s3torchconnector" or "s3fs", chosen at the first write (probe)
         self.why = ""
+        self._connectors: dict = {}  # "write"/"read" -> the connector's S3Client, kept for every save/restore after
 
     def join(self, *parts: str) -> str:
         return "/".join([self.uri, *parts])
@@ -176,13 +177,22 @@ class _S3:
             pass
 
     # s3torchconnector where it works here, else DCP's fsspec writer and reader with s3fs
-    def _connector_fs(self, reader_constructor=None):
+    def _connector_fs(self, reader_constructor=None, use: str | None = None):
+        """The connector's file system on a client of its own (`use` None: the probe's), or on the one client kept for
+        every save ("write") or every restore ("read") of this process: its connections and threads are made once, not
+        per checkpoint (new connections to S3 each time). The write's client is first used by a save's background
+        thread, so its threads are made there, at that thread's lower priority (_at_lower_priority); a restore's, at
+        the caller's."""
         from s3torchconnector._s3client import S3Client, S3ClientConfig
         from s3torchconnector.dcp.s3_file_system import S3FileSystem
 
-        config = S3ClientConfig(force_path_style=bool(self.endpoint), max_attempts=3)
-        return S3FileSystem(self.region, s3_client=S3Client(self.region, endpoint=self.endpoint, s3client_config=config),
-                            reader_constructor=reader_constructor)
+        client = self._connectors.get(use)
+        if client is None:
+            config = S3ClientConfig(force_path_style=bool(self.endpoint), max_attempts=3)
+            client = S3Client(self.region, endpoint=self.endpoint, s3client_config=config)
+            if use:
+                self._connectors[use] = client
+        return S3FileSystem(self.region, s3_client=client, reader_constructor=reader_constructor)
 
     def choose(self) -> str:
         if self.client is None:
@@ -210,7 +220,7 @@ class _S3:
             from s3torchconnector.dcp import S3StorageWriter
 
             writer = S3StorageWriter(self.region, self.join(name), thread_count=4)
-            writer.fs = self._connector_fs()
+            writer.fs = self._connector_fs(use="write")
             return writer
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
@@ -232,7 +242,7 @@ class _S3:
             # the reader's own constructor (DCP-optimized: the byte ranges of the plan's items, coalesced, kept as the
             # client's chunks); a file system without it reads each file through the generic sequential reader, which
             # copies the whole object into a growing BytesIO before torch.load copies it again
-            reader.fs = self._connector_fs(reader._reader_constructor)
+            reader.fs = self._connector_fs(reader._reader_constructor, use="read")
             return _read_files_in_parallel(reader)
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
