@@ -318,6 +318,27 @@ def test_the_network_guard_counted_nothing_after_the_job(env):
     assert pods.returncode == 0 and "dev doeks0" in pods.stdout, pods.stdout
 
 
+def test_the_bridge_keeps_its_own_mac_while_ports_come_and_go(env):
+    """The pods' and nodes' gateway (doeks0) has a MAC of its own: a port with a lower MAC joining and leaving (as a
+    pod's veth does) leaves it as every neighbour resolved it. A bridge without one takes its lowest port's MAC, and a
+    node's kubelet lost the API server for 60 s after `up` when that port went (the ARP entry pointed at nothing)."""
+    from doeks.cluster import versions
+
+    def mac() -> str:
+        return open(f"/sys/class/net/{versions.BRIDGE}/address").read().strip()
+
+    before = mac()
+    assert before == versions.bridge_mac(0)
+    try:
+        subprocess.run(["ip", "link", "add", "dkmac0", "address", "00:00:00:00:00:01", "type", "veth", "peer", "name",
+                        "dkmac1"], check=True)
+        subprocess.run(["ip", "link", "set", "dkmac0", "master", versions.BRIDGE, "up"], check=True)
+        joined = mac()
+    finally:
+        subprocess.run(["ip", "link", "delete", "dkmac0"], capture_output=True)
+    assert (joined, mac()) == (before, before)
+
+
 def test_cluster_dns_answers_cluster_names_and_forwards_nothing(env):
     """From a pod: the API server's Service name resolves through CoreDNS; a name outside the cluster does not (no
     upstream forwarding), and nothing left by the default interface (the guard still counts zero)."""

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 
 import pytest
@@ -108,6 +109,9 @@ def test_up_with_three_nodes_guards_each_before_it_runs(env):
     assert ["-s", versions.CLUSTER_CIDR] == guard.rules(guard.default_interface())[0][:2]
     for index in (1, 2):
         assert guard.node_installed(node.Node(index).netns)
+        # its pods' bridge has a MAC of its own, as doeks0 has (a port's going would not change the gateway's)
+        cni0 = subprocess.run(["ip", "-n", node.Node(index).netns, "link", "show", "cni0"], capture_output=True, text=True)
+        assert f"link/ether {versions.bridge_mac(index)} " in cni0.stdout, cni0.stdout + cni0.stderr
     listed = invoke("cluster.nodes", env=env, timeout=120)
     assert listed.returncode == 0 and said(listed).count("Ready") >= 3, said(listed)
     # bad input: one line each, nothing stopped

@@ -507,9 +507,12 @@ def bridge_exists() -> bool:
 
 
 def make_bridge() -> None:
-    """doeks0 with the node's address before anything listens on it (the CNI bridge plugin then reuses it)."""
+    """doeks0 with the node's address before anything listens on it (the CNI bridge plugin then reuses it), and its
+    own MAC (versions.bridge_mac: never that of a port, so a pod's veth coming or going leaves the gateway's MAC as
+    every neighbour resolved it)."""
     if not bridge_exists():
-        _ip("link", "add", versions.BRIDGE, "type", "bridge")
+        _ip("link", "add", versions.BRIDGE, "address", versions.bridge_mac(0), "type", "bridge")
+    _own_mac(versions.BRIDGE, versions.bridge_mac(0))
     prefix = versions.POD_CIDR.split("/")[1]
     if versions.NODE_IP not in _ip("-4", "addr", "show", versions.BRIDGE).stdout:
         _ip("addr", "add", f"{versions.NODE_IP}/{prefix}", "dev", versions.BRIDGE)
@@ -518,6 +521,13 @@ def make_bridge() -> None:
     # node removed, a pod range of a stopped one) is refused here, never routed to the default interface, where only
     # the guard would stop it (`up` with fewer nodes: the guard counted one packet, most likely to a removed node)
     _ip("route", "replace", "unreachable", versions.CLUSTER_CIDR)
+
+
+def _own_mac(bridge: str, mac: str, netns: str | None = None) -> None:
+    """`bridge` with `mac` set as its own (a bridge made before doeks set one follows its ports' MACs: set it)."""
+    where = ["-n", netns] if netns else []
+    if f"link/ether {mac} " not in _ip(*where, "link", "show", bridge).stdout:
+        _ip(*where, "link", "set", bridge, "address", mac)
 
 
 def _sysctl(key: str, value: str) -> None:
@@ -614,6 +624,11 @@ def make_node_network(node: Node) -> None:
     _ip("-n", node.netns, "link", "set", guard.NODE_INTERFACE, "up")
     _ip("-n", node.netns, "route", "replace", "default", "via", versions.NODE_NET_GATEWAY)
     _ip("route", "replace", node.pod_cidr, "via", node.ip, "dev", versions.BRIDGE)
+    # the node's pods' bridge, made here with its own MAC before the CNI bridge plugin (which reuses it) would make
+    # one that follows its ports' MACs (see versions.bridge_mac)
+    if _ip("-n", node.netns, "link", "show", "cni0", check=False).returncode != 0:
+        _ip("-n", node.netns, "link", "add", "cni0", "address", versions.bridge_mac(node.index), "type", "bridge")
+    _own_mac("cni0", versions.bridge_mac(node.index), node.netns)
     sysctl = shutil.which("sysctl") or shutil.which("sysctl", path="/usr/sbin:/sbin") or "sysctl"
     for key in ("net.ipv4.ip_forward=1", "net.bridge.bridge-nf-call-iptables=1"):
         _in(node, sysctl, "-q", "-w", key)
@@ -669,7 +684,7 @@ def started(node: Node) -> bool:
 
 def _plan(nodes: int) -> list[str]:
     steps = ["install the network guard (iptables mangle POSTROUTING chain DOEKS-GUARD on the default interface)",
-             f"make bridge {versions.BRIDGE} {versions.NODE_IP}/24 (the rest of {versions.CLUSTER_CIDR} unreachable), "
+             f"make bridge {versions.BRIDGE} {versions.NODE_IP}/24 (MAC {versions.bridge_mac(0)}; the rest of {versions.CLUSTER_CIDR} unreachable), "
              "net.ipv4.ip_forward=1, bridge-nf-call-iptables=1",
              "write certificates and kubeconfigs, containerd/kubelet/kube-proxy configuration, CNI bridge config"]
     steps += [f"start {component}: {' '.join(argv_preview(component))}" for component in COMPONENTS]
@@ -681,7 +696,8 @@ def _plan(nodes: int) -> list[str]:
 def _node_plan(node: Node) -> list[str]:
     steps = [f"node {node.name}: network namespace {node.netns} with its guard (chain {guard.CHAIN}: only "
              f"{versions.CLUSTER_CIDR} leaves by its eth0), veth {node.veth} on {versions.BRIDGE} at {node.ip}, "
-             f"route {node.pod_cidr} via {node.ip}; certificates for system:node:{node.name}"]
+             f"route {node.pod_cidr} via {node.ip}, its pods' bridge cni0 (MAC {versions.bridge_mac(node.index)}); "
+             f"certificates for system:node:{node.name}"]
     return steps + [f"node {node.name}: start {component}: {' '.join(argv_preview(component, node))}"
                     for component in NODE_COMPONENTS]
 

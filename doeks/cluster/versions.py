@@ -29,6 +29,17 @@ TORCH_RUNTIME_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
 
 # Addresses: all private, all on this machine (the bridge doeks makes), guarded from leaving by the default route.
 BRIDGE = "doeks0"
+
+
+def bridge_mac(index: int = 0) -> str:
+    """A bridge's own, fixed MAC address (locally administered: 02:..., "doek" then the node's index): doeks0's for
+    node 0, an extra node's cni0 inside its namespace for the others. A Linux bridge left without one takes the lowest
+    MAC of its ports and changes it as ports come and go (a pod's veth added or deleted): every neighbour that had
+    resolved the gateway to the old one then sends into nothing until its ARP entry expires (up to a minute: a node's
+    kubelet lost the API server 60 s right after `up`, its node NotReady, the job's pods placed on the others)."""
+    return f"02:64:6f:65:6b:{index:02x}"
+
+
 POD_CIDR = "10.244.0.0/24"
 NODE_IP = "10.244.0.1"            # the bridge's own address: API server, kubelet and pods' gateway
 SERVICE_CIDR = "10.96.0.0/16"
