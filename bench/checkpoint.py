@@ -11,15 +11,21 @@ asynchronous save, its write at a lower CPU priority than training) of two state
   node, whose page cache does not hold the checkpoint, and FSx/EFS are network storage. The restore from the page
   cache (right after) is printed beside it, not used for the ratio,
 in the same run, alternating, several rounds, medians:
-- ResNet-50 training (model + SGD momentum, ~205 MB of state) on this machine's CPU, a checkpoint every --every
-  optimizer steps (CHECKPOINT_EVERY's default, 10), the save asynchronous: the stall per checkpoint = the time
-  `save()` blocks the step (the copy to CPU memory) + what the steps during the background write lose to it (their
-  median time over the median time of steps without a write in flight, times their number; a step counts as during
-  the write when the write was in flight at its start or at its end) + any wait for the write at the next checkpoint;
-  over the --every steps' time that is `checkpoint stall: N% of a step` (the share of every step lost, on average, to
-  checkpointing). Medians of per-step times, so a shared machine's load spikes count little. The step uses all the
+- ResNet-50 training (model + SGD momentum, ~205 MB of state) on this machine's CPU, per round and store --due (3)
+  checkpoints due, one after every --every optimizer steps (CHECKPOINT_EVERY's default, 10), taken as the job takes
+  them: the save asynchronous, and one due while the last is still being written passed over (--when-busy skip, the
+  job's way: Store.pass_if_busy, every rank agreeing; `wait` waits for it instead, as the job did before). The stall
+  over a round = the time the caller is blocked (asking, building the state dict, `save()`: the copy to CPU memory,
+  and with `wait` the rest of the last write) + what the steps during a write lose to it (their median time over the
+  median time of steps without a write in flight, times their number; a step counts as during a write when one was
+  in flight at its start or its end), over the round's steps: `checkpoint stall: N% of a step` (the share of every
+  step lost, on average, to checkpointing), with how many of the due checkpoints were written. The wait for the last
+  write after the round's last step is printed, not counted (a run's end; the job's final save blocks anyway).
+  Medians of per-step times, so a shared machine's load spikes count little. The step uses all the
   cores by default (torch's threads): the worst case, where the write's CPU comes out of the step's own; a GPU node's
   step leaves its CPU cores mostly to the data loader and the write (--threads 1 on 2 cores is nearer that).
+  --device cuda runs the step on a GPU (batch 64 at 224 px, ImageNet's crop; the step waits for its kernels): save()
+  copies the state into pinned CPU memory, and the write's CPU is not the step's, as on a GPU node.
 - A ~1 GB state (--big-gb: a stack of Linear layers, parameters + momentum): save and restore throughput.
 Save MB/s: a blocking save (the write the background thread does); restore MB/s: a load into a fresh state.
 The load average is printed with every round: on a shared machine compare ratios within one run, not across runs.
@@ -29,8 +35,9 @@ Prints per model and store, then the ratios:
   save MB/s / restore MB/s
   restore S3 vs folder: N.NNx             (restore throughput S3 / folder, evicted; target >= 0.8x at 20 ms)
 
-Run: python bench/checkpoint.py [--rounds 3] [--latency-ms 20] [--every 10] [--big-gb 1.0] [--batch 8] [--crop 96]
-                                [--threads 0] [--endpoint-nice 19]
+Run: python bench/checkpoint.py [--rounds 3] [--latency-ms 20] [--every 10] [--due 3] [--when-busy skip|wait]
+                                [--big-gb 1.0] [--device cpu|cuda]
+                                [--batch 8] [--crop 96] [--threads 0] [--endpoint-nice 19]
 """
 from __future__ import annotations
 
@@ -71,32 +78,35 @@ def state_bytes(state) -> int:
     return total
 
 
-def resnet50(batch: int, crop: int):
+def resnet50(batch: int, crop: int, device: str = "cpu"):
     import torch
     import torchvision
 
-    model = torchvision.models.resnet50(num_classes=1000)
+    model = torchvision.models.resnet50(num_classes=1000).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
-    images, labels = torch.randn(batch, 3, crop, crop), torch.randint(0, 1000, (batch,))
+    images = torch.randn(batch, 3, crop, crop, device=device)
+    labels = torch.randint(0, 1000, (batch,), device=device)
     loss_fn = torch.nn.CrossEntropyLoss()
+    synchronize = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
-    def step():
+    def step():  # on a GPU, to the end of its kernels (a training loop's loss.item() waits the same way)
         optimizer.zero_grad(set_to_none=True)
         loss_fn(model(images), labels).backward()
         optimizer.step()
+        synchronize()
 
     step()  # momentum buffers exist
     return model, optimizer, step
 
 
-def big(gigabytes: float):
+def big(gigabytes: float, device: str = "cpu"):
     """Linear layers of 4096 x 4096 (64 MiB each) to half the size, SGD momentum the other half."""
     import torch
 
     layers = max(1, round(gigabytes * 1024 / 2 / 64))
-    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(layers)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(layers)]).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
-    model(torch.randn(2, 4096)).sum().backward()
+    model(torch.randn(2, 4096, device=device)).sum().backward()
     optimizer.step()
     return model, optimizer
 
@@ -152,25 +162,35 @@ def measure_io(store, state, step: int) -> tuple[float, float, float | None]:
     return saved, restored, cached
 
 
-def interval(step, every: int, store=None, state_fn=None, at: int = 0) -> tuple[float, list[float], list[float]]:
-    """One checkpoint interval of `every` steps; with a store, an asynchronous save right after the first step.
-    Returns (seconds save() blocked, times of steps while the write was in flight, times of the other steps); the
-    write is waited for at the end (as the next checkpoint would), and that wait counts as blocked."""
-    blocked, during, other = 0.0, [], []
-    for i in range(every):
+def interval(step, every: int, store=None, state_fn=None, at: int = 0, due: int = 1,
+             when_busy: str = "skip") -> dict:
+    """`every * due` steps; with a store, a checkpoint due after every `every`-th step, as the job takes them
+    (doeks/workload/train.py): `when_busy="skip"` passes over one due while the last is still being written (every rank
+    agreeing: Store.pass_if_busy), "wait" waits for it in save(). Returns the seconds the caller was blocked (asking,
+    building the state dict, save(): the copy to CPU memory, and in "wait" the rest of the last write), the times of
+    the steps while a write was in flight (at its start or its end) and of the others, the checkpoints due and
+    written, and the wait for the last write after the last step (the end of a run: not counted as stall)."""
+    out = {"blocked": 0.0, "during": [], "other": [], "due": 0, "written": 0, "end": 0.0}
+    for i in range(every * due):
         busy = store is not None and store.in_flight is not None
         start = time.perf_counter()
         step()
         took = time.perf_counter() - start
-        # a step during which the write was in flight at its start or at its end ran beside it
-        (during if store is not None and (busy or store.in_flight is not None) else other).append(took)
-        if store is not None and i == 0:
-            blocked += store.save(state_fn(), at, {"bench": True})
+        (out["during"] if store is not None and (busy or store.in_flight is not None) else out["other"]).append(took)
+        if store is not None and (i + 1) % every == 0:
+            out["due"] += 1
+            start = time.perf_counter()
+            if not (when_busy == "skip" and store.pass_if_busy()):
+                at += 1
+                store.save(state_fn(), at, {"bench": True})
+                out["written"] += 1
+            out["blocked"] += time.perf_counter() - start
     if store is not None:
         start = time.perf_counter()
         store.wait()
-        blocked += time.perf_counter() - start
-    return blocked, during, other
+        out["end"] = time.perf_counter() - start
+    out["at"] = at
+    return out
 
 
 def main(argv=None) -> int:
@@ -178,13 +198,21 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--every", type=int, default=10, help="steps between checkpoints (CHECKPOINT_EVERY)")
+    parser.add_argument("--due", type=int, default=3, help="checkpoints due per round and store")
+    parser.add_argument("--when-busy", choices=("skip", "wait"), default="skip",
+                        help="a checkpoint due while the last is being written: skip it (the job's way) or wait")
     parser.add_argument("--big-gb", type=float, default=1.0, help="size of the big state (0 = leave it out)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--crop", type=int, default=96)
+    parser.add_argument("--device", default="cpu",
+                        help="where the model trains: cpu, or cuda (a GPU node: the state copied to pinned CPU memory)")
+    parser.add_argument("--batch", type=int, default=None, help="default: 8 on cpu, 64 on cuda")
+    parser.add_argument("--crop", type=int, default=None, help="default: 96 on cpu, 224 (ImageNet's) on cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for the step (0: torch's default, all cores)")
     parser.add_argument("--endpoint-nice", type=int, default=19,
                         help="the S3 stand-in's nice (19: its CPU is S3's, not the node's; 0: as the training)")
     args = parser.parse_args(argv)
+    gpu = args.device.startswith("cuda")
+    args.batch = args.batch or (64 if gpu else 8)
+    args.crop = args.crop or (224 if gpu else 96)
 
     import torch
 
@@ -207,43 +235,45 @@ def main(argv=None) -> int:
               f"cache (a resume's new node), then from the page cache", flush=True)
 
         # ResNet-50: stall over a window of --every steps, and I/O
-        model, optimizer, step = resnet50(args.batch, args.crop)
+        model, optimizer, step = resnet50(args.batch, args.crop, args.device)
         state_fn = lambda: app_state(model, optimizer)  # noqa: E731
         size = state_bytes(state_fn())
-        print(f"resnet50: {size / 1e6:.0f} MB of state, batch {args.batch} at {args.crop}px", flush=True)
+        print(f"resnet50: {size / 1e6:.0f} MB of state, batch {args.batch} at {args.crop}px on {args.device}"
+              + (f" ({torch.cuda.get_device_name()})" if gpu else ""), flush=True)
         per = {name: make("resnet50") for name, make in stores.items()}
         counter = 0
         quiet: list[float] = []  # step times with no write in flight
-        blocked, during = {k: [] for k in per}, {k: [] for k in per}
+        runs = {k: [] for k in per}
         io = {k: [] for k in per}
         for round_ in range(args.rounds):
-            quiet += interval(step, args.every)[2]
+            quiet += interval(step, args.every)["other"]
             for name, store in per.items():
-                counter += 1
-                stop, busy, other = interval(step, args.every, store, state_fn, counter)
-                blocked[name].append(stop)
-                during[name].append(busy)
-                quiet += other
-                counter += 1
+                run = interval(step, args.every, store, state_fn, counter, args.due, args.when_busy)
+                counter = run["at"] + 1
+                runs[name].append(run)
+                quiet += run["other"]
                 io[name].append(measure_io(store, state_fn(), counter))
-            print(f"  round {round_ + 1}: step {statistics.median(quiet):.2f}s; " + ", ".join(
-                f"{n}: save() blocked {blocked[n][-1]:.2f}s, {len(during[n][-1])} steps during the write "
-                f"(median {statistics.median(during[n][-1]) if during[n][-1] else 0:.2f}s), save {io[n][-1][0]:.2f}s, "
-                f"restore {io[n][-1][1]:.2f}s" + (f" (page cache {io[n][-1][2]:.2f}s)" if io[n][-1][2] else "")
+            print(f"  round {round_ + 1}: step {statistics.median(quiet):.3f}s; " + ", ".join(
+                f"{n}: {runs[n][-1]['written']} of {runs[n][-1]['due']} due checkpoints written, blocked "
+                f"{runs[n][-1]['blocked']:.2f}s, {len(runs[n][-1]['during'])} steps during a write (median "
+                f"{statistics.median(runs[n][-1]['during']) if runs[n][-1]['during'] else 0:.3f}s), the last write's "
+                f"end {runs[n][-1]['end']:.2f}s; save {io[n][-1][0]:.2f}s, restore {io[n][-1][1]:.2f}s"
+                + (f" (page cache {io[n][-1][2]:.2f}s)" if io[n][-1][2] else "")
                 for n in per) + f"; load {load()}", flush=True)
         step_s = statistics.median(quiet)
         results["resnet50"] = {"size": size, "step": step_s, "client": per["s3"].at.client}
         for name in per:
-            lost = []
-            for stop, busy in zip(blocked[name], during[name]):
-                slower = (statistics.median(busy) - step_s) * len(busy) if busy else 0.0
-                lost.append(stop + max(0.0, slower))
-            results["resnet50"][name] = {"stall": statistics.median(lost) / args.every / step_s,
+            lost, written, due = [], 0, 0
+            for run in runs[name]:  # per round: what the checkpoints cost over that round's steps
+                slower = (statistics.median(run["during"]) - step_s) * len(run["during"]) if run["during"] else 0.0
+                lost.append((run["blocked"] + max(0.0, slower)) / (args.every * args.due) / step_s)
+                written, due = written + run["written"], due + run["due"]
+            results["resnet50"][name] = {"stall": statistics.median(lost), "written": written, "due": due,
                                          **throughput(size, io[name], name)}
         del model, optimizer, step, per
 
         if args.big_gb > 0:
-            model, optimizer = big(args.big_gb)
+            model, optimizer = big(args.big_gb, args.device)
             state = app_state(model, optimizer)
             size = state_bytes(state)
             print(f"big: {size / 1e9:.2f} GB of state", flush=True)
@@ -273,13 +303,15 @@ def main(argv=None) -> int:
             if result[name].get("cached"):
                 line += f" ({result[name]['cached']:.0f} from the page cache)"
             if "stall" in result[name]:
-                line += f", checkpoint stall: {100 * result[name]['stall']:.1f}% of a step"
+                line += (f", checkpoint stall: {100 * result[name]['stall']:.1f}% of a step, {result[name]['written']} of "
+                         f"{result[name]['due']} due checkpoints written")
             print(line)
         print(f"{model_name}: restore S3 vs folder: {result['s3']['restore'] / result['folder']['restore']:.2f}x, "
               f"save S3 vs folder: {result['s3']['save'] / result['folder']['save']:.2f}x (S3 through {result['client']})")
     r = results["resnet50"]
-    print(f"checkpoint stall: {100 * r['s3']['stall']:.1f}% of a step (ResNet-50, S3, a checkpoint every {args.every} "
-          f"steps of {r['step']:.2f}s; folder {100 * r['folder']['stall']:.1f}%)")
+    print(f"checkpoint stall: {100 * r['s3']['stall']:.1f}% of a step (ResNet-50, S3, a checkpoint due every {args.every} "
+          f"steps of {r['step']:.3f}s, {r['s3']['written']} of {r['s3']['due']} written, when busy: {args.when_busy}; "
+          f"folder {100 * r['folder']['stall']:.1f}%, {r['folder']['written']} of {r['folder']['due']} written)")
     print(f"save MB/s: {r['s3']['save']:.0f} (S3), {r['folder']['save']:.0f} (folder)")
     print(f"restore MB/s: {r['s3']['restore']:.0f} (S3), {r['folder']['restore']:.0f} (folder, evicted from the page "
           f"cache; {r['folder']['cached']:.0f} from it)")

@@ -163,7 +163,7 @@ def imagenet_args(settings, mount: str | None = None) -> list[str]:
             "--batch-size", str(settings.batch_size), "--lr", str(settings.learning_rate),
             "--crop-size", str(crop),
             "--workers", str(settings.data_workers), "--checkpoint-every", str(settings.checkpoint_every),
-            "--checkpoint-dir", checkpoint_uri(settings, mount),
+            "--checkpoint-when-busy", settings.checkpoint_when_busy, "--checkpoint-dir", checkpoint_uri(settings, mount),
             "--metrics-dir", job_folder(settings, "metrics", mount)]
 
 

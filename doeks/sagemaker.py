@@ -207,6 +207,7 @@ def training_request(settings, role_arn: str, name: str, max_steps: int = 0, cod
         hyper.update({
              "arch": settings.arch, "epochs": str(settings.epochs), "batch-size": str(settings.batch_size),
              "lr": str(settings.learning_rate), "checkpoint-every": str(settings.checkpoint_every),
+             "checkpoint-when-busy": settings.checkpoint_when_busy,
              "checkpoint-dir": "/opt/ml/checkpoints", "workers": str(settings.data_workers),
              "crop-size": str(settings.crop)})  # train.py's defaults are the ImageNet recipe
         hyper.update(hyperparameters_from_args(list(code.args), "TRAIN_ARGS"))

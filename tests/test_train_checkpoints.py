@@ -153,6 +153,64 @@ def test_checkpoint_write_runs_beside_training(tmp_path):
     assert saved["model"]["w"].abs().sum() > 0
 
 
+def test_a_periodic_checkpoint_due_while_the_last_is_being_written_is_passed_over(tmp_path):
+    """when_busy="skip": nothing saved, None at once (no wait for the write in flight), counted; "wait" (the default)
+    waits and saves. Training does not stall on a checkpoint the storage has not taken yet."""
+    import torch
+
+    store = checkpoints.Store(tmp_path, keep=5)
+    state = {"model": {"w": torch.randn(8_000_000)}}
+    store.save(state, 1)
+    if store.in_flight is None:
+        pytest.skip("the write ended before the next save was asked (a very fast disk)")
+    started = time.perf_counter()
+    assert store.save(state, 2, when_busy="skip") is None and time.perf_counter() - started < 0.05
+    assert store.skipped == 1 and store.in_flight == "step-1"
+    assert store.save(state, 3) is not None  # waits for step-1, then saves
+    store.wait()
+    assert store.complete() == ["step-1", "step-3"] and store.latest() == "step-3"
+
+
+def test_the_job_with_when_busy_skip_trains_to_the_end_and_counts_what_it_skipped(job):
+    code, out = job("--max-steps", "3", "--checkpoint-when-busy", "skip")
+    assert code == 0 and "checkpoints_skipped=" in out
+    assert _state(job)["step"] == 3  # the final checkpoint is never skipped
+
+
+_AGREE = """
+import os, sys, threading
+import torch.distributed as dist
+from doeks.workload import checkpoints
+dist.init_process_group("gloo")
+store = checkpoints.Store(sys.argv[1])
+rank = dist.get_rank()
+if rank == 0:  # a write in flight on rank 0 only (as when rank 1's part ended first)
+    store._done, store._pending_step = threading.Event(), "step-5"
+first = store.pass_if_busy()
+if rank == 0:
+    store._done.set()
+second = store.pass_if_busy()
+print(f"rank {rank}: {first} {second} skipped={store.skipped}")
+dist.destroy_process_group()
+"""
+
+
+def test_every_rank_passes_over_a_busy_checkpoint_together(tmp_path):
+    """A save is collective: when one rank's write is still in flight, every rank passes the checkpoint over (one
+    all-reduce), or a rank would enter DCP's collectives alone and hang."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    ranks = [subprocess.Popen([sys.executable, "-c", _AGREE, str(tmp_path)], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [r.communicate(timeout=120) for r in ranks]
+    assert all(r.returncode == 0 for r in ranks), outs
+    assert [o[0].strip() for o in outs] == ["rank 0: True False skipped=1", "rank 1: True False skipped=1"], outs
+
+
 @pytest.mark.slow  # torchrun with 2 processes: ~15 s on a quiet 2-core machine, more when it is shared
 def test_checkpoint_of_another_world_size_resumes_the_rest_of_the_epoch(job, dataset, tmp_path):
     """Written by 1 process after 1 step (4 samples); resumed by torchrun with 2 gloo processes: the remaining

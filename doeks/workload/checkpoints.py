@@ -307,6 +307,7 @@ class Store:
         self.at = location(self.uri)
         self.log = log
         self.stalls: list[float] = []
+        self.skipped = 0  # saves passed over (when_busy="skip") while one was in flight
         self.saved: list[str] = []
         self._done: threading.Event | None = None
         self._pending_step: int | None = None
@@ -403,15 +404,24 @@ class Store:
         return removed
 
     # writing
-    def save(self, state: dict, step: int, meta: dict | None = None, background: bool = True) -> float:
+    def save(self, state: dict, step: int, meta: dict | None = None, background: bool = True,
+             when_busy: str = "wait") -> float | None:
         """Start saving `state` as step-<step>/ (every rank calls it, with the same step). Returns the stall: the
-        seconds the caller waited (the previous save, the copy to CPU memory). `latest` moves when it is complete."""
+        seconds the caller waited (the previous save, the copy to CPU memory). `latest` moves when it is complete.
+
+        A background save while the one before it is still being written: `when_busy="wait"` waits for it (the step
+        stalls for the rest of that write); "skip" saves nothing and returns None at once (a periodic checkpoint due
+        before the storage took the last one: training goes on, the next due one is taken). Every rank decides the
+        same (one small all-reduce on the job's process group: a rank whose write ended and one whose did not would
+        otherwise disagree, and a save is collective)."""
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
         start = time.perf_counter()
-        self.wait()
         distributed = dist.is_available() and dist.is_initialized()
+        if background and when_busy == "skip" and self.pass_if_busy():
+            return None
+        self.wait()
         if distributed and self._group is None:
             self._group = dist.new_group(backend="gloo")
         if not self._told and is_s3(self.uri):
@@ -450,6 +460,18 @@ class Store:
             self._commit(name)
         self.stalls.append(stall)
         return stall
+
+    def pass_if_busy(self) -> bool:
+        """True (and counted in `skipped`) when a save is still being written on any rank: every rank gets the same
+        answer (one small all-reduce where a process group is up). For a periodic checkpoint: ask before building the
+        state, save only when this is False."""
+        import torch.distributed as dist
+
+        distributed = dist.is_available() and dist.is_initialized()
+        if _anyone(self.in_flight is not None, distributed):
+            self.skipped += 1
+            return True
+        return False
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the save in flight (if any; `latest` has moved to it when this returns True); False if it is still
@@ -493,6 +515,20 @@ class Store:
         for name in self.names():
             if order(name) < order(newest) and name not in keep:
                 self.at.remove(name)
+
+
+def _anyone(mine: bool, distributed: bool) -> bool:
+    """True on every rank when `mine` is True on any (an all-reduce of one number on the default process group, from
+    the caller's thread; the background saves use a gloo group of their own)."""
+    if not distributed:
+        return mine
+    import torch
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([1 if mine else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 WRITE_NICE = 10  # how much lower the background write's threads run than training's (Linux nice, per thread)

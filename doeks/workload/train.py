@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", default=env.get("DOEKS_CHECKPOINT_URI") or env.get("SM_CHECKPOINT_DIR", "/opt/ml/checkpoints" if "SM_MODEL_DIR" in env else "/fsx-shared/checkpoints"),
                    help="a folder or s3://bucket/prefix: step-N/ (DCP) per checkpoint and `latest`")
     p.add_argument("--checkpoint-every", type=int, default=10, help="optimizer steps between checkpoints")
+    p.add_argument("--checkpoint-when-busy", choices=("wait", "skip"), default="wait",
+                   help="a periodic checkpoint due while the last is still being written: wait for it, or skip this one")
     p.add_argument("--keep-checkpoints", type=int, default=int(env.get("DOEKS_KEEP_CHECKPOINTS", "3") or 3),
                    help="complete checkpoints kept (older ones are removed)")
     p.add_argument("--term-grace", type=float, default=25.0,
@@ -647,8 +649,16 @@ def main(argv=None) -> int:
 
     last_saved = [None]
 
-    def checkpoint_now(result=None, background=True):
-        """Every rank, at the same step: step-N/ with DCP (asynchronously), `latest` moved by rank 0 once complete."""
+    def checkpoint_now(result=None, background=True, periodic=False):
+        """Every rank, at the same step: step-N/ with DCP (asynchronously), `latest` moved by rank 0 once complete. A
+        periodic one due while the last is still being written is passed over (training does not wait for storage;
+        the next due one is taken), said in the log the first time."""
+        if periodic and background and args.checkpoint_when_busy == "skip" and store.pass_if_busy():  # every rank agrees
+            if rank == 0 and store.skipped == 1:
+                log(f"checkpoint step={step} skipped: {store.in_flight or 'the last one'} is still being written "
+                    f"(CHECKPOINT_EVERY={args.checkpoint_every} steps is shorter than a save here; CHECKPOINT_WHEN_BUSY="
+                    f"skip: training goes on, the next due checkpoint is taken)")
+            return
         model_state, optim_state = get_state_dict(raw_model, optimizer)
         meta = {"epoch": epoch, "consumed": consumed, "step": step, "world": world, "arch": args.arch,
                 "classes": train_set.classes, "time": time.time(), "productive": productive}
@@ -708,7 +718,7 @@ def main(argv=None) -> int:
             if args.max_steps and step >= args.max_steps:
                 done = True
             if step % args.checkpoint_every == 0 and not done and not (batch == last_batch and epoch == args.epochs - 1):
-                checkpoint_now()  # (at the very end the final checkpoint, with the result, is the one)
+                checkpoint_now(periodic=True)  # (at the very end the final checkpoint, with the result, is the one)
             if done:
                 break
             ready = step_began = time.perf_counter()
@@ -732,7 +742,8 @@ def main(argv=None) -> int:
             log(f"model saved to {where}")
         stalls = sorted(store.stalls)
         log(f"done final_val_acc={accuracy:.4f} val_top5={top5:.4f} steps={step} "
-            f"checkpoint_stall_max={stalls[-1] * 1000 if stalls else 0:.1f}ms productive={productive:.1f}s")
+            f"checkpoint_stall_max={stalls[-1] * 1000 if stalls else 0:.1f}ms checkpoints_skipped={store.skipped} "
+            f"productive={productive:.1f}s")
     if writer:
         writer.close()
     term.release()
