@@ -417,6 +417,8 @@ class Store:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
+        if when_busy not in ("wait", "skip"):
+            raise ValueError(f"when_busy must be 'wait' or 'skip', not {when_busy!r}")
         start = time.perf_counter()
         distributed = dist.is_available() and dist.is_initialized()
         if background and when_busy == "skip" and self.pass_if_busy():
