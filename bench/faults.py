@@ -9,7 +9,8 @@
 KUBE_NODES=3, an elastic job of 3 replicas (2 to 3), one per node. For each fault: detected (the first line of any pod
 that shows the job noticed: a worker group failing or restarting, a re-rendezvous, the watchdog naming the rank) and
 recovered (the first step logged after a worker process started again) in seconds after the fault; a node's return
-adds when the job grew back to 3. At the end the run's goodput: productive step time (the seconds of steps the model
+adds when the job grew back to 3. At the end, per window (the deploy to the first fault, each fault to the next),
+the wall time the pods' step lines do not account as productive; then the run's goodput: productive step time (the seconds of steps the model
 holds: steps done again after a restart from the checkpoint count once) over the wall time since the deploy, from the
 pods' own step lines, as `status` and `history` show it.
 
@@ -146,6 +147,17 @@ def measure(lines: Lines, at: float, timeout: float = 300) -> tuple[float | None
     return detected, recovered
 
 
+PRODUCTIVE = re.compile(r"\] \d\d:\d\d:\d\d\.\d{3} \[rank \d+\] step=\d+ .* productive=([\d.]+)s")
+
+
+def productive_by(lines: Lines, until: float) -> float:
+    """The run's productive step time as the pods had logged it by `until` (the largest `productive=` of any rank's
+    step line read by then: steps done again after a restart do not add to it)."""
+    with lines.lock:
+        found = [float(m.group(1)) for t, line in lines.seen if t <= until and (m := PRODUCTIVE.search(line))]
+    return max(found, default=0.0)
+
+
 def grown_back(lines: Lines, at: float, world: int, timeout: float = 300) -> float | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -185,6 +197,7 @@ def main() -> int:
         invoke(env, "elasticjob.deploy", "--fresh", "--train-args", TRAIN_ARGS)
         lines = Lines(target)
         end = deployed + args.minutes * 60
+        marks = [deployed]  # the deploy, then each fault: the windows whose lost time is printed at the end
         for index in range(int(args.minutes * 60 // args.every)):
             due = deployed + (index + 1) * args.every
             if due >= end:
@@ -202,6 +215,7 @@ def main() -> int:
                 grown = grown_back(lines, returned, 3)
                 back = None if grown is None else (returned - at) + grown
             results.append((at - deployed, fault, hit, detected, recovered, back))
+            marks.append(at)
             shown = (f"fault {len(results)} at +{at - deployed:.0f} s, {fault} ({hit}): detected in "
                      f"{'-' if detected is None else f'{detected:.1f} s'}, recovered in "
                      f"{'-' if recovered is None else f'{recovered:.1f} s'}")
@@ -210,6 +224,14 @@ def main() -> int:
                     "-" if back is None else f"+{back:.1f} s")
             print(shown, flush=True)
         time.sleep(max(0.0, end - time.monotonic()))
+        marks.append(time.monotonic())
+        time.sleep(2.5)  # the last lines read
+        gained = [productive_by(lines, b) - productive_by(lines, a) for a, b in zip(marks, marks[1:])]
+        names = ["deploy"] + [f"fault {i + 1} ({r[1]})" for i, r in enumerate(results)]
+        print("wall time not productive, per window (seconds from each mark to the next, less the productive step "
+              "time the pods logged in it): " + ", ".join(
+                  f"{name} {b - a - g:.0f} of {b - a:.0f}" for name, a, b, g in zip(names, marks, marks[1:], gained)),
+              flush=True)
         status = target.describe()
         record = runs.settle(target.settings, status) or {}
         lines.stop.set()
