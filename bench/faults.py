@@ -226,7 +226,8 @@ def main() -> int:
         time.sleep(max(0.0, end - time.monotonic()))
         marks.append(time.monotonic())
         time.sleep(2.5)  # the last lines read
-        gained = [productive_by(lines, b) - productive_by(lines, a) for a, b in zip(marks, marks[1:])]
+        logged = [productive_by(lines, mark) for mark in marks]
+        gained = [b - a for a, b in zip(logged, logged[1:])]
         names = ["deploy"] + [f"fault {i + 1} ({r[1]})" for i, r in enumerate(results)]
         print("wall time not productive, per window (seconds from each mark to the next, less the productive step "
               "time the pods logged in it): " + ", ".join(

@@ -510,9 +510,7 @@ def make_bridge() -> None:
     """doeks0 with the node's address before anything listens on it (the CNI bridge plugin then reuses it), and its
     own MAC (versions.bridge_mac: never that of a port, so a pod's veth coming or going leaves the gateway's MAC as
     every neighbour resolved it)."""
-    if not bridge_exists():
-        _ip("link", "add", versions.BRIDGE, "address", versions.bridge_mac(0), "type", "bridge")
-    _own_mac(versions.BRIDGE, versions.bridge_mac(0))
+    _bridge_with_mac(versions.BRIDGE, versions.bridge_mac(0))
     prefix = versions.POD_CIDR.split("/")[1]
     if versions.NODE_IP not in _ip("-4", "addr", "show", versions.BRIDGE).stdout:
         _ip("addr", "add", f"{versions.NODE_IP}/{prefix}", "dev", versions.BRIDGE)
@@ -523,10 +521,14 @@ def make_bridge() -> None:
     _ip("route", "replace", "unreachable", versions.CLUSTER_CIDR)
 
 
-def _own_mac(bridge: str, mac: str, netns: str | None = None) -> None:
-    """`bridge` with `mac` set as its own (a bridge made before doeks set one follows its ports' MACs: set it)."""
+def _bridge_with_mac(bridge: str, mac: str, netns: str | None = None) -> None:
+    """`bridge` (in `netns`, else here) made with `mac` as its own, or given it (a bridge made before doeks set one
+    follows its ports' MACs)."""
     where = ["-n", netns] if netns else []
-    if f"link/ether {mac} " not in _ip(*where, "link", "show", bridge).stdout:
+    shown = _ip(*where, "link", "show", bridge, check=False)
+    if shown.returncode != 0:
+        _ip(*where, "link", "add", bridge, "address", mac, "type", "bridge")
+    elif f"link/ether {mac} " not in shown.stdout:
         _ip(*where, "link", "set", bridge, "address", mac)
 
 
@@ -626,9 +628,7 @@ def make_node_network(node: Node) -> None:
     _ip("route", "replace", node.pod_cidr, "via", node.ip, "dev", versions.BRIDGE)
     # the node's pods' bridge, made here with its own MAC before the CNI bridge plugin (which reuses it) would make
     # one that follows its ports' MACs (see versions.bridge_mac)
-    if _ip("-n", node.netns, "link", "show", "cni0", check=False).returncode != 0:
-        _ip("-n", node.netns, "link", "add", "cni0", "address", versions.bridge_mac(node.index), "type", "bridge")
-    _own_mac("cni0", versions.bridge_mac(node.index), node.netns)
+    _bridge_with_mac("cni0", versions.bridge_mac(node.index), node.netns)
     sysctl = shutil.which("sysctl") or shutil.which("sysctl", path="/usr/sbin:/sbin") or "sysctl"
     for key in ("net.ipv4.ip_forward=1", "net.bridge.bridge-nf-call-iptables=1"):
         _in(node, sysctl, "-q", "-w", key)

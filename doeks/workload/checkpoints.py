@@ -467,10 +467,7 @@ class Store:
         """True (and counted in `skipped`) when a save is still being written on any rank: every rank gets the same
         answer (one small all-reduce where a process group is up). For a periodic checkpoint: ask before building the
         state, save only when this is False."""
-        import torch.distributed as dist
-
-        distributed = dist.is_available() and dist.is_initialized()
-        if _anyone(self.in_flight is not None, distributed):
+        if _anyone(self.in_flight is not None):
             self.skipped += 1
             return True
         return False
@@ -519,14 +516,14 @@ class Store:
                 self.at.remove(name)
 
 
-def _anyone(mine: bool, distributed: bool) -> bool:
+def _anyone(mine: bool) -> bool:
     """True on every rank when `mine` is True on any (an all-reduce of one number on the default process group, from
-    the caller's thread; the background saves use a gloo group of their own)."""
-    if not distributed:
-        return mine
+    the caller's thread; the background saves use a gloo group of their own); `mine` where no group is up."""
     import torch
     import torch.distributed as dist
 
+    if not (dist.is_available() and dist.is_initialized()):
+        return mine
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     flag = torch.tensor([1 if mine else 0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)

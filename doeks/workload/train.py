@@ -650,9 +650,9 @@ def main(argv=None) -> int:
     last_saved = [None]
 
     def checkpoint_now(result=None, background=True, periodic=False):
-        """Every rank, at the same step: step-N/ with DCP (asynchronously), `latest` moved by rank 0 once complete. A
-        periodic one due while the last is still being written is passed over (training does not wait for storage;
-        the next due one is taken), said in the log the first time."""
+        """Every rank, at the same step: step-N/ with DCP (asynchronously), `latest` moved by rank 0 once complete. With
+        --checkpoint-when-busy skip, a periodic one due while the last is still being written is passed over (training
+        does not wait for storage; the next due one is taken), said in the log the first time; else it waits."""
         if periodic and background and args.checkpoint_when_busy == "skip" and store.pass_if_busy():  # every rank agrees
             if rank == 0 and store.skipped == 1:
                 log(f"checkpoint step={step} skipped: {store.in_flight or 'the last one'} is still being written "
