@@ -33,6 +33,7 @@ rest of doeks.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 
@@ -195,6 +196,7 @@ def patch_restarts() -> None:
     def monitor_workers(self, worker_group):
         result = monitor(self, worker_group)
         if result.is_failed():
+            end_orphans(result.failures.values())
             codes = sorted({f.exitcode for f in result.failures.values()})
             raised = _script_error() if PERMANENT_EXIT not in codes else None
             if PERMANENT_EXIT in codes or raised:
@@ -234,6 +236,21 @@ _WRITE = threading.Lock()
 _SEEN: list = []
 # The agent stopped because no restart could help (a permanent exit code, the script's own exception)
 _ENDED_FOR_GOOD = threading.Event()
+
+
+def end_orphans(failures) -> None:
+    """What a failed worker left in its process group (its DataLoader's worker processes), ended at once. torch
+    signals the group only of a worker still running; a worker that died (the hang watchdog's SIGKILL, the kernel's
+    OOM killer) left its loader's processes to notice at their next check of their parent, up to 5 s later, and until
+    then they held its output pipes (the agent waited for them to read the worker's last lines: 4.1-4.5 s at every
+    hang restart on doeks' cluster) and its sockets to its peers (who learnt of its end only then)."""
+    for failure in failures:
+        pid = getattr(failure, "pid", None)
+        if isinstance(pid, int) and pid > 0:
+            try:
+                os.killpg(pid, signal.SIGKILL)  # its group: the worker's own (a new session, as torchrun starts it)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _script_error(wait: float = 5.0) -> str:
