@@ -257,46 +257,117 @@ def system_images() -> None:
         import_image(ref)
 
 
+WARM_SAMPLE = 256  # the largest files of an image whose pages say whether a node still holds it in memory
+
+
+WARM_ENOUGH = 0.98  # of the sample's pages in memory: this machine's reclaim (DAMON) takes a few cold pages at once
+
+
+def _resident(paths: list[str]) -> float:
+    """The share of these files' pages in the page cache (mincore(2) on a read-only mapping: nothing is read); 0 when
+    one cannot be asked."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page, failed = os.sysconf("SC_PAGE_SIZE"), ctypes.c_void_p(-1).value
+    odd = bytes(i & 1 for i in range(256))  # mincore sets the lowest bit of a page's byte when it is in memory
+    held = total = 0
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return 0.0
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                continue
+            where = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+            if where in (None, failed):
+                return 0.0
+            try:
+                pages = (ctypes.c_ubyte * ((size + page - 1) // page))()
+                if libc.mincore(ctypes.c_void_p(where), size, pages) != 0:
+                    return 0.0
+                total += len(pages)
+                held += len(pages) - bytes(pages).translate(odd).count(0)
+            finally:
+                libc.munmap(ctypes.c_void_p(where), size)
+        finally:
+            os.close(fd)
+    return held / total if total else 0.0
+
+
 def warm(ref: str, where: "node.Node" = node.NODE0) -> tuple[int, float]:
     """Read every file of the image once, as the node has them unpacked (`ctr images mount`, read-only), so the
-    first container's start reads them from memory: (bytes read, seconds).
+    first container's start reads them from memory: (bytes read, seconds); 0 bytes when the node still holds them.
 
     Why: a pod's first start read torch's libraries through page faults scattered over 2-3 GB of an image whose files
     were no longer in memory (the image imported minutes or a cluster start before), 63-65 s here before its first log
     line, against 10 s warm; read in order, 1 MiB at a time by a few threads, the same files take a few seconds. A
     node that pulls an image has just written its files, so they start warm: this makes doeks' nodes start as such a
-    node does, at every deploy (what is still in memory is read again in a second or two)."""
+    node does, at every deploy. Each file's pages go to /dev/null (the kernel reads them into memory and copies
+    nothing). After a read the image's largest files (WARM_SAMPLE, most of its bytes) are noted; the next deploy
+    asks the kernel how many of their pages are still in memory (mincore) and reads nothing if nearly all are
+    (WARM_ENOUGH): a warm deploy re-read 3.6 GiB in 34,000 files for 1.7-2.3 s per node, now 0.1 s."""
     import concurrent.futures
     import hashlib
+    import json
 
     name = _stored_name(ref, where)
     if name is None:
         return 0, 0.0
     began = time.monotonic()
-    target = where.run_dir / "warm" / hashlib.sha256(name.encode()).hexdigest()[:12]
+    key = hashlib.sha256(name.encode()).hexdigest()[:12]
+    target, noted = where.run_dir / "warm" / key, where.run_dir / "warm" / f"{key}.json"
     node.ctr("images", "unmount", "--rm", str(target), node=where)  # a mount an interrupted warm left
     target.mkdir(parents=True, exist_ok=True)
     mounted = node.ctr("images", "mount", name, str(target), node=where)
     if mounted.returncode != 0:
         raise DoeksError(f"cannot read image {ref} in node {where.name}: "
                          f"{(mounted.stderr.strip().splitlines() or ['ctr images mount failed'])[-1]}")
+    null = os.open(os.devnull, os.O_WRONLY)
 
     def read(path: str) -> int:
+        """The file's pages into memory: sent to /dev/null, so nothing is copied (read() copied 3.6 GiB per node);
+        read() where sendfile cannot."""
         total = 0
         try:
-            with open(path, "rb", buffering=0) as f:
-                while chunk := f.read(1 << 20):
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return 0
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                while total < size and (sent := os.sendfile(null, fd, total, size - total)) > 0:
+                    total += sent
+            except OSError:
+                while chunk := os.read(fd, 1 << 20):
                     total += len(chunk)
         except OSError:
             pass
+        finally:
+            os.close(fd)
         return total
 
     try:
+        try:
+            sample = json.loads(noted.read_text())
+        except (OSError, ValueError):
+            sample = None
+        if sample and _resident([os.path.join(target, f) for f in sample]) >= WARM_ENOUGH:
+            return 0, time.monotonic() - began
         files = [os.path.join(folder, f) for folder, _, names in os.walk(target) for f in names]
         files = [f for f in files if os.path.isfile(f) and not os.path.islink(f)]
         with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
             total = sum(pool.map(read, files, chunksize=64))
+        largest = sorted(files, key=lambda f: os.path.getsize(f), reverse=True)[:WARM_SAMPLE]
+        noted.write_text(json.dumps([os.path.relpath(f, target) for f in largest]))
     finally:
+        os.close(null)
         node.ctr("images", "unmount", "--rm", str(target), node=where)
         try:
             target.rmdir()
@@ -321,11 +392,15 @@ def ensure(runner, refs: list[str], warmed: tuple[str, ...] = ()) -> None:
             ui.say(f"importing {ref} into the cluster" + (f" (nodes {', '.join(lacking)})" if len(lacking) > 1 or
                                                           lacking != [node.NODE0.name] else ""))
             import_image(ref)
-        if ref in warmed:
-            for each in node.all_nodes():
-                if node.started(each):
-                    size, took = warm(ref, each)
-                    runner.note(f"read {size / 2**30:.1f} GiB of {ref} on node {each.name} in {took:.1f}s")
+        if ref in warmed:  # every node at once (each its own snapshot; 7 s one after another for three nodes)
+            import concurrent.futures
+
+            started = [each for each in node.all_nodes() if node.started(each)]
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(started))) as pool:
+                read = list(pool.map(lambda each: warm(ref, each), started))
+            for each, (size, took) in zip(started, read):
+                runner.note(f"read {size / 2**30:.1f} GiB of {ref} on node {each.name} in {took:.1f}s" if size else
+                            f"{ref} is in memory on node {each.name} (checked in {took:.1f}s)")
 
 
 __all__ = ["LOCAL_IMAGES", "build", "ensure", "import_image", "system_images", "etcd_job_image"]
