@@ -310,6 +310,20 @@ def move_volume(runner, settings, manifests: Sequence[dict[str, Any]]) -> None:
     delete(runner, [m for m in reversed(manifests) if m["kind"] in ("PersistentVolumeClaim", "PersistentVolume")])
 
 
+def volume_elsewhere(settings) -> str | None:
+    """doeks' own cluster: the folder its shared volume is on when that is not this STATE_DIR's (the cluster was
+    brought up with another STATE_DIR), else None. A job deployed then would read and write that other folder, and
+    `--fresh` would clear this one."""
+    if not settings.own_cluster or own_cluster_stopped(settings):
+        return None
+    volume = next((m for m in shared_claim(settings) if m["kind"] == "PersistentVolume"), None)
+    current = get_json(["persistentvolume", volume["metadata"]["name"]]) if volume else None
+    if current is None:
+        return None
+    old = (current["spec"].get("hostPath") or {}).get("path")
+    return old if old and old != volume["spec"]["hostPath"]["path"] else None
+
+
 def follow_logs(runner, namespace: str, selector: str, follow: bool = True) -> None:
     """Every pod's whole log, prefixed: `--tail=-1`, since with a selector kubectl shows only the last 10 lines."""
     argv = [kubectl(), "logs", "-n", namespace, "-l", selector, "--prefix", "--all-containers", "--max-log-requests=64",

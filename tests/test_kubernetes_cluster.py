@@ -171,6 +171,19 @@ def test_a_deploy_reads_the_image_again_only_when_the_node_no_longer_holds_it(en
     assert size > 1 << 30, size  # read again, all of it
 
 
+def test_a_deploy_with_another_state_dir_than_the_clusters_volume_is_refused_in_one_line(env, tmp_path):
+    """The shared volume is a folder under the STATE_DIR `up` ran with: a job deployed with another STATE_DIR would
+    write the first one's folder, and --fresh would have cleared the second's (seen: a --fresh run resumed from the
+    checkpoint it should have removed)."""
+    other = {**env, "STATE_DIR": str(tmp_path / "other"), "JOB_NAME": "elsewhere"}
+    result = invoke("elasticjob.deploy", "--fresh", env=other, timeout=300)
+    assert result.returncode == 1, (result.stdout[-2000:], result.stderr[-2000:])
+    said = result.stderr.strip().splitlines()
+    assert said[-1].startswith("error: doeks' cluster keeps its shared volume on ") and "Traceback" not in result.stderr
+    assert f"STATE_DIR back to {env['STATE_DIR']}" in said[-1], said[-1]
+    assert kubectl(env, "get", "pytorchjob", "elsewhere", "--ignore-not-found", "-o", "name").stdout.strip() == ""
+
+
 def _wait_for(env, kind: str, name: str, done: str, timeout: int = 900, stuck=None) -> dict:
     """The object once its `done` or Failed condition is True (read every 2 s); `stuck()`, when given, is asked every
     15 s for a reason it will never get there (an AssertionError at once instead of the timeout): for a TrainJob it is

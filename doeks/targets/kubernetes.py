@@ -8,6 +8,7 @@ artifacts copied to S3. Nothing here knows about AWS.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from typing import Any, Iterator
 
 from .. import jobspec, kube, trainimage
@@ -394,6 +395,12 @@ class KubernetesTarget(Target):
         from .. import kueue
 
         kueue.require_local_queue(self.settings)
+        elsewhere = kube.volume_elsewhere(self.settings)
+        if elsewhere:
+            raise DoeksError(f"doeks' cluster keeps its shared volume on {elsewhere} (it was brought up with another "
+                             f"STATE_DIR), not under this STATE_DIR ({self.settings.state_dir}): the job would read and "
+                             f"write there; `TARGET=kubernetes invoke up` with this STATE_DIR moves it, or set "
+                             f"STATE_DIR back to {Path(elsewhere).parent.parent}")
         self._previous(plan)
 
     def refuse_image(self, image: str) -> None:
