@@ -284,3 +284,44 @@ def test_sigterm_during_a_save_finishes_it_or_leaves_latest_as_it_was(tmp_path, 
     else:
         assert "not finished: latest is unchanged" in rest, rest
         assert store.latest() == "step-1" and "step-2" not in store.complete()
+
+
+@pytest.mark.parametrize("where", ["s3", "folder"])
+def test_a_survivor_saves_alone_once_and_a_restart_resumes_from_it(moto_endpoint, tmp_path, monkeypatch, where):
+    """Store.save_alone, as survivors of a lost peer call it: the first to claim the name (a conditional PutObject
+    in moto, a file made with O_EXCL) saves the whole state by itself and moves `latest`; every other one, and a
+    step saved already, saves nothing; the state loads back whole, and no claim is left."""
+    import torch
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    for key, value in (("AWS_REGION", "us-west-2"), ("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(key, value)
+    uri = f"s3://reshard/alone-{tmp_path.name}" if where == "s3" else str(tmp_path / "alone")
+    first, second = checkpoints.Store(uri), checkpoints.Store(uri)  # two survivors, the same history
+    state = {"weight": torch.arange(12.0).reshape(3, 4), "count": torch.tensor([7])}
+    assert first.save_alone(state, 9, {"epoch": 0}) == "step-9"
+    assert second.save_alone(state, 9, {"epoch": 0}) is None  # the name is taken (its claim stays with it)
+    assert first.save_alone(state, 9, {"epoch": 0}) is None  # saved already
+    reader = checkpoints.Store(uri)
+    assert reader.latest() == "step-9" and reader.complete() == ["step-9"]
+    into = {"weight": torch.zeros(3, 4), "count": torch.tensor([0])}
+    meta = reader.resume(into)
+    assert meta["step"] == 9 and meta["alone"] and torch.equal(into["weight"], state["weight"]) and into["count"].item() == 7
+
+    def claims() -> list[str]:
+        if where == "folder":
+            return [p.name for p in (tmp_path / "alone").glob(".alone-*")]
+        return [k.rsplit("/", 1)[1] for k in _keys(_s3(moto_endpoint), "reshard", f"alone-{tmp_path.name}/") if "/.alone-" in k]
+
+    assert claims() == [".alone-step-9"]
+    later = checkpoints.Store(uri, keep=1)
+    later.save(state, 12, {"epoch": 0}, background=False)  # step-9 pruned, and its claim with it
+    assert later.complete() == ["step-12"] and claims() == []
+
+
+def test_two_survivors_claiming_the_same_name_in_moto_get_it_once(moto_endpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    for key, value in (("AWS_REGION", "us-west-2"), ("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(key, value)
+    at = checkpoints.location(f"s3://reshard/claims-{tmp_path.name}")
+    assert [at.claim(".alone-step-3"), at.claim(".alone-step-3"), at.claim(".alone-step-4")] == [True, False, True]

@@ -192,3 +192,28 @@ def test_etcd_unreachable_is_a_clear_error(small, state_dir):
     result = invoke("elasticjob.deploy", env={"ETCD_ENDPOINT": "http://127.0.0.1:9"})
     assert result.returncode == 1 and "unreachable" in result.stderr and "Traceback" not in result.stderr
     assert leftover_processes(state_dir) == []
+
+
+@pytest.mark.slow
+def test_a_lost_peer_costs_no_steps_one_survivor_saves_where_the_job_was(small, state_dir, monkeypatch):
+    """A node lost mid-epoch with no periodic checkpoint yet: the survivor's collective fails, it saves the
+    state every replica holds (DistributedDataParallel) by itself, and the restart resumes at that step instead of
+    training every step since the last checkpoint again (here: from scratch)."""
+    s = job_settings({**SMALL, "CHECKPOINT_EVERY": "1000"}, monkeypatch)  # no periodic checkpoint in the first epoch
+    deploy(s, ["--step-delay", "0.25"])
+    wait_for(lambda: max_step(s) >= 8, 240, "step 8")
+    node1 = next(r["pid"] for r in jobs.read_status(elastic.home(s))["replicas"] if r["replica"] == 1)
+    for pid in [node1] + jobs.descendants(node1):  # node 1 dies at once, agent and worker (a pod, a node lost)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_for(lambda: "resumed from checkpoint" in log_text(s), 120, "the workers resuming")
+    text = log_text(s)
+    saved = re.findall(r"checkpoint step=(\d+) saved by this rank alone in [\d.]+s after (\w+)", text)
+    resumed = re.findall(r"resumed from checkpoint step=(\d+)", text)
+    assert len(saved) == 1 and int(saved[0][0]) >= 8, (saved, text[-3000:])  # one survivor saved, where it was
+    assert resumed and int(resumed[0]) == int(saved[0][0]), (resumed, saved)
+    status = follow(s)
+    assert status.state == "Succeeded", status
+    assert not list(elastic.checkpoint_dir(s).glob(".alone-*"))  # the claim goes with the save

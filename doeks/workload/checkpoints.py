@@ -109,6 +109,21 @@ class _Folder:
     def remove(self, name: str) -> None:
         shutil.rmtree(self.root / name, ignore_errors=True)
 
+    def claim(self, name: str) -> bool:
+        """Create the empty file `name` unless it exists (O_EXCL: of several processes exactly one gets True)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(self.root / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return True
+        except FileExistsError:
+            return False
+
+    def unclaim(self, name: str) -> None:
+        try:
+            os.remove(self.root / name)
+        except OSError:
+            pass
+
     def writer(self, name: str):
         from torch.distributed.checkpoint import FileSystemWriter
 
@@ -175,6 +190,19 @@ class _S3:
             self.fs.rm(self._key(name), recursive=True)
         except FileNotFoundError:
             pass
+
+    def claim(self, name: str) -> bool:
+        """Create the empty object `name` unless it exists (a conditional PutObject, If-None-Match: *: of several
+        processes exactly one gets True); False also when S3 cannot be asked."""
+        bucket, _, key = self._key(name).partition("/")
+        try:
+            self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"", IfNoneMatch="*")
+            return True
+        except Exception:  # noqa: BLE001 - 412 PreconditionFailed: another process has it; or S3 unreachable
+            return False
+
+    def unclaim(self, name: str) -> None:
+        self.remove(name)
 
     # s3torchconnector where it works here, else DCP's fsspec writer and reader with s3fs
     def _connector_fs(self, reader_constructor=None, use: str | None = None):
@@ -463,6 +491,36 @@ class Store:
         self.stalls.append(stall)
         return stall
 
+    def save_alone(self, state: dict, step: int, meta: dict | None = None) -> str | None:
+        """After the job lost a peer (its collectives fail), the state this process holds at `step`, saved by this
+        process alone, so the restart resumes from this step instead of the last periodic checkpoint (the steps since
+        it were trained again: half the interval on average, at every failure). Only for state every rank holds whole
+        (DistributedDataParallel: each replica's model and optimizer are the same), never while an optimizer step was
+        half applied. One survivor saves: the first to claim the name in the store (a file made with O_EXCL, an S3
+        PutObject with If-None-Match, left while the checkpoint is kept, so a survivor that comes later never writes the
+        same prefix again); the others return None at once, as does a step saved already. No collective: a
+        save of one process (DCP's no_dist) of the whole state, readable with any world size. Returns the name, with
+        `latest` moved to it."""
+        import torch.distributed.checkpoint as dcp
+
+        if any(order(n)[0] >= step for n in self.saved):
+            return None
+        name = self.name_for(step)
+        claim = f".alone-{name}"
+        if not self.at.claim(claim):
+            return None
+        self._used.add(name)
+        payload = _stateful(state)
+        payload["doeks_meta"] = json.dumps({**(meta or {}), "step": step, "alone": True})
+        with _quiet():
+            dcp.save(payload, storage_writer=self.at.writer(name), no_dist=True)
+        if not self.at.exists(name, METADATA):
+            return None
+        self.saved.append(name)
+        self.at.write_text(LATEST, name + "\n")
+        self.prune(name)
+        return name  # the claim stays while the checkpoint does (prune): a survivor later still never writes it again
+
     def pass_if_busy(self) -> bool:
         """True (and counted in `skipped`) when a save is still being written on any rank: every rank gets the same
         answer (one small all-reduce where a process group is up). For a periodic checkpoint: ask before building the
@@ -514,6 +572,7 @@ class Store:
         for name in self.names():
             if order(name) < order(newest) and name not in keep:
                 self.at.remove(name)
+                self.at.unclaim(f".alone-{name}")  # save_alone's claim, where it made one
 
 
 def _anyone(mine: bool) -> bool:

@@ -671,65 +671,89 @@ def main(argv=None) -> int:
         if rank == 0:
             log(f"checkpoint step={step} stall={stall * 1000:.1f}ms")
 
+    def save_alone(error) -> None:
+        """The job lost a peer (or anything else raised between steps): the model and optimizer this replica holds are
+        those of `step` on every replica (DistributedDataParallel), so one survivor saves them by itself and the
+        restart resumes here, not at the last periodic checkpoint (Store.save_alone). Never fails the exit it is on."""
+        try:
+            model_state, optim_state = get_state_dict(raw_model, optimizer)
+            meta = {"epoch": epoch, "consumed": consumed, "step": step, "world": world, "arch": args.arch,
+                    "classes": train_set.classes, "time": time.time(), "productive": productive}
+            started = time.perf_counter()
+            name = store.save_alone({"model": model_state, "optimizer": optim_state}, step, meta)
+            if name:
+                log(f"checkpoint step={step} saved by this rank alone in {time.perf_counter() - started:.1f}s after "
+                    f"{type(error).__name__}: the restart resumes from it")
+        except BaseException as failed:  # noqa: BLE001 - the error being raised is the one to report
+            log(f"warning: no checkpoint of step {step} after {type(error).__name__} ({_first_line(failed)})")
+
     done = bool(args.max_steps and step >= args.max_steps)
     accuracy = top5 = None
     beat = BEAT
     beat.step = step
-    while epoch < args.epochs and not done:
-        sampler.set_epoch(epoch, consumed)
-        model.train()
-        window_start, window_samples, window_wait, window_steps = time.perf_counter(), 0, 0.0, 0
-        ready = step_began = time.perf_counter()
-        last_batch = len(loader) - 1
-        for batch, (images, labels) in enumerate(loader):
-            window_wait += time.perf_counter() - ready
-            lr = learning_rate(args.lr, global_batch, epoch + (consumed + global_batch) / len(train_set), args.epochs,
-                               args.warmup_epochs)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            images = to_model_input(images, device, use_cuda)
-            labels = labels.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                output = model(images)
-            loss = loss_fn(output.float(), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            consumed += global_batch
-            term.release_when_saved()
-            window_samples += global_batch
-            window_steps += 1
-            if args.step_delay:
-                time.sleep(args.step_delay)
-            productive += time.perf_counter() - step_began
-            beat(step, force=step % args.log_every == 0 or step == 1)
-            if step % args.log_every == 0 or step == 1:
-                elapsed = time.perf_counter() - window_start
-                rate = window_samples / elapsed if elapsed > 0 else 0.0
-                accuracy_now = (output.argmax(1) == labels).float().mean().item()
-                wait = window_wait / window_steps
-                log(f"step={step} epoch={epoch} loss={loss.item():.4f} acc={accuracy_now:.3f} samples/s={rate:.1f} world={world} "
-                    f"data_wait={wait:.4f}s ({100 * window_wait / elapsed if elapsed > 0 else 0:.0f}%) lr={lr:.5f} "
-                    f"productive={productive:.1f}s")
-                if writer:
-                    writer.train(step, epoch, loss.item(), accuracy_now, rate, world, wait)
-                window_start, window_samples, window_wait, window_steps = time.perf_counter(), 0, 0.0, 0
-            if args.max_steps and step >= args.max_steps:
-                done = True
-            if step % args.checkpoint_every == 0 and not done and not (batch == last_batch and epoch == args.epochs - 1):
-                checkpoint_now(periodic=True)  # (at the very end the final checkpoint, with the result, is the one)
-            if done:
-                break
+    updating = False  # an optimizer step half applied: the state is not that of any step (see save_alone below)
+    try:
+        while epoch < args.epochs and not done:
+            sampler.set_epoch(epoch, consumed)
+            model.train()
+            window_start, window_samples, window_wait, window_steps = time.perf_counter(), 0, 0.0, 0
             ready = step_began = time.perf_counter()
-        if not done:
-            epoch, consumed = epoch + 1, 0
-        accuracy, top5 = evaluate(raw_model, val_loader, device, distributed, amp, use_cuda)
-        log(f"epoch={epoch - (0 if done else 1)} val_acc={accuracy:.4f} val_top5={top5:.4f} step={step}")
-        if writer:
-            writer.evaluation(step, epoch, accuracy)
-        if epoch < args.epochs and not done and last_saved[0] != step:  # (a periodic one at this step resumes the same)
-            checkpoint_now()
+            last_batch = len(loader) - 1
+            for batch, (images, labels) in enumerate(loader):
+                window_wait += time.perf_counter() - ready
+                lr = learning_rate(args.lr, global_batch, epoch + (consumed + global_batch) / len(train_set), args.epochs,
+                                   args.warmup_epochs)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                images = to_model_input(images, device, use_cuda)
+                labels = labels.to(device, non_blocking=True)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                    output = model(images)
+                loss = loss_fn(output.float(), labels)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                updating = True
+                optimizer.step()
+                step += 1
+                consumed += global_batch
+                updating = False
+                term.release_when_saved()
+                window_samples += global_batch
+                window_steps += 1
+                if args.step_delay:
+                    time.sleep(args.step_delay)
+                productive += time.perf_counter() - step_began
+                beat(step, force=step % args.log_every == 0 or step == 1)
+                if step % args.log_every == 0 or step == 1:
+                    elapsed = time.perf_counter() - window_start
+                    rate = window_samples / elapsed if elapsed > 0 else 0.0
+                    accuracy_now = (output.argmax(1) == labels).float().mean().item()
+                    wait = window_wait / window_steps
+                    log(f"step={step} epoch={epoch} loss={loss.item():.4f} acc={accuracy_now:.3f} samples/s={rate:.1f} world={world} "
+                        f"data_wait={wait:.4f}s ({100 * window_wait / elapsed if elapsed > 0 else 0:.0f}%) lr={lr:.5f} "
+                        f"productive={productive:.1f}s")
+                    if writer:
+                        writer.train(step, epoch, loss.item(), accuracy_now, rate, world, wait)
+                    window_start, window_samples, window_wait, window_steps = time.perf_counter(), 0, 0.0, 0
+                if args.max_steps and step >= args.max_steps:
+                    done = True
+                if step % args.checkpoint_every == 0 and not done and not (batch == last_batch and epoch == args.epochs - 1):
+                    checkpoint_now(periodic=True)  # (at the very end the final checkpoint, with the result, is the one)
+                if done:
+                    break
+                ready = step_began = time.perf_counter()
+            if not done:
+                epoch, consumed = epoch + 1, 0
+            accuracy, top5 = evaluate(raw_model, val_loader, device, distributed, amp, use_cuda)
+            log(f"epoch={epoch - (0 if done else 1)} val_acc={accuracy:.4f} val_top5={top5:.4f} step={step}")
+            if writer:
+                writer.evaluation(step, epoch, accuracy)
+            if epoch < args.epochs and not done and last_saved[0] != step:  # (a periodic one at this step resumes the same)
+                checkpoint_now()
+    except Exception as error:
+        if distributed and not updating and not isinstance(error, ck.CheckpointError):
+            save_alone(error)
+        raise
     if accuracy is None:  # a checkpoint with nothing left to train but no recorded result: evaluate it
         accuracy, top5 = evaluate(raw_model, val_loader, device, distributed, amp, use_cuda)
     result = {"step": step, "epochs": args.epochs, "val_accuracy": accuracy, "val_top5": top5, "arch": args.arch,
