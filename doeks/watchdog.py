@@ -36,6 +36,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import re
 import time
 from pathlib import Path
 
@@ -78,11 +79,17 @@ def py_spy_dump(pid: int, timeout: float = 20) -> str:
     return out.stdout if out.returncode == 0 else ""
 
 
+def main_thread(stack: str) -> str:
+    """The main thread's frames of a py-spy dump ("Process N: ...", "Python v...", a blank line, then one "Thread N
+    (state): "name"" header per thread, each followed by its frames): the block of the thread named MainThread, else
+    the first thread's."""
+    blocks = re.split(r"\n(?=Thread (?:0x)?[0-9A-Fa-f]+ )", "\n" + stack)[1:]
+    return next((b for b in blocks if '"MainThread"' in b.split("\n", 1)[0]), blocks[0] if blocks else "")
+
+
 def waits_on_peers(stack: str) -> bool:
     """The main thread's stack is inside a collective (or backward, where DDP all-reduces the gradients)."""
-    main = stack.split("\nThread ")[0] if stack.startswith("Thread ") else stack
-    main = main.split("\n\nThread ")[0]
-    return any(marker in main for marker in COLLECTIVE)
+    return any(marker in main_thread(stack) for marker in COLLECTIVE)
 
 
 # -- where the job runs: what the rungs can do there ---------------------------------------------------------------

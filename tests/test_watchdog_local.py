@@ -83,3 +83,37 @@ def test_a_stopped_rank_is_named_restarted_then_its_node_replaced_and_the_job_su
     assert history.returncode == 0 and "Succeeded" in out, out
     assert re.search(r"│ 0\.\d\d\s+│", out), out  # the run's goodput
     assert "watchdog: hang: rank" in out and "rung 1 of 4" in out and "rung 2 of 4" in out, out
+
+
+@pytest.mark.skipif(not __import__("shutil").which("py-spy"), reason="py-spy is not installed here")
+def test_a_rank_waiting_in_a_collective_is_told_from_one_outside_by_its_real_py_spy_dump(tmp_path):
+    """py-spy's dump starts with the process and Python lines and a blank line before the threads: the main thread's
+    frames are what tell a rank waiting on its peers (left alone: the hang is held elsewhere) from one that holds the
+    job. Reading only up to the first blank line saw no frame at all, so every rank was "outside any collective" and
+    each replica's watchdog restarted its own healthy rank beside the hung one (seen on doeks' cluster)."""
+    import subprocess
+    import sys
+
+    from doeks import watchdog
+
+    script = """import threading, time
+def all_gather():
+    time.sleep(120)
+def compute():
+    time.sleep(120)
+waiting = __import__('sys').argv[1] == 'waiting'
+threading.Thread(target=compute if waiting else all_gather, daemon=True).start()
+all_gather() if waiting else compute()
+"""
+    (tmp_path / "rank.py").write_text(script)
+    ranks = {how: subprocess.Popen([sys.executable, str(tmp_path / "rank.py"), how]) for how in ("waiting", "holding")}
+    try:
+        time.sleep(1.5)
+        dumps = {how: watchdog.py_spy_dump(p.pid) for how, p in ranks.items()}
+        assert all(d.startswith("Process ") and "\n\nThread " in d for d in dumps.values()), dumps
+        assert watchdog.waits_on_peers(dumps["waiting"]), dumps["waiting"]
+        assert not watchdog.waits_on_peers(dumps["holding"]), dumps["holding"]  # a thread's collective is not the rank's
+    finally:
+        for p in ranks.values():
+            p.kill()
+            p.wait()
