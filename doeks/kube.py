@@ -290,13 +290,10 @@ def move_volume(runner, settings, manifests: Sequence[dict[str, Any]]) -> None:
     from . import ui
     from .errors import DoeksError
 
-    volume = next((m for m in manifests if m["kind"] == "PersistentVolume"), None)
-    if volume is None or own_cluster_stopped(settings):
+    found = _volume_folders(settings, manifests)
+    if found is None:
         return
-    current = get_json(["persistentvolume", volume["metadata"]["name"]])
-    if current is None:
-        return
-    old, new = (current["spec"].get("hostPath") or {}).get("path"), volume["spec"]["hostPath"]["path"]
+    volume, old, new = found
     if old == new:
         return
     held = pods_using_claim(settings.namespace, settings.shared_pvc)
@@ -310,18 +307,27 @@ def move_volume(runner, settings, manifests: Sequence[dict[str, Any]]) -> None:
     delete(runner, [m for m in reversed(manifests) if m["kind"] in ("PersistentVolumeClaim", "PersistentVolume")])
 
 
+def _volume_folders(settings, manifests: Sequence[dict[str, Any]]) -> tuple[dict, str | None, str] | None:
+    """(the PersistentVolume of `manifests`, the folder the cluster's volume of that name is on, the folder this
+    STATE_DIR's is on); None without such a volume, a running cluster, or the volume on it."""
+    volume = next((m for m in manifests if m["kind"] == "PersistentVolume"), None)
+    if volume is None or own_cluster_stopped(settings):
+        return None
+    current = get_json(["persistentvolume", volume["metadata"]["name"]])
+    if current is None:
+        return None
+    return volume, (current["spec"].get("hostPath") or {}).get("path"), volume["spec"]["hostPath"]["path"]
+
+
 def volume_elsewhere(settings) -> str | None:
     """doeks' own cluster: the folder its shared volume is on when that is not this STATE_DIR's (the cluster was
     brought up with another STATE_DIR), else None. A job deployed then would read and write that other folder, and
     `--fresh` would clear this one."""
-    if not settings.own_cluster or own_cluster_stopped(settings):
+    found = _volume_folders(settings, shared_claim(settings)) if settings.own_cluster else None
+    if found is None:
         return None
-    volume = next((m for m in shared_claim(settings) if m["kind"] == "PersistentVolume"), None)
-    current = get_json(["persistentvolume", volume["metadata"]["name"]]) if volume else None
-    if current is None:
-        return None
-    old = (current["spec"].get("hostPath") or {}).get("path")
-    return old if old and old != volume["spec"]["hostPath"]["path"] else None
+    _, old, new = found
+    return old if old and old != new else None
 
 
 def follow_logs(runner, namespace: str, selector: str, follow: bool = True) -> None:

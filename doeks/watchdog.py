@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import tempfile
-import re
 import time
 from pathlib import Path
 

@@ -258,8 +258,6 @@ def system_images() -> None:
 
 
 WARM_SAMPLE = 256  # the largest files of an image whose pages say whether a node still holds it in memory
-
-
 WARM_ENOUGH = 0.98  # of the sample's pages in memory: this machine's reclaim (DAMON) takes a few cold pages at once
 
 

@@ -649,6 +649,13 @@ def main(argv=None) -> int:
 
     last_saved = [None]
 
+    def state_and_meta() -> tuple[dict, dict]:
+        """What a checkpoint holds at this step: the model and optimizer (DCP's state dicts), and its meta."""
+        model_state, optim_state = get_state_dict(raw_model, optimizer)
+        return {"model": model_state, "optimizer": optim_state}, {
+            "epoch": epoch, "consumed": consumed, "step": step, "world": world, "arch": args.arch,
+            "classes": train_set.classes, "time": time.time(), "productive": productive}
+
     def checkpoint_now(result=None, background=True, periodic=False):
         """Every rank, at the same step: step-N/ with DCP (asynchronously), `latest` moved by rank 0 once complete. With
         --checkpoint-when-busy skip, a periodic one due while the last is still being written is passed over (training
@@ -659,12 +666,10 @@ def main(argv=None) -> int:
                     f"(CHECKPOINT_EVERY={args.checkpoint_every} steps is shorter than a save here; CHECKPOINT_WHEN_BUSY="
                     f"skip: training goes on, the next due checkpoint is taken)")
             return
-        model_state, optim_state = get_state_dict(raw_model, optimizer)
-        meta = {"epoch": epoch, "consumed": consumed, "step": step, "world": world, "arch": args.arch,
-                "classes": train_set.classes, "time": time.time(), "productive": productive}
+        state, meta = state_and_meta()
         if result is not None:
             meta["result"] = result
-        stall = store.save({"model": model_state, "optimizer": optim_state}, step, meta, background=background)
+        stall = store.save(state, step, meta, background=background)
         last_saved[0] = step
         if background:
             term.guard()
@@ -676,11 +681,9 @@ def main(argv=None) -> int:
         those of `step` on every replica (DistributedDataParallel), so one survivor saves them by itself and the
         restart resumes here, not at the last periodic checkpoint (Store.save_alone). Never fails the exit it is on."""
         try:
-            model_state, optim_state = get_state_dict(raw_model, optimizer)
-            meta = {"epoch": epoch, "consumed": consumed, "step": step, "world": world, "arch": args.arch,
-                    "classes": train_set.classes, "time": time.time(), "productive": productive}
+            state, meta = state_and_meta()
             started = time.perf_counter()
-            name = store.save_alone({"model": model_state, "optimizer": optim_state}, step, meta)
+            name = store.save_alone(state, step, meta)
             if name:
                 log(f"checkpoint step={step} saved by this rank alone in {time.perf_counter() - started:.1f}s after "
                     f"{type(error).__name__}: the restart resumes from it")
