@@ -18,9 +18,15 @@ torch = pytest.importorskip("torch")
 
 
 @pytest.fixture
-def endpoint(monkeypatch):
+def requests(tmp_path):
+    """The endpoint's log: one 'METHOD target' line per request it answered."""
+    return tmp_path / "requests.log"
+
+
+@pytest.fixture
+def endpoint(monkeypatch, requests):
     server = subprocess.Popen([sys.executable, str(ROOT / "bench" / "s3_endpoint.py"), "--files", "0", "--bucket", "bench",
-                               "--latency-ms", "20", "--max-seconds", "120"],
+                               "--latency-ms", "20", "--max-seconds", "120", "--log", str(requests)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     port = int(server.stdout.readline().split()[1])
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
@@ -127,12 +133,13 @@ def test_the_s3_client_of_a_background_write_makes_its_threads_at_the_lower_prio
     client's threads, which do the upload's work, run below training too. A restore's client stays at the caller's."""
     from s3torchconnector._s3client import _s3client
 
-    built: list[tuple[bool, int]] = []  # (on the caller's thread, nice) per native client
+    built: list[tuple[bool, int]] = []  # (on the caller's thread or the probe's, nice) per native client
     caller = threading.get_native_id()
     builder = _s3client.S3Client._client_builder
 
-    def recording(self):
-        built.append((threading.get_native_id() == caller, _nice()))
+    def recording(self):  # the store's probe of the endpoint (a client of its own, dropped after) runs on its own thread
+        built.append((threading.get_native_id() == caller or threading.current_thread().name == "checkpoint-probe",
+                      _nice()))
         return builder(self)
 
     monkeypatch.setattr(_s3client.S3Client, "_client_builder", recording)
@@ -170,3 +177,29 @@ def test_the_connector_clients_are_made_once_per_process_not_per_checkpoint(endp
         store.load(loaded, name)
         assert all(torch.equal(loaded["model"][n], t) for n, t in state["model"].items())
     assert len(built) == 3, built  # the probe's, the writes', the reads'
+
+
+def test_a_resume_asks_s3_only_what_it_needs(endpoint, requests):
+    """A job's resume (a new store: newest(), then load()) makes one request per thing it must know: the listing, one
+    HeadObject per checkpoint kept (sent together), the metadata once (newest() reads the meta, load() the state of the
+    same checkpoint), and `latest` in one GetObject. Before: s3fs read `latest` with a HeadObject first, the metadata
+    was read twice, and the connector's probe (four requests) came between the listing and the first read."""
+    state = _state()
+    first = checkpoints.Store("s3://bench/resume", keep=3)
+    for step in (2, 4, 6):
+        first.save(state, step, background=False)
+    resuming = checkpoints.Store("s3://bench/resume", keep=3)
+    resuming.at.choose()  # the probe, started by the store beside its listing, is over
+    before = len(requests.read_text().splitlines())
+    assert resuming.latest() == "step-6"
+    name, meta = resuming.newest()
+    loaded = _fresh(state)
+    resuming.load(loaded, name)
+    asked = requests.read_text().splitlines()[before:]
+    assert (name, meta["step"]) == ("step-6", 6)
+    assert torch.equal(loaded["model"]["w3"], state["model"]["w3"])
+    assert [a for a in asked if "latest" in a] == ["GET /bench/resume/latest"]
+    assert sorted(a for a in asked if a.startswith("HEAD")) == [f"HEAD /bench/resume/step-{n}/.metadata" for n in (2, 4, 6)]
+    assert [a for a in asked if a.startswith("GET") and a.endswith("/.metadata")] == ["GET /bench/resume/step-6/.metadata"]
+    assert len([a for a in asked if a.startswith("GET /bench?list-type=2")]) == 1
+    assert not [a for a in asked if "probe" in a or a.startswith(("PUT", "POST", "DELETE"))]

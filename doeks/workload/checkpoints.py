@@ -85,6 +85,10 @@ class _Folder:
     def exists(self, *parts: str) -> bool:
         return self.root.joinpath(*parts).exists()
 
+    def having(self, names: list[str], file: str) -> list[str]:
+        """Those of `names` (folders) that hold `file`, in their order."""
+        return [n for n in names if self.exists(n, file)]
+
     def read_text(self, name: str) -> str | None:
         try:
             return (self.root / name).read_text()
@@ -151,6 +155,7 @@ class _S3:
                                     skip_instance_cache=True, use_listings_cache=False)
         self.client = None  # "s3torchconnector" or "s3fs", chosen at the first write (probe)
         self.why = ""
+        self._choosing = threading.Lock()  # one probe per process (choose_soon's thread and a caller may meet)
         self._connectors: dict = {}  # "write"/"read" -> the connector's S3Client, kept for every save/restore after
 
     def join(self, *parts: str) -> str:
@@ -175,9 +180,22 @@ class _S3:
         except FileNotFoundError:
             return False
 
+    def having(self, names: list[str], file: str) -> list[str]:
+        """Those of `names` (prefixes) that hold `file`, in their order: one HeadObject each, all at once (one request
+        round trip for all, not one per checkpoint kept)."""
+        if len(names) <= 1:
+            return [n for n in names if self.exists(n, file)]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(16, len(names)), thread_name_prefix="checkpoint-head") as pool:
+            found = list(pool.map(lambda n: self.exists(n, file), names))
+        return [n for n, there in zip(names, found) if there]
+
     def read_text(self, name: str) -> str | None:
+        """One GetObject (s3fs's cat_file asks for the size first, a HeadObject, where it may read in parallel: a second
+        request round trip at every resume)."""
         try:
-            return self.fs.cat_file(self._key(name)).decode()
+            return self.fs.cat_file(self._key(name), max_concurrency=1).decode()
         except FileNotFoundError:
             return None
 
@@ -222,7 +240,17 @@ class _S3:
                 self._connectors[use] = client
         return S3FileSystem(self.region, s3_client=client, reader_constructor=reader_constructor)
 
+    def choose_soon(self) -> None:
+        """Start choose()'s probe on a thread of its own (a store made to resume: the probe's four requests go on
+        beside the listing and the reads of `latest` and the metadata, instead of before the first restore)."""
+        if self.client is None:
+            threading.Thread(target=self.choose, name="checkpoint-probe").start()
+
     def choose(self) -> str:
+        with self._choosing:
+            return self._choose()
+
+    def _choose(self) -> str:
         if self.client is None:
             try:
                 fs = self._connector_fs()
@@ -344,6 +372,9 @@ class Store:
         self._told = False
         self._skip: set[str] = set()
         self._stager = None  # the CPU copy the async saves write from, made once and reused (see _ReusedStager)
+        self._metadata: dict = {}  # (name, rank) -> a checkpoint's DCP metadata, pickled (see _reader)
+        if hasattr(self.at, "choose_soon"):  # S3: the connector's probe beside the listing below and a resume's reads
+            self.at.choose_soon()
         self._used: set[str] = set(self.names())  # listed once, at start, on every rank (see name_for)
 
     # reading
@@ -353,7 +384,7 @@ class Store:
 
     def complete(self) -> list[str]:
         """The complete checkpoints (`.metadata` written), oldest first."""
-        return [n for n in self.names() if self.at.exists(n, METADATA)]
+        return self.at.having(self.names(), METADATA)
 
     def latest(self) -> str | None:
         """The checkpoint `latest` names, or None."""
@@ -366,7 +397,7 @@ class Store:
 
         holder = {"doeks_meta": ""}
         with _quiet():
-            dcp.load(holder, storage_reader=self.at.reader(name), no_dist=True)
+            dcp.load(holder, storage_reader=self._reader(name), no_dist=True)
         return json.loads(holder["doeks_meta"])
 
     def newest(self, check=None) -> tuple[str, dict] | None:
@@ -400,7 +431,29 @@ class Store:
 
         distributed = dist.is_available() and dist.is_initialized()
         with _quiet():
-            dcp.load(state, storage_reader=self.at.reader(name), process_group=process_group, no_dist=not distributed)
+            dcp.load(state, storage_reader=self._reader(name), process_group=process_group, no_dist=not distributed)
+
+    def _reader(self, name: str):
+        """The location's DCP reader of checkpoint `name`, reading its `.metadata` once per process: a resume reads
+        the meta (newest) and then the state of the same checkpoint, and a checkpoint's files never change once it is
+        complete (its prefix is never written again), so the second read would be one more request round trip to S3
+        for the same bytes. Kept pickled: each load gets its own copy, as from the storage."""
+        import pickle
+
+        reader = self.at.reader(name)
+        read = reader.read_metadata
+
+        def read_metadata(*args, **kwargs):
+            key = (name, kwargs.get("rank"))
+            if key not in self._metadata:
+                self._metadata[key] = pickle.dumps(read(*args, **kwargs))
+            metadata = pickle.loads(self._metadata[key])
+            if getattr(metadata, "storage_meta", None) is not None and hasattr(reader, "load_id"):
+                metadata.storage_meta.load_id = reader.load_id  # as read_metadata sets it, for this load
+            return metadata
+
+        reader.read_metadata = read_metadata
+        return reader
 
     def resume(self, state: dict) -> dict | None:
         """For a script of your own: load the newest complete checkpoint into `state` (a dict of state_dicts, tensors
