@@ -29,6 +29,7 @@ image and in a SageMaker source archive; `doeks.checkpoints()` gives the same St
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -312,31 +313,208 @@ READ_THREADS = 4  # = the writers' thread_count: a checkpoint has up to 4 files 
 def _read_files_in_parallel(reader, threads: int = READ_THREADS):
     """DCP's FileSystemReader reads a rank's files one after the other; this reads them `threads` at a time (each
     file's items still in order, into their own tensors), so S3's time to first byte overlaps, as the writer's threads
-    overlap it on save."""
-    import dataclasses
+    overlap it on save. Each item is read into a buffer the thread keeps and decoded in place (_saved_tensor), not
+    through torch.load, which makes a new storage of every tensor (fresh memory, a page fault per 4 kB) to copy it
+    into the target after."""
     from collections import defaultdict
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
 
-    one_by_one = reader.read_data
-
     def read_data(plan, planner):
         by_file = defaultdict(list)
         for item in plan.items:
             by_file[reader.storage_data[item.storage_index].relative_path].append(item)
-        if len(by_file) <= 1:
-            return one_by_one(plan, planner)
-        with ThreadPoolExecutor(min(threads, len(by_file)), thread_name_prefix="checkpoint-read") as pool:
-            parts = [pool.submit(one_by_one, dataclasses.replace(plan, items=items), planner) for items in by_file.values()]
-            for part in parts:
-                getattr(part.result(), "wait", lambda: None)()  # DCP's readers return a done torch Future
+        with ThreadPoolExecutor(max(1, min(threads, len(by_file))), thread_name_prefix="checkpoint-read") as pool:
+            for part in [pool.submit(_read_file, reader, path, items, planner) for path, items in by_file.items()]:
+                part.result()
         done = torch.futures.Future()
         done.set_result(None)
         return done
 
     reader.read_data = read_data
     return reader
+
+
+def _read_file(reader, path: str, items: list, planner) -> None:
+    """DCP's FileSystemReader.read_data for one file's items (in the order of their bytes, as the S3 connector's
+    reader needs them), each tensor item read whole into a buffer kept for the file's items and decoded where it
+    lies (_saved_tensor: a view of the buffer, copied once into the target); torch.load where that decoding does not
+    apply (an item with transforms, a tensor that is not a plain dense one)."""
+    import mmap
+
+    import torch
+    from torch.distributed.checkpoint.filesystem import narrow_tensor_by_index
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    items = sorted(items, key=lambda i: reader.storage_data[i.storage_index].offset)
+    buffer = None
+    try:
+        with reader.fs.create_stream(reader.fs.concat_path(reader.path, path), "rb") as stream:
+            for req in items:
+                info = reader.storage_data[req.storage_index]
+                piece = reader._slice_file(stream, info)
+                transforms = getattr(info, "transform_descriptors", None)  # (torch >= 2.7: compression and the like)
+                if req.type == LoadItemType.BYTE_IO or transforms:
+                    if hasattr(reader, "transforms"):
+                        piece = reader.transforms.transform_load_stream(req, transforms or (), piece)
+                    if req.type == LoadItemType.BYTE_IO:
+                        data = io.BytesIO(piece.read(-1))
+                        data.seek(0)
+                        planner.load_bytes(req, data)
+                        continue
+                    tensor = torch.load(piece if piece.seekable() else io.BytesIO(piece.read(-1)), map_location="cpu",
+                                        weights_only=True)
+                else:
+                    if buffer is None or len(buffer) < info.length:  # pages made as it is first filled, then reused
+                        buffer = mmap.mmap(-1, max(info.length, 1 << 20))  # (the one before goes with its last view)
+                    view = memoryview(buffer)[:info.length]
+                    read = 0
+                    while read < info.length:
+                        got = piece.readinto(view[read:])
+                        if not got:
+                            raise OSError(f"{path}: the item at byte {info.offset} ends after {read} of {info.length} bytes")
+                        read += got
+                    tensor = _saved_tensor(view)
+                    if tensor is None:
+                        tensor = torch.load(_Bytes(view), map_location="cpu", weights_only=True)
+                    view = None
+                tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+                target = planner.resolve_tensor(req).detach()
+                if target.size() != tensor.size():
+                    raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+                target.copy_(tensor)
+                planner.commit_tensor(req, target)
+                tensor = target = None  # nothing of the buffer is held before the next item reads into it
+    finally:
+        if buffer is not None:
+            try:
+                buffer.close()
+            except BufferError:  # a view of it still held (an error's traceback): it goes with that
+                pass
+
+
+class _Bytes:
+    """A read-only file over a memoryview: torch.load and zipfile read from it, nothing copied but what they read."""
+
+    def __init__(self, view: memoryview):
+        self.view, self.pos = view, 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self.view) if size is None or size < 0 else min(len(self.view), self.pos + size)
+        out = self.view[self.pos:end].tobytes()
+        self.pos = end
+        return out
+
+    def readinto(self, target) -> int:
+        out = memoryview(target).cast("B")
+        n = min(len(out), len(self.view) - self.pos)
+        out[:n] = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else len(self.view) + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+
+_UNPICKLER = None
+
+
+def _saved_tensor(view: memoryview):
+    """The tensor torch.save wrote into `view` (one DCP item: a zip of the pickled tensor and its storage, stored
+    uncompressed), as a view of that memory: no new storage, nothing copied. None where it is not the plain case (a
+    tensor of one dense storage, little-endian, a zip without zip64 records): the caller then uses torch.load. The
+    pickle is read with a restricted unpickler that knows only torch's tensor rebuild, its storage types and
+    OrderedDict (as torch.load's weights_only does)."""
+    import pickle
+    import struct
+
+    import torch
+
+    global _UNPICKLER
+    if _UNPICKLER is None:
+        _UNPICKLER = _restricted_unpickler()
+    try:
+        end = len(view) - 22  # the end of central directory record (torch writes no comment)
+        if end < 0 or view[end:end + 4] != b"PK\x05\x06":
+            return None
+        count, _, at = struct.unpack_from("<HII", view, end + 10)
+        if count == 0xFFFF or at == 0xFFFFFFFF:  # zip64: leave it to torch.load
+            return None
+        records = {}
+        for _ in range(count):  # central directory: name -> (method, size, local header's offset)
+            if view[at:at + 4] != b"PK\x01\x02":
+                return None
+            method, = struct.unpack_from("<H", view, at + 10)
+            size, = struct.unpack_from("<I", view, at + 20)
+            names, extras, comments = struct.unpack_from("<HHH", view, at + 28)
+            local, = struct.unpack_from("<I", view, at + 42)
+            name = bytes(view[at + 46:at + 46 + names]).decode()
+            records[name.split("/", 1)[-1]] = (method, size, local)
+            at += 46 + names + extras + comments
+
+        def data(name: str) -> memoryview:
+            method, size, local = records[name]
+            if method != 0 or view[local:local + 4] != b"PK\x03\x04":
+                raise ValueError(name)
+            names, extras = struct.unpack_from("<HH", view, local + 26)
+            first = local + 30 + names + extras
+            if first + size > len(view):
+                raise ValueError(name)
+            return view[first:first + size]
+
+        if "byteorder" in records and bytes(data("byteorder")).strip() != b"little":
+            return None
+        found = _UNPICKLER(io.BytesIO(data("data.pkl"))).load()
+        if not (isinstance(found, tuple) and len(found) == 5 and found[0] == "tensor"):
+            return None
+        _, (dtype, key, numel), offset, size, stride = found
+        storage = data(f"data/{key}")
+        if len(storage) != numel * torch.empty((), dtype=dtype).element_size():
+            return None
+        if not len(storage):
+            return torch.empty(0, dtype=dtype).as_strided(size, stride, offset)
+        return torch.frombuffer(storage, dtype=dtype).as_strided(size, stride, offset)
+    except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, EOFError, UnicodeDecodeError, struct.error,
+            pickle.UnpicklingError):
+        return None
+
+
+def _restricted_unpickler():
+    import collections
+    import pickle
+
+    import torch
+
+    def rebuild(storage, offset, size, stride, *rest):
+        return "tensor", storage, offset, tuple(size), tuple(stride)
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+                return rebuild
+            if (module, name) == ("collections", "OrderedDict"):
+                return collections.OrderedDict
+            if module == "torch" and name.endswith("Storage") and name != "UntypedStorage" and hasattr(torch, name):
+                return getattr(torch, name)
+            raise pickle.UnpicklingError(f"{module}.{name}")
+
+        def persistent_load(self, pid):
+            if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+                raise pickle.UnpicklingError(f"persistent id {pid!r}")
+            return pid[1].dtype, str(pid[2]), int(pid[4])
+
+    return Unpickler
 
 
 def location(uri: str):
