@@ -28,15 +28,20 @@ in the same run, alternating, several rounds, medians:
   copies the state into pinned CPU memory, and the write's CPU is not the step's, as on a GPU node.
 - A ~1 GB state (--big-gb: a stack of Linear layers, parameters + momentum): save and restore throughput.
 Save MB/s: a blocking save (the write the background thread does); restore MB/s: a load into a fresh state.
+Resumes (--resumes, 3): the ResNet-50 checkpoint resumed as a job resumes it, in a new process each time (its first
+restore: fresh memory, new clients and connections), `newest()` (the newest complete checkpoint and its meta) then
+`load()` into a model and optimizer made there, on the CPU; timed inside that process, its imports and model aside;
+alternating, the folder evicted before each.
 The load average is printed with every round: on a shared machine compare ratios within one run, not across runs.
 
 Prints per model and store, then the ratios:
   checkpoint stall: N% of a step         (ResNet-50, S3; target <= 5%)
   save MB/s / restore MB/s
   restore S3 vs folder: N.NNx             (restore throughput S3 / folder, evicted; target >= 0.8x at 20 ms)
+  resume S3 vs folder: N.NNx              (a new process's newest() + load(): folder seconds / S3 seconds)
 
 Run: python bench/checkpoint.py [--rounds 3] [--latency-ms 20] [--every 10] [--due 3] [--when-busy skip|wait]
-                                [--big-gb 1.0] [--device cpu|cuda]
+                                [--big-gb 1.0] [--device cpu|cuda] [--resumes 3]
                                 [--batch 8] [--crop 96] [--threads 0] [--endpoint-nice 19]
 """
 from __future__ import annotations
@@ -210,12 +215,17 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=None, help="default: 8 on cpu, 64 on cuda")
     parser.add_argument("--crop", type=int, default=None, help="default: 96 on cpu, 224 (ImageNet's) on cuda")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for the step (0: torch's default, all cores)")
+    parser.add_argument("--resumes", type=int, default=3,
+                        help="ResNet-50 resumes per store, each in a new process (newest() + load(), as a job resumes)")
+    parser.add_argument("--resume-child", metavar="URI", help=argparse.SUPPRESS)  # one resume, in this process
     parser.add_argument("--endpoint-nice", type=int, default=19,
                         help="the S3 stand-in's nice (19: its CPU is S3's, not the node's; 0: as the training)")
     args = parser.parse_args(argv)
     gpu = args.device.startswith("cuda")
     args.batch = args.batch or (64 if gpu else 8)
     args.crop = args.crop or (224 if gpu else 96)
+    if args.resume_child:
+        return resume_child(args.resume_child, args.batch, args.crop)
 
     import torch
 
@@ -273,6 +283,17 @@ def main(argv=None) -> int:
                 written, due = written + run["written"], due + run["due"]
             results["resnet50"][name] = {"stall": statistics.median(lost), "written": written, "due": due,
                                          **throughput(size, io[name], name)}
+        resumes = {name: [] for name in per}
+        for _ in range(args.resumes):  # alternating; the folder evicted before each, as a new node finds it
+            for name, store in per.items():
+                if name == "folder":
+                    evict(store.at.root)
+                resumes[name].append(resume(store.uri, args.batch, args.crop))
+        if args.resumes:
+            results["resnet50"]["resume"] = {n: statistics.median(r["total"] for r in runs_) for n, runs_ in resumes.items()}
+            print("  resumes in a new process (newest() + load()): " + "; ".join(
+                f"{n} " + ", ".join(f"{r['total']:.2f}s ({r['newest']:.2f} + {r['load']:.2f})" for r in runs_)
+                for n, runs_ in resumes.items()) + f"; load {load()}", flush=True)
         del model, optimizer, step, per
 
         if args.big_gb > 0:
@@ -323,7 +344,44 @@ def main(argv=None) -> int:
              f"({results['big']['size'] / 1e9:.1f} GB state)" if "big" in results else "")
           + f"; from the folder's page cache: {r['s3']['restore'] / r['folder']['cached']:.2f}x"
           + (f", {results['big']['s3']['restore'] / results['big']['folder']['cached']:.2f}x" if "big" in results else ""))
+    if "resume" in r:
+        print(f"resume S3 vs folder: {r['resume']['folder'] / r['resume']['s3']:.2f}x (ResNet-50, a new process's "
+              f"newest() + load(), as a resuming job: S3 {r['resume']['s3']:.2f}s, the folder {r['resume']['folder']:.2f}s "
+              f"evicted; medians of {args.resumes})")
     print(f"the S3 stand-in at nice {args.endpoint_nice}, {torch.get_num_threads()} threads for the step; load {load()}")
+    return 0
+
+
+def resume(uri: str, batch: int, crop: int) -> dict:
+    """One resume of the checkpoint at `uri`, as a job resumes: in a new process (its first restore: fresh memory,
+    new clients, the connections made), the newest complete checkpoint found and its meta read (newest()), then its
+    state loaded into a model and optimizer made there; timed inside that process, its imports and model aside."""
+    import json
+
+    out = subprocess.run([sys.executable, __file__, "--resume-child", uri, "--batch", str(batch), "--crop", str(crop)],
+                         capture_output=True, text=True, timeout=300)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode or not lines:
+        raise SystemExit(f"a resume of {uri} failed: {(out.stderr or out.stdout).strip().splitlines()[-1:]}")
+    return json.loads(lines[-1])
+
+
+def resume_child(uri: str, batch: int, crop: int) -> int:
+    import json
+    import warnings
+
+    warnings.simplefilter("ignore")
+    from doeks.workload.checkpoints import Store
+
+    model, optimizer, _ = resnet50(batch, crop)
+    target = app_state(model, optimizer)
+    store = Store(uri, keep=1, log=lambda message: None)
+    start = time.perf_counter()
+    name, _ = store.newest()
+    found = time.perf_counter()
+    store.load(target, name)
+    done = time.perf_counter()
+    print(json.dumps({"newest": found - start, "load": done - found, "total": done - start}))
     return 0
 
 
