@@ -490,11 +490,15 @@ def _saved_tensor(view: memoryview):
         return None
 
 
+class _StorageName(str):
+    """A torch storage type's name in a pickle (torch.FloatStorage -> "FloatStorage")."""
+
+
 def _restricted_unpickler():
     import collections
     import pickle
 
-    import torch
+    from torch.storage import _get_dtype_from_pickle_storage_type
 
     def rebuild(storage, offset, size, stride, *rest):
         return "tensor", storage, offset, tuple(size), tuple(stride)
@@ -505,14 +509,15 @@ def _restricted_unpickler():
                 return rebuild
             if (module, name) == ("collections", "OrderedDict"):
                 return collections.OrderedDict
-            if module == "torch" and name.endswith("Storage") and name != "UntypedStorage" and hasattr(torch, name):
-                return getattr(torch, name)
+            if module == "torch" and name.endswith("Storage") and name != "UntypedStorage":
+                return _StorageName(name)  # its dtype by name, as torch.load finds it (the class's own warns)
             raise pickle.UnpicklingError(f"{module}.{name}")
 
         def persistent_load(self, pid):
-            if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+                    and isinstance(pid[1], _StorageName)):
                 raise pickle.UnpicklingError(f"persistent id {pid!r}")
-            return pid[1].dtype, str(pid[2]), int(pid[4])
+            return _get_dtype_from_pickle_storage_type(pid[1]), str(pid[2]), int(pid[4])
 
     return Unpickler
 
