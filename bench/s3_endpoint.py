@@ -311,7 +311,7 @@ class S3Protocol(asyncio.Protocol):
             self.transport.write(body[:len(body) // 2])
             self._reset()
             return
-        self.sending = memoryview(body)[0:] if body else None
+        self.sending = memoryview(body) if body else None
         self._pump()
 
     SLICE = 256 * 1024

@@ -28,10 +28,12 @@ image and in a SageMaker source archive; `doeks.checkpoints()` gives the same St
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import json
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -427,23 +429,16 @@ class _Bytes:
         return True
 
 
-_UNPICKLER = None
-
-
 def _saved_tensor(view: memoryview):
     """The tensor torch.save wrote into `view` (one DCP item: a zip of the pickled tensor and its storage, stored
     uncompressed), as a view of that memory: no new storage, nothing copied. None where it is not the plain case (a
     tensor of one dense storage, little-endian, a zip without zip64 records): the caller then uses torch.load. The
     pickle is read with a restricted unpickler that knows only torch's tensor rebuild, its storage types and
     OrderedDict (as torch.load's weights_only does)."""
-    import pickle
     import struct
 
     import torch
 
-    global _UNPICKLER
-    if _UNPICKLER is None:
-        _UNPICKLER = _restricted_unpickler()
     try:
         end = len(view) - 22  # the end of central directory record (torch writes no comment)
         if end < 0 or view[end:end + 4] != b"PK\x05\x06":
@@ -475,12 +470,12 @@ def _saved_tensor(view: memoryview):
 
         if "byteorder" in records and bytes(data("byteorder")).strip() != b"little":
             return None
-        found = _UNPICKLER(io.BytesIO(data("data.pkl"))).load()
+        found = _TensorUnpickler(io.BytesIO(data("data.pkl"))).load()
         if not (isinstance(found, tuple) and len(found) == 5 and found[0] == "tensor"):
             return None
         _, (dtype, key, numel), offset, size, stride = found
         storage = data(f"data/{key}")
-        if len(storage) != numel * torch.empty((), dtype=dtype).element_size():
+        if len(storage) != numel * dtype.itemsize:
             return None
         if not len(storage):
             return torch.empty(0, dtype=dtype).as_strided(size, stride, offset)
@@ -494,32 +489,29 @@ class _StorageName(str):
     """A torch storage type's name in a pickle (torch.FloatStorage -> "FloatStorage")."""
 
 
-def _restricted_unpickler():
-    import collections
-    import pickle
+class _TensorUnpickler(pickle.Unpickler):
+    """torch.save's pickle of one tensor, read as ("tensor", (dtype, storage key, numel), offset, size, stride); it
+    knows only torch's tensor rebuild, its storage types (by name) and OrderedDict, and refuses anything else."""
 
-    from torch.storage import _get_dtype_from_pickle_storage_type
+    def find_class(self, module, name):
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return _rebuilt
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        if module == "torch" and name.endswith("Storage") and name != "UntypedStorage":
+            return _StorageName(name)  # its dtype by name, as torch.load finds it (the class's own warns)
+        raise pickle.UnpicklingError(f"{module}.{name}")
 
-    def rebuild(storage, offset, size, stride, *rest):
-        return "tensor", storage, offset, tuple(size), tuple(stride)
+    def persistent_load(self, pid):
+        from torch.storage import _get_dtype_from_pickle_storage_type
 
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module, name):
-            if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-                return rebuild
-            if (module, name) == ("collections", "OrderedDict"):
-                return collections.OrderedDict
-            if module == "torch" and name.endswith("Storage") and name != "UntypedStorage":
-                return _StorageName(name)  # its dtype by name, as torch.load finds it (the class's own warns)
-            raise pickle.UnpicklingError(f"{module}.{name}")
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageName)):
+            raise pickle.UnpicklingError(f"persistent id {pid!r}")
+        return _get_dtype_from_pickle_storage_type(pid[1]), str(pid[2]), int(pid[4])
 
-        def persistent_load(self, pid):
-            if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-                    and isinstance(pid[1], _StorageName)):
-                raise pickle.UnpicklingError(f"persistent id {pid!r}")
-            return _get_dtype_from_pickle_storage_type(pid[1]), str(pid[2]), int(pid[4])
 
-    return Unpickler
+def _rebuilt(storage, offset, size, stride, *rest):
+    return "tensor", storage, offset, tuple(size), tuple(stride)
 
 
 def location(uri: str):
@@ -621,8 +613,6 @@ class Store:
         the meta (newest) and then the state of the same checkpoint, and a checkpoint's files never change once it is
         complete (its prefix is never written again), so the second read would be one more request round trip to S3
         for the same bytes. Kept pickled: each load gets its own copy, as from the storage."""
-        import pickle
-
         reader = self.at.reader(name)
         read = reader.read_metadata
 
