@@ -88,3 +88,25 @@ def test_a_restore_decodes_the_tensors_without_torch_load_and_loads_them_right(t
         assert torch.equal(target["tensors"][name], tensor), name
     assert torch.equal(target["nested"]["w"], state["nested"]["w"]) and target["step"] == 7
     assert "Tensor" not in loads and loads  # DCP's planner reads the value that is not a tensor with torch.load
+
+
+def test_a_plain_tensor_is_read_straight_into_its_target(tmp_path):
+    """A dense CPU tensor whose target is the same (a model's parameters, an optimizer's moments, as a job resumes)
+    is read from the file into the target's memory, not into a buffer first: counted by the page faults of the load
+    (a 64 MB buffer is 16384 fresh pages; the target was written before, as a model's memory is). Beside it, a
+    target of other strides goes through the buffer and loads right (a resharded read, a slice of the saved tensor,
+    too: tests/test_elasticjob_local.py)."""
+    import resource
+
+    torch.manual_seed(1)
+    state = {"w": torch.randn(4096, 4096), "t": torch.randn(64, 32).t().contiguous(), "s": torch.randn(8, 16)}
+    store = checkpoints.Store(str(tmp_path / "ck"), keep=1)
+    store.save(state, 1, background=False)
+    target = {"w": torch.zeros(4096, 4096), "t": torch.zeros(64, 32).t(), "s": torch.zeros(8, 16)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        store.load(target, store.latest())
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert all(torch.equal(target[k], state[k]) for k in state)
+    assert faults < 4096, f"{faults} page faults: the 64 MB tensor went through a buffer of fresh memory"

@@ -305,19 +305,21 @@ class _S3:
             return _read_files_in_parallel(reader)
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
+        # (s3fs: a read that jumps within a file is another GetObject, so each item is read whole, in order)
         return _read_files_in_parallel(FsspecReader(self.join(name), endpoint_url=self.endpoint,
-                                                    client_kwargs={"region_name": self.region}))
+                                                    client_kwargs={"region_name": self.region}), random_access=False)
 
 
 READ_THREADS = 4  # = the writers' thread_count: a checkpoint has up to 4 files per rank
 
 
-def _read_files_in_parallel(reader, threads: int = READ_THREADS):
+def _read_files_in_parallel(reader, threads: int = READ_THREADS, random_access: bool = True):
     """DCP's FileSystemReader reads a rank's files one after the other; this reads them `threads` at a time (each
     file's items still in order, into their own tensors), so S3's time to first byte overlaps, as the writer's threads
-    overlap it on save. Each item is read into a buffer the thread keeps and decoded in place (_saved_tensor), not
-    through torch.load, which makes a new storage of every tensor (fresh memory, a page fault per 4 kB) to copy it
-    into the target after."""
+    overlap it on save. Each tensor is decoded where its bytes lie (_read_file), not through torch.load, which makes a
+    new storage of every tensor (fresh memory, a page fault per 4 kB) to copy it into the target after.
+    random_access: the reader's stream answers a read anywhere in an item at no cost (a local file; the connector's
+    reader, which holds the item's bytes once asked); False: each item is read whole, in order."""
     from collections import defaultdict
     from concurrent.futures import ThreadPoolExecutor
 
@@ -328,7 +330,9 @@ def _read_files_in_parallel(reader, threads: int = READ_THREADS):
         for item in plan.items:
             by_file[reader.storage_data[item.storage_index].relative_path].append(item)
         with ThreadPoolExecutor(max(1, min(threads, len(by_file))), thread_name_prefix="checkpoint-read") as pool:
-            for part in [pool.submit(_read_file, reader, path, items, planner) for path, items in by_file.items()]:
+            parts = [pool.submit(_read_file, reader, path, items, planner, random_access)
+                     for path, items in by_file.items()]
+            for part in parts:
                 part.result()
         done = torch.futures.Future()
         done.set_result(None)
@@ -338,11 +342,12 @@ def _read_files_in_parallel(reader, threads: int = READ_THREADS):
     return reader
 
 
-def _read_file(reader, path: str, items: list, planner) -> None:
+def _read_file(reader, path: str, items: list, planner, random_access: bool = True) -> None:
     """DCP's FileSystemReader.read_data for one file's items (in the order of their bytes, as the S3 connector's
-    reader needs them), each tensor item read whole into a buffer kept for the file's items and decoded where it
-    lies (_saved_tensor: a view of the buffer, copied once into the target); torch.load where that decoding does not
-    apply (an item with transforms, a tensor that is not a plain dense one)."""
+    reader needs them). A tensor item's storage is read straight into its target where it is the same plain CPU
+    tensor (one copy: from the page cache or the S3 client's chunks into the model), else into a buffer kept for the
+    file's items and decoded where it lies (a view of the buffer, copied once into the target); torch.load where
+    that decoding does not apply (an item with transforms, a tensor that is not a plain dense one)."""
     import mmap
 
     import torch
@@ -351,6 +356,18 @@ def _read_file(reader, path: str, items: list, planner) -> None:
 
     items = sorted(items, key=lambda i: reader.storage_data[i.storage_index].offset)
     buffer = None
+
+    def read_into(piece, at: int, size: int, what: str) -> memoryview:
+        """`size` bytes of the item from byte `at`, into the buffer (pages made as it is first filled, then reused;
+        the one before goes with its last view): valid until the next read."""
+        nonlocal buffer
+        if buffer is None or len(buffer) < size:
+            buffer = mmap.mmap(-1, max(size, 1 << 20))
+        view = memoryview(buffer)[:size]
+        piece.seek(at)
+        _fill(piece, view, what)
+        return view
+
     try:
         with reader.fs.create_stream(reader.fs.concat_path(reader.path, path), "rb") as stream:
             for req in items:
@@ -368,19 +385,34 @@ def _read_file(reader, path: str, items: list, planner) -> None:
                     tensor = torch.load(piece if piece.seekable() else io.BytesIO(piece.read(-1)), map_location="cpu",
                                         weights_only=True)
                 else:
-                    if buffer is None or len(buffer) < info.length:  # pages made as it is first filled, then reused
-                        buffer = mmap.mmap(-1, max(info.length, 1 << 20))  # (the one before goes with its last view)
-                    view = memoryview(buffer)[:info.length]
-                    read = 0
-                    while read < info.length:
-                        got = piece.readinto(view[read:])
-                        if not got:
-                            raise OSError(f"{path}: the item at byte {info.offset} ends after {read} of {info.length} bytes")
-                        read += got
-                    tensor = _saved_tensor(view)
-                    if tensor is None:
-                        tensor = torch.load(_Bytes(view), map_location="cpu", weights_only=True)
-                    view = None
+                    what = f"{path}: the item at byte {info.offset}"
+                    if random_access:  # the zip's few hundred bytes of structure first, then the storage where it goes
+                        def read(at, size):
+                            return read_into(piece, at, size, what)
+                    else:  # the whole item into the buffer, one read in order
+                        item = read_into(piece, 0, info.length, what)
+
+                        def read(at, size):
+                            return item[at:at + size]
+                    layout = _saved_layout(read, info.length)
+                    target = planner.resolve_tensor(req).detach()
+                    if layout is not None and _fits(target, layout, req):
+                        first, stored = layout[4:]
+                        if not random_access:
+                            _memory_of(target)[:] = item[first:first + stored]
+                        elif stored:
+                            piece.seek(first)
+                            _fill(piece, _memory_of(target), what)
+                        planner.commit_tensor(req, target)
+                        item = read = target = None
+                        continue
+                    if layout is not None:
+                        dtype, size, stride, offset, first, stored = layout
+                        tensor = (torch.frombuffer(read(first, stored), dtype=dtype) if stored else
+                                  torch.empty(0, dtype=dtype)).as_strided(size, stride, offset)
+                    else:
+                        tensor = torch.load(_Bytes(read(0, info.length)), map_location="cpu", weights_only=True)
+                    item = read = None
                 tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
                 target = planner.resolve_tensor(req).detach()
                 if target.size() != tensor.size():
@@ -394,6 +426,42 @@ def _read_file(reader, path: str, items: list, planner) -> None:
                 buffer.close()
             except BufferError:  # a view of it still held (an error's traceback): it goes with that
                 pass
+
+
+def _fill(piece, view: memoryview, what: str) -> None:
+    read = 0
+    while read < len(view):
+        got = piece.readinto(view[read:])
+        if not got:
+            raise OSError(f"{what} ends after {read} of {len(view)} bytes")
+        read += got
+
+
+def _fits(target, layout, req) -> bool:
+    """Whether the saved storage is, byte for byte, the target's memory: a dense CPU tensor of the same dtype and
+    shape, the saved one contiguous from its storage's first byte and read whole (not a slice of it, as a resharded
+    restore reads)."""
+    import torch
+
+    dtype, size, stride, offset, first, stored = layout
+    if (target.device.type != "cpu" or target.layout != torch.strided or target.dtype != dtype
+            or tuple(target.shape) != tuple(size) or not target.is_contiguous() or offset
+            or stored != target.numel() * dtype.itemsize or any(req.storage_offsets)
+            or tuple(req.lengths) != tuple(size)):
+        return False
+    step = 1
+    for n, s in reversed(list(zip(size, stride))):
+        if n != 1 and s != step:
+            return False
+        step *= n
+    return True
+
+
+def _memory_of(tensor) -> memoryview:
+    """A contiguous CPU tensor's bytes, writable, in place (the tensor must outlive the view)."""
+    import ctypes
+
+    return memoryview((ctypes.c_char * (tensor.numel() * tensor.element_size())).from_address(tensor.data_ptr())).cast("B")
 
 
 class _Bytes:
@@ -430,56 +498,72 @@ class _Bytes:
 
 
 def _saved_tensor(view: memoryview):
-    """The tensor torch.save wrote into `view` (one DCP item: a zip of the pickled tensor and its storage, stored
-    uncompressed), as a view of that memory: no new storage, nothing copied. None where it is not the plain case (a
-    tensor of one dense storage, little-endian, a zip without zip64 records): the caller then uses torch.load. The
-    pickle is read with a restricted unpickler that knows only torch's tensor rebuild, its storage types and
-    OrderedDict (as torch.load's weights_only does)."""
-    import struct
-
+    """The tensor torch.save wrote into `view` (one DCP item), as a view of that memory: no new storage, nothing
+    copied. None where it is not the plain case (_saved_layout): the caller then uses torch.load."""
     import torch
 
+    layout = _saved_layout(lambda at, size: view[at:at + size], len(view))
+    if layout is None:
+        return None
+    dtype, size, stride, offset, first, length = layout
+    if not length:
+        return torch.empty(0, dtype=dtype).as_strided(size, stride, offset)
+    return torch.frombuffer(view[first:first + length], dtype=dtype).as_strided(size, stride, offset)
+
+
+def _saved_layout(read, length: int):
+    """Where the tensor torch.save wrote into one DCP item of `length` bytes lies: (dtype, size, stride, storage
+    offset, the first byte of its storage in the item, the storage's length), the item's bytes asked through
+    read(at, size) -> bytes-like (a few hundred bytes: the zip's central directory, the pickle, the byte order), so
+    the storage can be read straight to where it goes. None where it is not the plain case: a tensor of one dense
+    storage, little-endian, stored uncompressed in a zip without zip64 records. The pickle is read with a restricted
+    unpickler that knows only torch's tensor rebuild, its storage types and OrderedDict (as torch.load's weights_only
+    does)."""
+    import struct
+
     try:
-        end = len(view) - 22  # the end of central directory record (torch writes no comment)
-        if end < 0 or view[end:end + 4] != b"PK\x05\x06":
+        end = length - 22  # the end of central directory record (torch writes no comment)
+        if end < 0:
             return None
-        count, _, at = struct.unpack_from("<HII", view, end + 10)
-        if count == 0xFFFF or at == 0xFFFFFFFF:  # zip64: leave it to torch.load
+        tail = read(end, 22)
+        if tail[:4] != b"PK\x05\x06":
             return None
-        records = {}
+        count, size, at = struct.unpack_from("<HII", tail, 10)
+        if count == 0xFFFF or at == 0xFFFFFFFF or at + size > end:  # zip64: leave it to torch.load
+            return None
+        directory, records, at = read(at, size), {}, 0
         for _ in range(count):  # central directory: name -> (method, size, local header's offset)
-            if view[at:at + 4] != b"PK\x01\x02":
+            if directory[at:at + 4] != b"PK\x01\x02":
                 return None
-            method, = struct.unpack_from("<H", view, at + 10)
-            size, = struct.unpack_from("<I", view, at + 20)
-            names, extras, comments = struct.unpack_from("<HHH", view, at + 28)
-            local, = struct.unpack_from("<I", view, at + 42)
-            name = bytes(view[at + 46:at + 46 + names]).decode()
+            method, = struct.unpack_from("<H", directory, at + 10)
+            size, = struct.unpack_from("<I", directory, at + 20)
+            names, extras, comments = struct.unpack_from("<HHH", directory, at + 28)
+            local, = struct.unpack_from("<I", directory, at + 42)
+            name = bytes(directory[at + 46:at + 46 + names]).decode()
             records[name.split("/", 1)[-1]] = (method, size, local)
             at += 46 + names + extras + comments
 
-        def data(name: str) -> memoryview:
+        def place(name: str) -> tuple[int, int]:
             method, size, local = records[name]
-            if method != 0 or view[local:local + 4] != b"PK\x03\x04":
+            header = read(local, 30)
+            if method != 0 or header[:4] != b"PK\x03\x04":
                 raise ValueError(name)
-            names, extras = struct.unpack_from("<HH", view, local + 26)
+            names, extras = struct.unpack_from("<HH", header, 26)
             first = local + 30 + names + extras
-            if first + size > len(view):
+            if first + size > length:
                 raise ValueError(name)
-            return view[first:first + size]
+            return first, size
 
-        if "byteorder" in records and bytes(data("byteorder")).strip() != b"little":
+        if "byteorder" in records and bytes(read(*place("byteorder"))).strip() != b"little":
             return None
-        found = _TensorUnpickler(io.BytesIO(data("data.pkl"))).load()
+        found = _TensorUnpickler(io.BytesIO(read(*place("data.pkl")))).load()
         if not (isinstance(found, tuple) and len(found) == 5 and found[0] == "tensor"):
             return None
         _, (dtype, key, numel), offset, size, stride = found
-        storage = data(f"data/{key}")
-        if len(storage) != numel * dtype.itemsize:
+        first, stored = place(f"data/{key}")
+        if stored != numel * dtype.itemsize:
             return None
-        if not len(storage):
-            return torch.empty(0, dtype=dtype).as_strided(size, stride, offset)
-        return torch.frombuffer(storage, dtype=dtype).as_strided(size, stride, offset)
+        return dtype, size, stride, offset, first, stored
     except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, EOFError, UnicodeDecodeError, struct.error,
             pickle.UnpicklingError):
         return None
