@@ -110,3 +110,17 @@ def test_a_plain_tensor_is_read_straight_into_its_target(tmp_path):
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     assert all(torch.equal(target[k], state[k]) for k in state)
     assert faults < 4096, f"{faults} page faults: the 64 MB tensor went through a buffer of fresh memory"
+
+
+def test_a_folder_prefetch_asks_the_kernel_and_holds_nothing(tmp_path):
+    """Store.prefetch on a folder: the files' readahead asked of the kernel (a shared volume's files come over the
+    network), nothing kept in the process; the load after reads right. A checkpoint that is not there: False."""
+    torch.manual_seed(2)
+    state = {"w": torch.randn(256, 256)}
+    store = checkpoints.Store(str(tmp_path / "ck"), keep=1)
+    store.save(state, 3, background=False)
+    assert store.prefetch("step-3") and not store._prefetched
+    target = {"w": torch.zeros(256, 256)}
+    store.load(target, "step-3")
+    assert torch.equal(target["w"], state["w"])
+    assert not store.prefetch("step-9")

@@ -203,3 +203,51 @@ def test_a_resume_asks_s3_only_what_it_needs(endpoint, requests):
     assert [a for a in asked if a.startswith("GET") and a.endswith("/.metadata")] == ["GET /bench/resume/step-6/.metadata"]
     assert len([a for a in asked if a.startswith("GET /bench?list-type=2")]) == 1
     assert not [a for a in asked if "probe" in a or a.startswith(("PUT", "POST", "DELETE"))]
+
+
+def test_a_prefetched_checkpoint_loads_from_memory_and_one_that_failed_as_usual(endpoint, requests, monkeypatch):
+    """A resuming job starts the download as soon as it knows its checkpoint (Store.prefetch after newest()), so it
+    goes on while the job sets up; load() then asks S3 for no data: every file was read once, whole, by the prefetch
+    (one ranged GetObject each). A prefetch whose read failed (here: the object gone before it was read, then put
+    back) leaves load() to read that file as usual; a load of another checkpoint drops what was prefetched."""
+    state = _state()
+    first = checkpoints.Store("s3://bench/prefetch", keep=3)
+    for step in (2, 4):
+        first.save(state, step, background=False)
+    resuming = checkpoints.Store("s3://bench/prefetch", keep=3)
+    name, _ = resuming.newest()
+    with monkeypatch.context() as short:
+        short.setattr(checkpoints, "_available_memory", lambda: 4 * 1024 * 1024)  # no room: nothing started
+        assert not resuming.prefetch(name) and not resuming._prefetched
+    files = sorted(f.rsplit("/", 1)[-1] for f in resuming.at.fs.find("bench/prefetch/step-4") if f.endswith(".distcp"))
+    assert len(files) == 4
+    before = len(requests.read_text().splitlines())
+    assert resuming.prefetch(name)
+    for future in resuming._prefetched[name].values():
+        future.result(timeout=30)
+    during = len(requests.read_text().splitlines())
+    fetched = [a for a in requests.read_text().splitlines()[before:during] if a.startswith("GET")]
+    assert sorted(a.split("/")[-1] for a in fetched) == files, fetched
+    loaded = _fresh(state)
+    resuming.load(loaded, name)
+    assert all(torch.equal(loaded["model"][n], t) for n, t in state["model"].items())
+    assert torch.equal(loaded["scale"], state["scale"])
+    assert not [a for a in requests.read_text().splitlines()[during:] if a.startswith("GET")]
+
+    # a file's prefetch failed: that file is read as usual, the others from memory
+    again = checkpoints.Store("s3://bench/prefetch", keep=3)
+    name, _ = again.newest()
+    key = f"bench/prefetch/{name}/{files[0]}"
+    kept = again.at.fs.cat_file(key)
+    again.at.fs.rm(key)
+    assert again.prefetch(name)
+    for future in again._prefetched[name].values():
+        future.exception(timeout=30)
+    again.at.fs.pipe_file(key, kept)
+    during = len(requests.read_text().splitlines())
+    loaded = _fresh(state)
+    again.load(loaded, name)
+    assert all(torch.equal(loaded["model"][n], t) for n, t in state["model"].items())
+    read = [a for a in requests.read_text().splitlines()[during:] if a.startswith("GET") and ".distcp" in a]
+    assert {a.split("/")[-1].split("?")[0] for a in read} == {files[0]}, read
+    assert not again._prefetched

@@ -136,10 +136,26 @@ class _Folder:
 
         return FileSystemWriter(self.join(name), sync_files=True, overwrite=False)
 
-    def reader(self, name: str):
+    def reader(self, name: str, prefetched: dict | None = None):
         from torch.distributed.checkpoint import FileSystemReader
 
         return _read_files_in_parallel(FileSystemReader(self.join(name)))
+
+    def prefetch(self, name: str, sizes: dict[str, int]) -> dict | None:
+        """Ask the kernel to read the checkpoint's files into the page cache now (readahead: a shared volume's files
+        come over the network); nothing is held here ({})."""
+        for file in sizes:
+            try:
+                fd = os.open(self.join(name, file), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            except (OSError, AttributeError):
+                pass
+            finally:
+                os.close(fd)
+        return {}
 
     client = "folder"
 
@@ -293,7 +309,35 @@ class _S3:
         writer.fs.exists = lambda path: self.exists(str(path)[len(self.uri) + 1:])
         return writer
 
-    def reader(self, name: str):
+    def prefetch(self, name: str, sizes: dict[str, int]) -> dict | None:
+        """Start reading each of the checkpoint's files whole, on threads of their own, with the connector's client
+        kept for restores (one ranged GetObject each, parts in parallel, into memory of this process): {file: a
+        Future of its bytes}; None through s3fs (nothing started)."""
+        if self.choose() != "s3torchconnector":
+            return None
+        from concurrent.futures import ThreadPoolExecutor
+
+        from s3torchconnector import S3ReaderConstructor
+
+        self._connector_fs(use="read")
+        client = self._connectors["read"]
+
+        def fetch(file: str, size: int):
+            import mmap
+
+            bucket, _, key = self._key(name, file).partition("/")
+            buffer = mmap.mmap(-1, max(size, 1))
+            _fill(client.get_object(bucket, key, reader_constructor=S3ReaderConstructor.range_based()),
+                  memoryview(buffer)[:size], f"{self.join(name, file)}")
+            return buffer
+
+        pool = ThreadPoolExecutor(min(READ_THREADS, max(1, len(sizes))), thread_name_prefix="checkpoint-prefetch")
+        try:
+            return {file: pool.submit(fetch, file, size) for file, size in sizes.items()}
+        finally:
+            pool.shutdown(wait=False)
+
+    def reader(self, name: str, prefetched: dict | None = None):
         if self.choose() == "s3torchconnector":
             from s3torchconnector.dcp import S3StorageReader
 
@@ -302,7 +346,7 @@ class _S3:
             # client's chunks); a file system without it reads each file through the generic sequential reader, which
             # copies the whole object into a growing BytesIO before torch.load copies it again
             reader.fs = self._connector_fs(reader._reader_constructor, use="read")
-            return _read_files_in_parallel(reader)
+            return _read_files_in_parallel(reader, prefetched=prefetched)
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
         # (s3fs: a read that jumps within a file is another GetObject, so each item is read whole, in order)
@@ -313,13 +357,15 @@ class _S3:
 READ_THREADS = 4  # = the writers' thread_count: a checkpoint has up to 4 files per rank
 
 
-def _read_files_in_parallel(reader, threads: int = READ_THREADS, random_access: bool = True):
+def _read_files_in_parallel(reader, threads: int = READ_THREADS, random_access: bool = True,
+                            prefetched: dict | None = None):
     """DCP's FileSystemReader reads a rank's files one after the other; this reads them `threads` at a time (each
     file's items still in order, into their own tensors), so S3's time to first byte overlaps, as the writer's threads
     overlap it on save. Each tensor is decoded where its bytes lie (_read_file), not through torch.load, which makes a
     new storage of every tensor (fresh memory, a page fault per 4 kB) to copy it into the target after.
     random_access: the reader's stream answers a read anywhere in an item at no cost (a local file; the connector's
-    reader, which holds the item's bytes once asked); False: each item is read whole, in order."""
+    reader, which holds the item's bytes once asked); False: each item is read whole, in order. prefetched: {file: a
+    Future of its bytes} (Store.prefetch): such a file is read from memory, or as usual where its read failed."""
     from collections import defaultdict
     from concurrent.futures import ThreadPoolExecutor
 
@@ -330,7 +376,7 @@ def _read_files_in_parallel(reader, threads: int = READ_THREADS, random_access: 
         for item in plan.items:
             by_file[reader.storage_data[item.storage_index].relative_path].append(item)
         with ThreadPoolExecutor(max(1, min(threads, len(by_file))), thread_name_prefix="checkpoint-read") as pool:
-            parts = [pool.submit(_read_file, reader, path, items, planner, random_access)
+            parts = [pool.submit(_read_file, reader, path, items, planner, random_access, (prefetched or {}).get(path))
                      for path, items in by_file.items()]
             for part in parts:
                 part.result()
@@ -342,7 +388,7 @@ def _read_files_in_parallel(reader, threads: int = READ_THREADS, random_access: 
     return reader
 
 
-def _read_file(reader, path: str, items: list, planner, random_access: bool = True) -> None:
+def _read_file(reader, path: str, items: list, planner, random_access: bool = True, prefetched=None) -> None:
     """DCP's FileSystemReader.read_data for one file's items (in the order of their bytes, as the S3 connector's
     reader needs them). A tensor item's storage is read straight into its target where it is the same plain CPU
     tensor (one copy: from the page cache or the S3 client's chunks into the model), else into a buffer kept for the
@@ -368,8 +414,17 @@ def _read_file(reader, path: str, items: list, planner, random_access: bool = Tr
         _fill(piece, view, what)
         return view
 
+    fetched = None
+    if prefetched is not None:
+        try:
+            fetched = prefetched.result()
+        except errors():  # noqa: BLE001 - read it as usual: its error, if it has one, is said there
+            fetched = None
     try:
-        with reader.fs.create_stream(reader.fs.concat_path(reader.path, path), "rb") as stream:
+        with (contextlib.nullcontext(_Bytes(memoryview(fetched))) if fetched is not None else
+              reader.fs.create_stream(reader.fs.concat_path(reader.path, path), "rb")) as stream:
+            if fetched is not None:
+                random_access = True
             for req in items:
                 info = reader.storage_data[req.storage_index]
                 piece = reader._slice_file(stream, info)
@@ -632,6 +687,7 @@ class Store:
         self._skip: set[str] = set()
         self._stager = None  # the CPU copy the async saves write from, made once and reused (see _ReusedStager)
         self._metadata: dict = {}  # (name, rank) -> a checkpoint's DCP metadata, pickled (see _reader)
+        self._prefetched: dict = {}  # name -> {file: a Future of its bytes} (see prefetch)
         if hasattr(self.at, "choose_soon"):  # S3: the connector's probe beside the listing below and a resume's reads
             self.at.choose_soon()
         self._used: set[str] = set(self.names())  # listed once, at start, on every rank (see name_for)
@@ -689,15 +745,44 @@ class Store:
         import torch.distributed.checkpoint as dcp
 
         distributed = dist.is_available() and dist.is_initialized()
+        prefetched = self._prefetched.pop(name, None)
+        self._prefetched.clear()  # one another than this, left unused: its memory goes
         with _quiet():
-            dcp.load(state, storage_reader=self._reader(name), process_group=process_group, no_dist=not distributed)
+            dcp.load(state, storage_reader=self._reader(name, prefetched), process_group=process_group,
+                     no_dist=not distributed)
 
-    def _reader(self, name: str):
+    def prefetch(self, name: str) -> bool:
+        """Start reading checkpoint `name` for a load() that comes later, beside what the caller does until then: a
+        resuming job calls it as soon as it knows what it resumes from (newest()), so the download goes on while it
+        joins its process group, reads its data and builds its model. S3 (the connector): each file whole, on threads
+        of their own, into this process's memory until load() reads it from there (or as usual, where a file's read
+        failed); only where the checkpoint's files, times the ranks on this node (every rank reads them all: DDP),
+        take at most a quarter of the memory available now. A folder: the kernel asked to read the files ahead
+        (a shared volume's come over the network). Returns whether anything was started."""
+        try:
+            metadata = self._reader(name).read_metadata()
+        except errors():  # noqa: BLE001 - load() will say what is wrong with it
+            return False
+        sizes: dict[str, int] = {}
+        for info in metadata.storage_data.values():
+            sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), info.offset + info.length)
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+        if is_s3(self.uri) and sum(sizes.values()) * ranks > _available_memory() // 4:
+            return False
+        try:
+            started = self.at.prefetch(name, sizes)
+        except errors():  # noqa: BLE001 - an older connector without the ranged reader, a client that cannot start
+            return False
+        if started:
+            self._prefetched[name] = started
+        return started is not None
+
+    def _reader(self, name: str, prefetched: dict | None = None):
         """The location's DCP reader of checkpoint `name`, reading its `.metadata` once per process: a resume reads
         the meta (newest) and then the state of the same checkpoint, and a checkpoint's files never change once it is
         complete (its prefix is never written again), so the second read would be one more request round trip to S3
         for the same bytes. Kept pickled: each load gets its own copy, as from the storage."""
-        reader = self.at.reader(name)
+        reader = self.at.reader(name, prefetched)
         read = reader.read_metadata
 
         def read_metadata(*args, **kwargs):
@@ -883,6 +968,18 @@ class Store:
             if order(name) < order(newest) and name not in keep:
                 self.at.remove(name)
                 self.at.unclaim(f".alone-{name}")  # save_alone's claim, where it made one
+
+
+def _available_memory() -> int:
+    """Bytes of memory available now (Linux: MemAvailable), 0 where not known."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _anyone(mine: bool) -> bool:

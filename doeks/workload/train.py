@@ -549,6 +549,8 @@ def main(argv=None) -> int:
             f"val_acc={checkpoint['result']['val_accuracy']:.4f} (recorded in {store.at.join(found[0])})")
         return 0
 
+    if found:  # its download goes on while the process group, the data and the model are made
+        store.prefetch(found[0])
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
