@@ -217,6 +217,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads for the step (0: torch's default, all cores)")
     parser.add_argument("--resumes", type=int, default=3,
                         help="ResNet-50 resumes per store, each in a new process (newest() + load(), as a job resumes)")
+    parser.add_argument("--no-prefetch", action="store_true",
+                        help="resumes without Store.prefetch (the download starts at load())")
     parser.add_argument("--resume-child", metavar="URI", help=argparse.SUPPRESS)  # one resume, in this process
     parser.add_argument("--endpoint-nice", type=int, default=19,
                         help="the S3 stand-in's nice (19: its CPU is S3's, not the node's; 0: as the training)")
@@ -225,7 +227,7 @@ def main(argv=None) -> int:
     args.batch = args.batch or (64 if gpu else 8)
     args.crop = args.crop or (224 if gpu else 96)
     if args.resume_child:
-        return resume_child(args.resume_child, args.batch, args.crop)
+        return resume_child(args.resume_child, args.batch, args.crop, not args.no_prefetch)
 
     import torch
 
@@ -288,12 +290,13 @@ def main(argv=None) -> int:
             for name, store in per.items():
                 if name == "folder":
                     evict(store.at.root)
-                resumes[name].append(resume(store.uri, args.batch, args.crop))
+                resumes[name].append(resume(store.uri, args.batch, args.crop, not args.no_prefetch))
         if args.resumes:
             results["resnet50"]["resume"] = {n: statistics.median(r["total"] for r in runs_) for n, runs_ in resumes.items()}
-            print("  resumes in a new process (newest() + load()): " + "; ".join(
-                f"{n} " + ", ".join(f"{r['total']:.2f}s ({r['newest']:.2f} + {r['load']:.2f})" for r in runs_)
-                for n, runs_ in resumes.items()) + f"; load {load()}", flush=True)
+            print(f"  resumes in a new process (newest() + {'' if args.no_prefetch else 'prefetch, '}the model made + load()): "
+                  + "; ".join(f"{n} " + ", ".join(f"{r['total']:.2f}s ({r['newest']:.2f} + {r['made']:.2f} + "
+                                                  f"{r['load']:.2f})" for r in runs_)
+                              for n, runs_ in resumes.items()) + f"; load {load()}", flush=True)
         del model, optimizer, step, per
 
         if args.big_gb > 0:
@@ -346,42 +349,48 @@ def main(argv=None) -> int:
           + (f", {results['big']['s3']['restore'] / results['big']['folder']['cached']:.2f}x" if "big" in results else ""))
     if "resume" in r:
         print(f"resume S3 vs folder: {r['resume']['folder'] / r['resume']['s3']:.2f}x (ResNet-50, a new process's "
-              f"newest() + load(), as a resuming job: S3 {r['resume']['s3']:.2f}s, the folder {r['resume']['folder']:.2f}s "
-              f"evicted; medians of {args.resumes})")
+              f"newest(), {'' if args.no_prefetch else 'prefetch, '}the model made, load(), as a resuming job: S3 "
+              f"{r['resume']['s3']:.2f}s, the folder {r['resume']['folder']:.2f}s evicted; medians of {args.resumes})")
     print(f"the S3 stand-in at nice {args.endpoint_nice}, {torch.get_num_threads()} threads for the step; load {load()}")
     return 0
 
 
-def resume(uri: str, batch: int, crop: int) -> dict:
-    """One resume of the checkpoint at `uri`, as a job resumes: in a new process (its first restore: fresh memory,
-    new clients, the connections made), the newest complete checkpoint found and its meta read (newest()), then its
-    state loaded into a model and optimizer made there; timed inside that process, its imports and model aside."""
+def resume(uri: str, batch: int, crop: int, prefetch: bool = True) -> dict:
+    """One resume of the checkpoint at `uri`, as the job resumes (doeks/workload/train.py): in a new process (its
+    first restore: fresh memory, new clients, the connections made), the newest complete checkpoint found and its
+    meta read (newest()), its download started (Store.prefetch, unless `prefetch` is False), the model and optimizer
+    made (the job also joins its process group and reads its data there), then the state loaded into them; timed
+    inside that process from newest() to the end of load(), its imports aside."""
     import json
 
-    out = subprocess.run([sys.executable, __file__, "--resume-child", uri, "--batch", str(batch), "--crop", str(crop)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, __file__, "--resume-child", uri, "--batch", str(batch), "--crop", str(crop)]
+                         + ([] if prefetch else ["--no-prefetch"]), capture_output=True, text=True, timeout=300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode or not lines:
         raise SystemExit(f"a resume of {uri} failed: {(out.stderr or out.stdout).strip().splitlines()[-1:]}")
     return json.loads(lines[-1])
 
 
-def resume_child(uri: str, batch: int, crop: int) -> int:
+def resume_child(uri: str, batch: int, crop: int, prefetch: bool) -> int:
     import json
     import warnings
 
     warnings.simplefilter("ignore")
+    import torchvision  # noqa: F401 - imported before the clock starts, as the job has it by then
     from doeks.workload.checkpoints import Store
 
-    model, optimizer, _ = resnet50(batch, crop)
-    target = app_state(model, optimizer)
     store = Store(uri, keep=1, log=lambda message: None)
     start = time.perf_counter()
     name, _ = store.newest()
     found = time.perf_counter()
+    if prefetch:
+        store.prefetch(name)
+    model, optimizer, _ = resnet50(batch, crop)
+    target = app_state(model, optimizer)
+    made = time.perf_counter()
     store.load(target, name)
     done = time.perf_counter()
-    print(json.dumps({"newest": found - start, "load": done - found, "total": done - start}))
+    print(json.dumps({"newest": found - start, "made": made - found, "load": done - made, "total": done - start}))
     return 0
 
 
