@@ -420,11 +420,10 @@ def _read_file(reader, path: str, items: list, planner, random_access: bool = Tr
             fetched = prefetched.result()
         except errors():  # noqa: BLE001 - read it as usual: its error, if it has one, is said there
             fetched = None
+    whole = not random_access and fetched is None  # (memory answers a read anywhere at no cost)
     try:
         with (contextlib.nullcontext(_Bytes(memoryview(fetched))) if fetched is not None else
               reader.fs.create_stream(reader.fs.concat_path(reader.path, path), "rb")) as stream:
-            if fetched is not None:
-                random_access = True
             for req in items:
                 info = reader.storage_data[req.storage_index]
                 piece = reader._slice_file(stream, info)
@@ -440,34 +439,17 @@ def _read_file(reader, path: str, items: list, planner, random_access: bool = Tr
                     tensor = torch.load(piece if piece.seekable() else io.BytesIO(piece.read(-1)), map_location="cpu",
                                         weights_only=True)
                 else:
-                    what = f"{path}: the item at byte {info.offset}"
-                    if random_access:  # the zip's few hundred bytes of structure first, then the storage where it goes
-                        def read(at, size):
-                            return read_into(piece, at, size, what)
-                    else:  # the whole item into the buffer, one read in order
-                        item = read_into(piece, 0, info.length, what)
-
-                        def read(at, size):
-                            return item[at:at + size]
-                    layout = _saved_layout(read, info.length)
+                    item = _Item(piece, info.length, read_into, f"{path}: the item at byte {info.offset}", whole)
+                    layout = _saved_layout(item.read, info.length)
                     target = planner.resolve_tensor(req).detach()
                     if layout is not None and _fits(target, layout, req):
-                        first, stored = layout[4:]
-                        if not random_access:
-                            _memory_of(target)[:] = item[first:first + stored]
-                        elif stored:
-                            piece.seek(first)
-                            _fill(piece, _memory_of(target), what)
+                        item.copy_to(layout[4], _memory_of(target))
                         planner.commit_tensor(req, target)
-                        item = read = target = None
+                        item = target = None
                         continue
-                    if layout is not None:
-                        dtype, size, stride, offset, first, stored = layout
-                        tensor = (torch.frombuffer(read(first, stored), dtype=dtype) if stored else
-                                  torch.empty(0, dtype=dtype)).as_strided(size, stride, offset)
-                    else:
-                        tensor = torch.load(_Bytes(read(0, info.length)), map_location="cpu", weights_only=True)
-                    item = read = None
+                    tensor = (_tensor_at(item.read, layout) if layout is not None else
+                              torch.load(_Bytes(item.read(0, info.length)), map_location="cpu", weights_only=True))
+                    item = None
                 tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
                 target = planner.resolve_tensor(req).detach()
                 if target.size() != tensor.size():
@@ -481,6 +463,29 @@ def _read_file(reader, path: str, items: list, planner, random_access: bool = Tr
                 buffer.close()
             except BufferError:  # a view of it still held (an error's traceback): it goes with that
                 pass
+
+
+class _Item:
+    """One item's bytes, asked by range: through the stream (its reads go where they are asked), or, `whole`, read
+    once into the buffer, in order, and answered from there."""
+
+    def __init__(self, piece, length: int, read_into, what: str, whole: bool):
+        self.piece, self.read_into, self.what = piece, read_into, what
+        self.bytes = read_into(piece, 0, length, what) if whole else None
+
+    def read(self, at: int, size: int) -> memoryview:
+        """Valid until the next read."""
+        if self.bytes is not None:
+            return self.bytes[at:at + size]
+        return self.read_into(self.piece, at, size, self.what)
+
+    def copy_to(self, at: int, memory: memoryview) -> None:
+        """The item's bytes from `at` into `memory`, straight from the stream."""
+        if self.bytes is not None:
+            memory[:] = self.bytes[at:at + len(memory)]
+        elif len(memory):
+            self.piece.seek(at)
+            _fill(self.piece, memory, self.what)
 
 
 def _fill(piece, view: memoryview, what: str) -> None:
@@ -516,7 +521,10 @@ def _memory_of(tensor) -> memoryview:
     """A contiguous CPU tensor's bytes, writable, in place (the tensor must outlive the view)."""
     import ctypes
 
-    return memoryview((ctypes.c_char * (tensor.numel() * tensor.element_size())).from_address(tensor.data_ptr())).cast("B")
+    size = tensor.numel() * tensor.element_size()
+    if not size:
+        return memoryview(bytearray())
+    return memoryview((ctypes.c_char * size).from_address(tensor.data_ptr())).cast("B")
 
 
 class _Bytes:
@@ -555,15 +563,20 @@ class _Bytes:
 def _saved_tensor(view: memoryview):
     """The tensor torch.save wrote into `view` (one DCP item), as a view of that memory: no new storage, nothing
     copied. None where it is not the plain case (_saved_layout): the caller then uses torch.load."""
+    def read(at: int, size: int) -> memoryview:
+        return view[at:at + size]
+
+    layout = _saved_layout(read, len(view))
+    return None if layout is None else _tensor_at(read, layout)
+
+
+def _tensor_at(read, layout):
+    """The saved tensor as a view of its storage's bytes, read(first byte, length) (_saved_layout's layout)."""
     import torch
 
-    layout = _saved_layout(lambda at, size: view[at:at + size], len(view))
-    if layout is None:
-        return None
-    dtype, size, stride, offset, first, length = layout
-    if not length:
-        return torch.empty(0, dtype=dtype).as_strided(size, stride, offset)
-    return torch.frombuffer(view[first:first + length], dtype=dtype).as_strided(size, stride, offset)
+    dtype, size, stride, offset, first, stored = layout
+    storage = torch.frombuffer(read(first, stored), dtype=dtype) if stored else torch.empty(0, dtype=dtype)
+    return storage.as_strided(size, stride, offset)
 
 
 def _saved_layout(read, length: int):
