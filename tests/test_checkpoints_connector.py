@@ -251,3 +251,43 @@ def test_a_prefetched_checkpoint_loads_from_memory_and_one_that_failed_as_usual(
     read = [a for a in requests.read_text().splitlines()[during:] if a.startswith("GET") and ".distcp" in a]
     assert {a.split("/")[-1].split("?")[0] for a in read} == {files[0]}, read
     assert not again._prefetched
+
+
+def test_the_job_resumes_from_s3_through_the_connector_with_its_checkpoint_prefetched(endpoint, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """The built-in job (train.py, in this process) against the endpoint: trained 2 steps, run again to 4, it resumes
+    from step-2, having started that checkpoint's download right after newest() named it, and load() read the
+    prefetched files (the prefetch's Futures were asked for their bytes)."""
+    from doeks.datastage import relayout_val
+    from doeks.workload import data, train
+
+    root = tmp_path / "data"
+    data.generate(root, classes=2, train_per_class=8, val_per_class=2, size=36)
+    relayout_val(root)
+    prefetched, asked = [], []
+    real_prefetch = checkpoints.Store.prefetch
+
+    def prefetch(self, name):
+        started = real_prefetch(self, name)
+        prefetched.append((name, started, sorted(self._prefetched.get(name, {}))))
+        for file, future in self._prefetched.get(name, {}).items():
+            real_result = future.result
+            future.result = lambda *a, _file=file, _real=real_result, **k: (asked.append(_file), _real(*a, **k))[1]
+        return started
+
+    monkeypatch.setattr(checkpoints.Store, "prefetch", prefetch)
+
+    def run(steps: int):
+        capsys.readouterr()
+        code = train.main(["--data", str(root), "--checkpoint-dir", "s3://bench/job", "--metrics-dir",
+                           str(tmp_path / "m"), "--arch", "mobilenet_v3_small", "--epochs", "2", "--batch-size", "4",
+                           "--crop-size", "32", "--workers", "0", "--checkpoint-every", "1", "--log-every", "1",
+                           "--max-steps", str(steps)])
+        return code, capsys.readouterr().out
+
+    code, out = run(2)
+    assert code == 0 and "resumed" not in out and not prefetched
+    code, out = run(4)
+    assert code == 0 and "resumed from checkpoint step=2" in out, out
+    assert [(n, s) for n, s, _ in prefetched] == [("step-2", True)] and prefetched[0][2]
+    assert sorted(asked) == prefetched[0][2]
