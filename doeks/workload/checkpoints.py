@@ -143,18 +143,22 @@ class _Folder:
 
     def prefetch(self, name: str, sizes: dict[str, int]) -> dict | None:
         """Ask the kernel to read the checkpoint's files into the page cache now (readahead: a shared volume's files
-        come over the network); nothing is held here ({})."""
-        for file in sizes:
-            try:
-                fd = os.open(self.join(name, file), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            except (OSError, AttributeError):
-                pass
-            finally:
-                os.close(fd)
+        come over the network), from a thread of its own (a network file system may read before it answers); nothing
+        is held here ({})."""
+        def ahead():
+            for file in sizes:
+                try:
+                    fd = os.open(self.join(name, file), os.O_RDONLY)
+                except OSError:
+                    continue
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                except (OSError, AttributeError):
+                    pass
+                finally:
+                    os.close(fd)
+
+        threading.Thread(target=ahead, name="checkpoint-prefetch", daemon=True).start()
         return {}
 
     client = "folder"
@@ -770,8 +774,9 @@ class Store:
         joins its process group, reads its data and builds its model. S3 (the connector): each file whole, on threads
         of their own, into this process's memory until load() reads it from there (or as usual, where a file's read
         failed); only where the checkpoint's files, times the ranks on this node (every rank reads them all: DDP),
-        take at most a quarter of the memory available now. A folder: the kernel asked to read the files ahead
-        (a shared volume's come over the network). Returns whether anything was started."""
+        take at most a quarter of the memory available now. A folder: the kernel asked to read the files ahead into
+        its page cache (a shared volume's come over the network), where they take at most that quarter. Returns
+        whether anything was started."""
         try:
             metadata = self._reader(name).read_metadata()
         except errors():  # noqa: BLE001 - load() will say what is wrong with it
@@ -779,8 +784,8 @@ class Store:
         sizes: dict[str, int] = {}
         for info in metadata.storage_data.values():
             sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), info.offset + info.length)
-        ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
-        if is_s3(self.uri) and sum(sizes.values()) * ranks > _available_memory() // 4:
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1) if is_s3(self.uri) else 1  # (one page cache for all)
+        if sum(sizes.values()) * ranks > _available_memory() // 4:
             return False
         try:
             started = self.at.prefetch(name, sizes)
