@@ -252,8 +252,13 @@ class _S3:
         per checkpoint (new connections to S3 each time). The write's client is first used by a save's background
         thread, so its threads are made there, at that thread's lower priority (_at_lower_priority); a restore's, at
         the caller's."""
-        from s3torchconnector._s3client import S3Client, S3ClientConfig
         from s3torchconnector.dcp.s3_file_system import S3FileSystem
+
+        return S3FileSystem(self.region, s3_client=self._connector(use), reader_constructor=reader_constructor)
+
+    def _connector(self, use: str | None = None):
+        """The connector's S3 client: a new one (`use` None), or the one kept for `use` ("write"/"read")."""
+        from s3torchconnector._s3client import S3Client, S3ClientConfig
 
         client = self._connectors.get(use)
         if client is None:
@@ -261,7 +266,7 @@ class _S3:
             client = S3Client(self.region, endpoint=self.endpoint, s3client_config=config)
             if use:
                 self._connectors[use] = client
-        return S3FileSystem(self.region, s3_client=client, reader_constructor=reader_constructor)
+        return client
 
     def choose_soon(self) -> None:
         """Start choose()'s probe on a thread of its own (a store made to resume: the probe's four requests go on
@@ -323,8 +328,7 @@ class _S3:
 
         from s3torchconnector import S3ReaderConstructor
 
-        self._connector_fs(use="read")
-        client = self._connectors["read"]
+        client = self._connector("read")
 
         def fetch(file: str, size: int):
             import mmap
@@ -332,7 +336,7 @@ class _S3:
             bucket, _, key = self._key(name, file).partition("/")
             buffer = mmap.mmap(-1, max(size, 1))
             _fill(client.get_object(bucket, key, reader_constructor=S3ReaderConstructor.range_based()),
-                  memoryview(buffer)[:size], f"{self.join(name, file)}")
+                  memoryview(buffer)[:size], self.join(name, file))
             return buffer
 
         pool = ThreadPoolExecutor(min(READ_THREADS, max(1, len(sizes))), thread_name_prefix="checkpoint-prefetch")
