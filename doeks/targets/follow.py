@@ -151,6 +151,9 @@ def expected_steps(settings) -> int:
     return per_epoch * settings.epochs
 
 
+LEAVING = 60  # seconds a succeeded job's replicas are given to end before its end is said without theirs
+
+
 def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float | None = None, quiet: bool = False,
                        poll: float = 0.25):
     """Stream new log lines (unless quiet) and a progress bar of steps until the job reaches a final state."""
@@ -163,6 +166,7 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
     builtin = (job.code if job is not None else resolve(settings)).builtin
     total = expected_steps(settings) if builtin else None
     deadline = time.monotonic() + timeout if timeout else None
+    ended = None  # when the job was first seen Succeeded with a replica still running
     with ui.progress() as bar:
         task_id = bar.add_task(f"{settings.job_name}: steps", total=total)
         while True:
@@ -184,6 +188,13 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
 
                 target.end_failed(Runner(echo=False), status)
                 status.state = "Failed"
+            if status.state == "Succeeded" and any(r.state == "Running" for r in status.replicas):
+                # an elastic job succeeds when its first replica does; the others are still leaving (their last
+                # lines, their end): what is said next is the whole job's end, not the first replica's
+                ended = ended or time.monotonic()
+                if time.monotonic() - ended < LEAVING:
+                    time.sleep(poll)
+                    continue
             if status.finished:
                 from .runs import settle
 
