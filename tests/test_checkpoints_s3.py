@@ -26,7 +26,7 @@ from doeks.local import jobs, services
 from doeks.runner import Runner
 from doeks.workload import checkpoints, train
 
-from .conftest import job_settings, training_processes, wait_for
+from .conftest import _stuck, job_settings, training_processes, wait_for
 
 SCRIPT = Path(train.__file__)
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,6 +258,23 @@ def test_a_folder_save_killed_mid_write_leaves_the_previous_checkpoint_loadable(
     assert store.name_for(2) == "step-2.1"
 
 
+def _threads_of(pid: int) -> str:
+    """Each thread of a process: its name, state (R, S, D: in the kernel, uninterruptible), where it waits and its
+    signals pending and blocked (a SIGTERM taken by a thread other than the main one does not wake the main one)."""
+    said = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            stat = (task / "stat").read_text()
+            wchan = (task / "wchan").read_text()
+            signals = {k: v.strip() for k, v in (line.split(":", 1) for line in (task / "status").read_text().splitlines())
+                       if k in ("SigPnd", "ShdPnd", "SigBlk")}
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        said.append(f"thread {task.name} {name!r}: state {rest[0]}, waits in {wchan or '-'}, {signals}")
+    return "\n".join(said)
+
+
 @pytest.mark.parametrize("grace, outcome", [(30, "finished"), (0.01, "latest unchanged")])
 def test_sigterm_during_a_save_finishes_it_or_leaves_latest_as_it_was(tmp_path, grace, outcome):
     """The built-in job's SIGTERM handler (train._on_sigterm) around a slow save: with time enough the save completes
@@ -277,9 +294,11 @@ def test_sigterm_during_a_save_finishes_it_or_leaves_latest_as_it_was(tmp_path, 
     process.send_signal(signal.SIGTERM)
     try:
         rest = process.communicate(timeout=60)[0]
-    except subprocess.TimeoutExpired:  # still fails, with what the saver printed (TimeoutExpired drops it)
+    except subprocess.TimeoutExpired:  # still fails, with what the saver printed (TimeoutExpired drops it), its
+        # threads' states and its Python stacks (seen twice in CI, never here under CPU or disk load: this says where)
+        where = _threads_of(process.pid) + "\n" + _stuck(process.pid)
         process.kill()
-        pytest.fail(f"the saver did not leave within 60 s of SIGTERM; it printed: {process.communicate()[0]!r}")
+        pytest.fail(f"the saver did not leave within 60 s of SIGTERM; it printed: {process.communicate()[0]!r}\n{where}")
     assert process.returncode == 143, rest
     store = checkpoints.Store(folder)
     if outcome == "finished":
