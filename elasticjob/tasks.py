@@ -172,6 +172,12 @@ def _finish(s, status, started=None, job=None):
             raise DoeksError(f"job {s.job_name} ended {status.state} after {status.restarts} restarts: {status.reason}{fix}")
         raise DoeksError(f"job {s.job_name} ended {status.state}: see `invoke elasticjob.logs --tail 50`")
     model = _model(s)
+    lagging = [r.name for r in status.replicas if r.state == "Running"]
+    if lagging:  # follow.wait_with_progress gave them LEAVING seconds: what is left runs (and bills) until stopped
+        from doeks.targets.follow import LEAVING
+
+        ui.warn(f"job {s.job_name} succeeded, but {', '.join(lagging)} still ran {LEAVING} s after: "
+                "`invoke elasticjob.delete` stops what is left of it")
     if not (job.code if job is not None else resolve(s)).builtin:  # a user's script: what it reported, nothing made up
         steps = [r.step for r in status.replicas if r.step is not None]
         ui.say(f"job {s.job_name} succeeded: " + (f"{max(steps)} steps" if steps else "no step count (the script "

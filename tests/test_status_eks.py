@@ -171,6 +171,27 @@ def test_follow_of_a_succeeded_job_waits_for_its_replicas_still_leaving(world): 
     assert time.monotonic() - started >= 1.5
 
 
+def test_a_replica_still_running_after_the_wait_is_named_with_how_to_stop_it(world, monkeypatch, capsys):  # noqa: F811
+    """A worker that does not leave after the job succeeded (stuck in its last collective, a script that never
+    returns) runs, and on EKS bills its GPU node, until stopped: `--follow` waits follow.LEAVING seconds, then says
+    which and how to stop it."""
+    from doeks.targets import follow
+
+    from .test_job_value import _elasticjob_tasks
+
+    monkeypatch.setattr(follow, "LEAVING", 1)
+    s = settings_for("eks")
+    script(world, [pod("imagenet-worker-0", "Succeeded"), pod("imagenet-worker-1", "Running")], [],
+           logs="[pod/imagenet-worker-0/pytorch] step=4 loss=0.1\n", state="Succeeded")
+    status = targets.get(s).wait(timeout=60, quiet=True, poll=0.2)
+    assert [r.state for r in status.replicas] == ["Succeeded", "Running"]
+    capsys.readouterr()
+    _elasticjob_tasks()._finish(s, status)
+    said = " ".join(capsys.readouterr().err.split())
+    assert ("warning: job imagenet succeeded, but imagenet-worker-1 still ran 1 s after: `invoke elasticjob.delete` "
+            "stops what is left of it") in said, said
+
+
 def test_a_submission_through_the_api_is_a_run_too(world):  # noqa: F811
     """The demo, the scaling runs and the pipeline submit through the target, not the task: still a run each."""
     from doeks.runner import Runner
