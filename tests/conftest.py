@@ -57,9 +57,26 @@ def schema_path(name: str) -> Path:
                 f"(`invoke setup --kubernetes` downloads it)")
 
 
+def _threads_of(pid: int) -> str:
+    """Each thread of a process: its name, state (R, S, D: in the kernel, uninterruptible), where it waits and its
+    signals pending and blocked (a SIGTERM taken by a thread other than the main one does not wake the main one)."""
+    said = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            stat = (task / "stat").read_text()
+            wchan = (task / "wchan").read_text()
+            signals = {k: v.strip() for k, v in (line.split(":", 1) for line in (task / "status").read_text().splitlines())
+                       if k in ("SigPnd", "ShdPnd", "SigBlk")}
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        said.append(f"thread {task.name} {name!r}: state {rest[0]}, waits in {wchan or '-'}, {signals}")
+    return "\n".join(said)
+
+
 def _stuck(pid: int) -> str:
-    """What a task that ran past its test's limit was doing: its processes and, where py-spy is installed, their Python
-    stacks (an intermittent hang is seen once in a CI log, and only this says where)."""
+    """What a task that ran past its test's limit was doing: its processes, their threads (_threads_of) and, where
+    py-spy is installed, their Python stacks (an intermittent hang is seen once in a CI log, and only this says where)."""
     import shutil
 
     from doeks.local import jobs
@@ -71,6 +88,7 @@ def _stuck(pid: int) -> str:
         except OSError:
             continue
         said.append(f"--- process {each}: {command}")
+        said.append(_threads_of(each))
         if shutil.which("py-spy") and "python" in command:
             dump = subprocess.run(["py-spy", "dump", "--pid", str(each)], capture_output=True, text=True, timeout=30)
             said.append((dump.stdout or dump.stderr)[-3000:])

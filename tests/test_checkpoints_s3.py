@@ -258,23 +258,6 @@ def test_a_folder_save_killed_mid_write_leaves_the_previous_checkpoint_loadable(
     assert store.name_for(2) == "step-2.1"
 
 
-def _threads_of(pid: int) -> str:
-    """Each thread of a process: its name, state (R, S, D: in the kernel, uninterruptible), where it waits and its
-    signals pending and blocked (a SIGTERM taken by a thread other than the main one does not wake the main one)."""
-    said = []
-    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
-        try:
-            stat = (task / "stat").read_text()
-            wchan = (task / "wchan").read_text()
-            signals = {k: v.strip() for k, v in (line.split(":", 1) for line in (task / "status").read_text().splitlines())
-                       if k in ("SigPnd", "ShdPnd", "SigBlk")}
-        except OSError:
-            continue
-        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-        said.append(f"thread {task.name} {name!r}: state {rest[0]}, waits in {wchan or '-'}, {signals}")
-    return "\n".join(said)
-
-
 @pytest.mark.parametrize("grace, outcome", [(30, "finished"), (0.01, "latest unchanged")])
 def test_sigterm_during_a_save_finishes_it_or_leaves_latest_as_it_was(tmp_path, grace, outcome):
     """The built-in job's SIGTERM handler (train._on_sigterm) around a slow save: with time enough the save completes
@@ -284,7 +267,7 @@ def test_sigterm_during_a_save_finishes_it_or_leaves_latest_as_it_was(tmp_path, 
     that did not run would not end it), and the process must leave within 180 s. It failed twice in CI on the
     former single bound (60 s from the signal to the process's end, its output lost), never here under CPU or disk
     load: the end of a process whose thread is in the kernel (an fsync behind another's writes) is the machine's,
-    not the handler's. A failure says each thread's state and the saver's Python stacks."""
+    not the handler's. A failure says each thread's state and signals and the saver's Python stacks (conftest._stuck)."""
     import queue
 
     folder = tmp_path / "ck"
@@ -302,26 +285,27 @@ def test_sigterm_during_a_save_finishes_it_or_leaves_latest_as_it_was(tmp_path, 
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True)
     reader.start()
+    printed: list[str] = []  # the lines taken from the queue
     process.send_signal(signal.SIGTERM)
 
     def stuck(what: str) -> None:
-        where = _threads_of(process.pid) + "\n" + _stuck(process.pid)
+        where = _stuck(process.pid)
         process.kill()
         process.wait(30)
         reader.join(10)
-        pytest.fail(f"{what}; it printed: {''.join(lines.queue)!r}\n{where}")
+        pytest.fail(f"{what}; it printed: {''.join(printed + list(lines.queue))!r}\n{where}")
 
     try:
-        first = lines.get(timeout=20)
+        printed.append(lines.get(timeout=20))
     except queue.Empty:
         stuck("the SIGTERM handler said nothing within 20 s of the signal")
-    assert "SIGTERM: waiting up to" in first, first
+    assert "SIGTERM: waiting up to" in printed[0], printed[0]
     try:
         process.wait(180)
     except subprocess.TimeoutExpired:
         stuck("the saver did not leave within 180 s of SIGTERM")
     reader.join(10)
-    rest = "".join(lines.queue)
+    rest = "".join(printed + list(lines.queue))
     assert process.returncode == 143, rest
     store = checkpoints.Store(folder)
     if outcome == "finished":
