@@ -404,10 +404,6 @@ def _read_file(reader, path: str, items: list, planner, random_access: bool = Tr
     that decoding does not apply (an item with transforms, a tensor that is not a plain dense one)."""
     import mmap
 
-    import torch
-    from torch.distributed.checkpoint.filesystem import narrow_tensor_by_index
-    from torch.distributed.checkpoint.planner import LoadItemType
-
     items = sorted(items, key=lambda i: reader.storage_data[i.storage_index].offset)
     buffer = None
 
@@ -434,43 +430,54 @@ def _read_file(reader, path: str, items: list, planner, random_access: bool = Tr
               reader.fs.create_stream(reader.fs.concat_path(reader.path, path), "rb")) as stream:
             for req in items:
                 info = reader.storage_data[req.storage_index]
-                piece = reader._slice_file(stream, info)
-                transforms = getattr(info, "transform_descriptors", None)  # (torch >= 2.7: compression and the like)
-                if req.type == LoadItemType.BYTE_IO or transforms:
-                    if hasattr(reader, "transforms"):
-                        piece = reader.transforms.transform_load_stream(req, transforms or (), piece)
-                    if req.type == LoadItemType.BYTE_IO:
-                        data = io.BytesIO(piece.read(-1))
-                        data.seek(0)
-                        planner.load_bytes(req, data)
-                        continue
-                    tensor = torch.load(piece if piece.seekable() else io.BytesIO(piece.read(-1)), map_location="cpu",
-                                        weights_only=True)
-                else:
-                    item = _Item(piece, info.length, read_into, f"{path}: the item at byte {info.offset}", whole)
-                    layout = _saved_layout(item.read, info.length)
-                    target = planner.resolve_tensor(req).detach()
-                    if layout is not None and _fits(target, layout, req):
-                        item.copy_to(layout[4], _memory_of(target))
-                        planner.commit_tensor(req, target)
-                        item = target = None
-                        continue
-                    tensor = (_tensor_at(item.read, layout) if layout is not None else
-                              torch.load(_Bytes(item.read(0, info.length)), map_location="cpu", weights_only=True))
-                    item = None
-                tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-                target = planner.resolve_tensor(req).detach()
-                if target.size() != tensor.size():
-                    raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
-                target.copy_(tensor)
-                planner.commit_tensor(req, target)
-                tensor = target = None  # nothing of the buffer is held before the next item reads into it
+                _load_item(reader, req, info, reader._slice_file(stream, info), planner, read_into,
+                           f"{path}: the item at byte {info.offset}", whole)
     finally:
         if buffer is not None:
             try:
                 buffer.close()
             except BufferError:  # a view of it still held (an error's traceback): it goes with that
                 pass
+
+
+def _load_item(reader, req, info, piece, planner, read_into, what: str, whole: bool) -> None:
+    """One item of the plan from `piece` (a stream of the item's bytes, read by range): a tensor's storage straight
+    into its target where it is the same plain CPU tensor, else decoded in the buffer read_into fills (copied once
+    into the target) or through torch.load; BYTE_IO items and items with transforms as DCP's reader reads them."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import narrow_tensor_by_index
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    transforms = getattr(info, "transform_descriptors", None)  # (torch >= 2.7: compression and the like)
+    if req.type == LoadItemType.BYTE_IO or transforms:
+        if hasattr(reader, "transforms"):
+            piece = reader.transforms.transform_load_stream(req, transforms or (), piece)
+        if req.type == LoadItemType.BYTE_IO:
+            data = io.BytesIO(piece.read(-1))
+            data.seek(0)
+            planner.load_bytes(req, data)
+            return
+        tensor = torch.load(piece if piece.seekable() else io.BytesIO(piece.read(-1)), map_location="cpu",
+                            weights_only=True)
+    else:
+        item = _Item(piece, info.length, read_into, what, whole)
+        layout = _saved_layout(item.read, info.length)
+        target = planner.resolve_tensor(req).detach()
+        if layout is not None and _fits(target, layout, req):
+            item.copy_to(layout[4], _memory_of(target))
+            planner.commit_tensor(req, target)
+            item = target = None
+            return
+        tensor = (_tensor_at(item.read, layout) if layout is not None else
+                  torch.load(_Bytes(item.read(0, info.length)), map_location="cpu", weights_only=True))
+        item = None
+    tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+    target = planner.resolve_tensor(req).detach()
+    if target.size() != tensor.size():
+        raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+    target.copy_(tensor)
+    planner.commit_tensor(req, target)
+    tensor = target = None  # nothing of the buffer is held before the next item reads into it
 
 
 class _Item:
