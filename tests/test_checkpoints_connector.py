@@ -49,7 +49,8 @@ def _fresh(state: dict) -> dict:
 
 
 def test_s3_checkpoint_through_the_connector_restores_with_its_dcp_reader(endpoint, monkeypatch):
-    """A restore reads the .distcp files through the connector's DCP-optimized reader (the byte ranges of the plan's
+    """A file that is not streamed (tests/test_checkpoints_direct.py: where its stream failed; here the client of
+    direct reads cannot be made) is read through the connector's DCP-optimized reader (the byte ranges of the plan's
     items; the chunks kept, not copied into a BytesIO), not through its generic sequential reader, and the state
     and the meta come back as saved."""
     from s3torchconnector.s3reader import dcp_optimized, sequential
@@ -67,6 +68,7 @@ def test_s3_checkpoint_through_the_connector_restores_with_its_dcp_reader(endpoi
 
     monkeypatch.setattr(dcp_optimized.DCPOptimizedS3Reader, "__init__", count_dcp)
     monkeypatch.setattr(sequential.SequentialS3Reader, "__init__", count_sequential)
+    monkeypatch.setattr(checkpoints._S3, "direct", lambda self: None)
 
     store = checkpoints.Store("s3://bench/connector", keep=2)
     state = _state()

@@ -43,7 +43,7 @@ def test_policy_names_exactly_the_checkpoint_and_model_prefixes(monkeypatch):
 
 def test_a_user_with_exactly_the_job_policy_makes_the_checkpoint_calls_and_nothing_else():
     """Every S3 call doeks/workload/checkpoints.py makes (through s3fs and DCP's writer: list the job's prefix, head,
-    get, put, a multipart upload and its abort, the copy of DCP's rename, delete) by a user holding exactly the job's
+    get, a ranged get (a restore's streams), put, a multipart upload and its abort, the copy of DCP's rename, delete) by a user holding exactly the job's
     policy, with moto enforcing IAM (in process: moto's server refuses every signed ListObjectsV2 whose prefix holds
     a '/' with SignatureDoesNotMatch, its query re-encoded differently from botocore's); then what it must not do."""
     from moto import mock_aws
@@ -79,6 +79,8 @@ def test_a_user_with_exactly_the_job_policy_makes_the_checkpoint_calls_and_nothi
         assert [p["Prefix"] for p in listed["CommonPrefixes"]] == [f"{prefix}/step-10/"]
         assert job.head_object(Bucket="ml-bucket", Key=f"{prefix}/step-10/.metadata")["ContentLength"] == 1
         assert job.get_object(Bucket="ml-bucket", Key=f"{prefix}/latest")["Body"].read() == b"step-10\n"
+        ranged = job.get_object(Bucket="ml-bucket", Key=f"{prefix}/step-10/__1_0.distcp", Range="bytes=2-5")  # (a restore)
+        assert ranged["Body"].read() == b"yyyy"
         job.delete_objects(Bucket="ml-bucket", Delete={"Objects": [{"Key": f"{prefix}/step-10/__0_0.distcp"}]})
         job.put_object(Bucket="ml-bucket", Key="models/resnet/model.pt", Body=b"model")
 

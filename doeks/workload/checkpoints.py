@@ -20,7 +20,9 @@ tensors are written once, by one rank, and read by every rank, so a checkpoint r
 S3: Amazon's s3torchconnector (S3StorageWriter/S3StorageReader) where it can write to the endpoint; its client is
 probed once per process with a small object, and where the endpoint does not answer a multipart upload the way the
 connector's CRT client needs (moto: `Header "ETag" not found`, see docs/testing.md) DCP's fsspec writer and reader
-with s3fs take its place. `latest`, listing and pruning go through s3fs. The endpoint is AWS_ENDPOINT_URL (empty:
+with s3fs take its place. A restore streams each file with ranged GetObjects of its own (botocore signs them; _Direct),
+every tensor's bytes read from the socket into the model's memory, and reads a file through that reader where
+this fails. `latest`, listing and pruning go through s3fs. The endpoint is AWS_ENDPOINT_URL (empty:
 AWS), the region AWS_REGION.
 
 Self-contained (torch; for S3 s3fs and, optionally, s3torchconnector), so it sits next to train.py in the training
@@ -180,6 +182,8 @@ class _S3:
         self.why = ""
         self._choosing = threading.Lock()  # one probe per process (choose_soon's thread and a caller may meet)
         self._connectors: dict = {}  # "write"/"read" -> the connector's S3Client, kept for every save/restore after
+        self._direct = None  # the client of a restore's direct reads (_Direct), made once per process
+        self._directing = threading.Lock()
 
     def join(self, *parts: str) -> str:
         return "/".join([self.uri, *parts])
@@ -270,9 +274,10 @@ class _S3:
 
     def choose_soon(self) -> None:
         """Start choose()'s probe on a thread of its own (a store made to resume: the probe's four requests go on
-        beside the listing and the reads of `latest` and the metadata, instead of before the first restore)."""
+        beside the listing and the reads of `latest` and the metadata, instead of before the first restore), and
+        the making of the client of direct reads after it (botocore reads its S3 model: a quarter of a second)."""
         if self.client is None:
-            threading.Thread(target=self.choose, name="checkpoint-probe").start()
+            threading.Thread(target=lambda: (self.choose(), self.direct()), name="checkpoint-probe").start()
 
     def choose(self) -> str:
         with self._choosing:
@@ -295,7 +300,7 @@ class _S3:
                 # a failed probe may have left its object (moto completes the upload, the connector rejects the answer)
                 try:
                     self.fs.rm(self._key(f".doeks-probe-{os.uname().nodename}-{os.getpid()}"))
-                except FileNotFoundError:
+                except Exception:  # noqa: BLE001 - not there; or S3 unreachable, which the first save will say
                     pass
         return self.client
 
@@ -345,7 +350,25 @@ class _S3:
         finally:
             pool.shutdown(wait=False)
 
+    def direct(self):
+        """The client of a restore's direct reads (_Direct: a file's bytes from S3 straight into the model's tensors),
+        made at the first call and kept for the process; None where it cannot be made (no botocore)."""
+        with self._directing:
+            if self._direct is None:
+                try:
+                    self._direct = _Direct(self.endpoint, self.region, 2 * READ_THREADS)
+                except ImportError:
+                    self._direct = False
+        return self._direct or None
+
     def reader(self, name: str, prefetched: dict | None = None):
+        def read(file: str, start: int, end: int) -> "_Body":
+            direct = self.direct()  # (made at the first file that is not prefetched)
+            if direct is None:
+                raise CheckpointError("botocore is not installed")
+            bucket, _, key = self._key(name, file).partition("/")
+            return direct.get(bucket, key, start, end)
+
         if self.choose() == "s3torchconnector":
             from s3torchconnector.dcp import S3StorageReader
 
@@ -354,26 +377,29 @@ class _S3:
             # client's chunks); a file system without it reads each file through the generic sequential reader, which
             # copies the whole object into a growing BytesIO before torch.load copies it again
             reader.fs = self._connector_fs(reader._reader_constructor, use="read")
-            return _read_files_in_parallel(reader, prefetched=prefetched)
+            return _read_files_in_parallel(reader, prefetched=prefetched, direct=read)
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
         # (s3fs: a read that jumps within a file is another GetObject, so each item is read whole, in order)
         return _read_files_in_parallel(FsspecReader(self.join(name), endpoint_url=self.endpoint,
-                                                    client_kwargs={"region_name": self.region}), random_access=False)
+                                                    client_kwargs={"region_name": self.region}), random_access=False,
+                                       direct=read)
 
 
 READ_THREADS = 4  # = the writers' thread_count: a checkpoint has up to 4 files per rank
 
 
 def _read_files_in_parallel(reader, threads: int = READ_THREADS, random_access: bool = True,
-                            prefetched: dict | None = None):
+                            prefetched: dict | None = None, direct=None):
     """DCP's FileSystemReader reads a rank's files one after the other; this reads them `threads` at a time (each
     file's items still in order, into their own tensors), so S3's time to first byte overlaps, as the writer's threads
     overlap it on save. Each tensor is decoded where its bytes lie (_read_file), not through torch.load, which makes a
     new storage of every tensor (fresh memory, a page fault per 4 kB) to copy it into the target after.
     random_access: the reader's stream answers a read anywhere in an item at no cost (a local file; the connector's
     reader, which holds the item's bytes once asked); False: each item is read whole, in order. prefetched: {file: a
-    Future of its bytes} (Store.prefetch): such a file is read from memory, or as usual where its read failed."""
+    Future of its bytes} (Store.prefetch): such a file is read from memory, or as usual where its read failed.
+    direct(file, start, end) -> _Body: where given, each file not prefetched is streamed through it (_stream_file),
+    and read as usual where that fails."""
     from collections import defaultdict
     from concurrent.futures import ThreadPoolExecutor
 
@@ -384,8 +410,8 @@ def _read_files_in_parallel(reader, threads: int = READ_THREADS, random_access: 
         for item in plan.items:
             by_file[reader.storage_data[item.storage_index].relative_path].append(item)
         with ThreadPoolExecutor(max(1, min(threads, len(by_file))), thread_name_prefix="checkpoint-read") as pool:
-            parts = [pool.submit(_read_file, reader, path, items, planner, random_access, (prefetched or {}).get(path))
-                     for path, items in by_file.items()]
+            parts = [pool.submit(_read_file, reader, path, items, planner, random_access, (prefetched or {}).get(path),
+                                 direct) for path, items in by_file.items()]
             for part in parts:
                 part.result()
         done = torch.futures.Future()
@@ -396,7 +422,8 @@ def _read_files_in_parallel(reader, threads: int = READ_THREADS, random_access: 
     return reader
 
 
-def _read_file(reader, path: str, items: list, planner, random_access: bool = True, prefetched=None) -> None:
+def _read_file(reader, path: str, items: list, planner, random_access: bool = True, prefetched=None,
+               direct=None) -> None:
     """DCP's FileSystemReader.read_data for one file's items (in the order of their bytes, as the S3 connector's
     reader needs them). A tensor item's storage is read straight into its target where it is the same plain CPU
     tensor (one copy: from the page cache or the S3 client's chunks into the model), else into a buffer kept for the
@@ -424,6 +451,12 @@ def _read_file(reader, path: str, items: list, planner, random_access: bool = Tr
             fetched = prefetched.result()
         except errors():  # noqa: BLE001 - read it as usual: its error, if it has one, is said there
             fetched = None
+    if fetched is None and direct is not None:
+        try:
+            _stream_file(direct, reader, path, items, planner)
+            return
+        except errors() as error:  # noqa: BLE001 - read again the usual way, which says its error if it has one
+            _say(f"checkpoint: {path} is read again through {type(reader).__name__} ({str(error).splitlines()[0][:200]})")
     whole = not random_access and fetched is None  # (memory answers a read anywhere at no cost)
     try:
         with (contextlib.nullcontext(_Bytes(memoryview(fetched))) if fetched is not None else
@@ -478,6 +511,196 @@ def _load_item(reader, req, info, piece, planner, read_into, what: str, whole: b
     target.copy_(tensor)
     planner.commit_tensor(req, target)
     tensor = target = None  # nothing of the buffer is held before the next item reads into it
+
+
+GAP = 8 << 20  # items of a file further apart than this are asked in GETs of their own (a resharded read's slices)
+HEAD = 4096  # an item's first bytes read before its storage: torch.save's zip headers and pickle of one tensor
+
+
+def _stream_file(direct, reader, path: str, items: list, planner) -> None:
+    """One file's items streamed in the order of their bytes: one ranged GET per run of items (those less than GAP
+    apart; the bytes between read and dropped), each tensor's storage read from the socket straight into its target
+    where it is the same plain CPU tensor (_stream_item), every other item into a buffer and loaded from there."""
+    import mmap
+
+    items = sorted(items, key=lambda i: reader.storage_data[i.storage_index].offset)
+    runs: list[list] = []  # [start, end, items]
+    for req in items:
+        info = reader.storage_data[req.storage_index]
+        if runs and info.offset - runs[-1][1] <= GAP:
+            runs[-1][1] = max(runs[-1][1], info.offset + info.length)
+            runs[-1][2].append(req)
+        else:
+            runs.append([info.offset, info.offset + info.length, [req]])
+    buffers: dict[str, mmap.mmap] = {}
+
+    def buffer(use: str, size: int) -> memoryview:
+        """A buffer kept for the file's reads of one use (an item whole, the reads of its decode): valid until the
+        next of that use."""
+        if use not in buffers or len(buffers[use]) < size:
+            buffers[use] = mmap.mmap(-1, max(size, 1 << 20))
+        return memoryview(buffers[use])[:size]
+
+    def read_into(piece, at: int, size: int, what: str) -> memoryview:
+        view = buffer("decode", size)
+        piece.seek(at)
+        _fill(piece, view, what)
+        return view
+
+    head = memoryview(bytearray(HEAD))
+    try:
+        for start, end, run in runs:
+            body = direct(path, start, end)
+            try:
+                at = start
+                for req in run:
+                    info = reader.storage_data[req.storage_index]
+                    body.skip(info.offset - at)
+                    _stream_item(body, reader, req, info, planner, head, buffer, read_into,
+                                 f"{path}: the item at byte {info.offset}")
+                    at = info.offset + info.length
+                body.skip(end - at)
+            finally:
+                body.close()
+    finally:
+        for kept in buffers.values():
+            try:
+                kept.close()
+            except BufferError:  # a view of it still held (an error's traceback): it goes with that
+                pass
+
+
+def _stream_item(body, reader, req, info, planner, head: memoryview, buffer, read_into, what: str) -> None:
+    """One item from `body`, which stands at its first byte; its last byte read when this returns."""
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    if req.type != LoadItemType.BYTE_IO and not getattr(info, "transform_descriptors", None):
+        seen = head[:min(info.length, HEAD)]
+        body.fill(seen)
+        found = _head_layout(seen, info.length)
+        target = planner.resolve_tensor(req).detach()
+        if found is not None and _fits(target, found[0], req):
+            first, stored = found[0][4], found[0][5]
+            memory = _memory_of(target)
+            have = max(0, min(len(seen) - first, stored))
+            memory[:have] = seen[first:first + have]
+            body.fill(memory[have:])
+            after = bytes(seen[first + stored:first + stored + 24])  # (a storage that ends in the head)
+            rest = buffer("whole", info.length - max(len(seen), first + stored))
+            body.fill(rest)
+            after = (after + bytes(rest[:24]))[:24]
+            if found[1] and not (after[:4] == b"PK\x07\x08" and stored in (int.from_bytes(after[8:12], "little"),
+                                                                            int.from_bytes(after[8:16], "little"))):
+                raise ValueError(f"{what}: its storage's data descriptor is not where its size puts it")
+            planner.commit_tensor(req, target)
+            return
+        whole = buffer("whole", info.length)
+        whole[:len(seen)] = seen
+        body.fill(whole[len(seen):])
+    else:
+        whole = buffer("whole", info.length)
+        body.fill(whole)
+    _load_item(reader, req, info, _Bytes(whole), planner, read_into, what, False)
+
+
+def _head_layout(head: memoryview, length: int):
+    """(_saved_layout's layout, whether a data descriptor follows the storage) of the tensor torch.save wrote into an
+    item of `length` bytes that begins with `head`, read forwards (a stream cannot ask for the zip's central directory
+    at the item's end first): the first entry's pickle, the byte order, and the local header of the storage's entry,
+    found by its name. None where it is not the plain case, or where the storage does not begin within `head`."""
+    import struct
+
+    data = bytes(head)
+    try:
+        if data[:4] != b"PK\x03\x04":
+            return None
+        method, = struct.unpack_from("<H", data, 8)
+        names, extras = struct.unpack_from("<HH", data, 26)
+        name = data[30:30 + names]
+        if method != 0 or not name.endswith(b"data.pkl"):
+            return None
+        prefix = name[:-len(b"data.pkl")]
+        found = _TensorUnpickler(io.BytesIO(data[30 + names + extras:])).load()
+        if not (isinstance(found, tuple) and len(found) == 5 and found[0] == "tensor"):
+            return None
+        _, (dtype, key, numel), offset, size, stride = found
+        stored = numel * dtype.itemsize
+        at = 0
+        while True:
+            at = data.find(b"PK\x03\x04", at + 1)
+            if at < 0 or at + 30 > len(data):
+                return None
+            flags, method = struct.unpack_from("<HH", data, at + 6)
+            declared, = struct.unpack_from("<I", data, at + 18)
+            names, extras = struct.unpack_from("<HH", data, at + 26)
+            name, first = data[at + 30:at + 30 + names], at + 30 + names + extras
+            if name == prefix + b"byteorder" and data[first:first + 6] != b"little":
+                return None
+            if name == prefix + f"data/{key}".encode():
+                if method != 0 or first > len(data) or first + stored > length or (not flags & 8 and declared != stored):
+                    return None
+                return (dtype, size, stride, offset, first, stored), bool(flags & 8)
+    except (ValueError, TypeError, AttributeError, RuntimeError, EOFError, UnicodeDecodeError, struct.error,
+            pickle.UnpicklingError):
+        return None
+
+
+class _Direct:
+    """Ranged GetObject requests through botocore (the credentials it finds, SigV4, the endpoint, its retries of a
+    request that was not answered), each answer's body read from the socket straight into the caller's memory
+    (http.client's readinto under urllib3's response): one copy of every byte, where s3torchconnector hands its
+    chunks over as new Python bytes and urllib3's own read() makes new bytes too (fresh memory, a page fault per
+    4 kB, then a second copy)."""
+
+    def __init__(self, endpoint: str | None, region: str, connections: int):
+        import botocore.session
+        from botocore.config import Config
+
+        config = Config(max_pool_connections=connections, retries={"max_attempts": 3, "mode": "standard"},
+                        s3={"addressing_style": "path"} if endpoint else None)
+        self.client = botocore.session.get_session().create_client("s3", region_name=region, endpoint_url=endpoint,
+                                                                  config=config)
+
+    def get(self, bucket: str, key: str, start: int, end: int) -> "_Body":
+        answer = self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        body = _Body(answer["Body"], end - start, f"s3://{bucket}/{key}")
+        if answer.get("ContentLength") != end - start:
+            body.close()
+            raise OSError(f"s3://{bucket}/{key}: {answer.get('ContentLength')} bytes answered for {end - start} asked")
+        return body
+
+
+class _Body:
+    """The rest of one answer's body, read in order into the caller's memory."""
+
+    def __init__(self, body, length: int, what: str):
+        self.raw = getattr(body, "_raw_stream", body)  # urllib3's response
+        self.stream = getattr(self.raw, "_fp", None) or self.raw  # http.client's: readinto fills the memory given
+        self.left, self.what, self.dropped = length, what, None
+
+    def fill(self, view: memoryview) -> None:
+        if len(view) > self.left:
+            raise OSError(f"{self.what}: {len(view)} bytes asked where {self.left} are left")
+        _fill(self.stream, view, self.what)
+        self.left -= len(view)
+
+    def skip(self, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"{self.what}: items overlap")
+        while size:
+            if self.dropped is None:
+                self.dropped = memoryview(bytearray(1 << 20))
+            part = min(size, len(self.dropped))
+            self.fill(self.dropped[:part])
+            size -= part
+
+    def close(self) -> None:
+        """Its connection back to the pool where the whole body was read, else closed."""
+        if self.left == 0 and hasattr(self.raw, "release_conn"):
+            self.raw.release_conn()
+        else:
+            self.raw.close()
+
 
 
 class _Item:
