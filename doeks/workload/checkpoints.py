@@ -324,24 +324,27 @@ class _S3:
         return writer
 
     def prefetch(self, name: str, sizes: dict[str, int]) -> dict | None:
-        """Start reading each of the checkpoint's files whole, on threads of their own, with the connector's client
-        kept for restores (one ranged GetObject each, parts in parallel, into memory of this process): {file: a
-        Future of its bytes}; None through s3fs (nothing started)."""
-        if self.choose() != "s3torchconnector":
-            return None
+        """Start reading each of the checkpoint's files whole, on threads of their own, with the client of direct
+        reads (one ranged GetObject each, its body read from the socket into memory of this process): {file: a Future
+        of its bytes}; None where that client cannot be made (nothing started)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from s3torchconnector import S3ReaderConstructor
-
-        client = self._connector("read")
+        direct = self.direct()
+        if direct is None:
+            return None
 
         def fetch(file: str, size: int):
             import mmap
 
             bucket, _, key = self._key(name, file).partition("/")
             buffer = mmap.mmap(-1, max(size, 1))
-            _fill(client.get_object(bucket, key, reader_constructor=S3ReaderConstructor.range_based()),
-                  memoryview(buffer)[:size], self.join(name, file))
+            if not size:
+                return buffer
+            body = direct.get(bucket, key, 0, size)
+            try:
+                body.fill(memoryview(buffer)[:size])
+            finally:
+                body.close()
             return buffer
 
         pool = ThreadPoolExecutor(min(READ_THREADS, max(1, len(sizes))), thread_name_prefix="checkpoint-prefetch")
