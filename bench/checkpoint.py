@@ -3,7 +3,8 @@
 The built-in job's checkpoints (doeks/workload/checkpoints.py: PyTorch Distributed Checkpoint, step-N/ + `latest`,
 asynchronous save, its write at a lower CPU priority than training) of two states, each written to and read from
 - S3: bench/s3_endpoint.py on 127.0.0.1, every request answered after --latency-ms (20 ms: S3's typical time to first
-  byte), through s3torchconnector (the client the job uses where the endpoint answers as S3 does). The endpoint is
+  byte), written through s3torchconnector (the client the job uses where the endpoint answers as S3 does), read
+  through the job's direct reads (ranged GetObjects, the bytes from the socket into the tensors). The endpoint is
   S3's stand-in: its CPU (HTTP parsing, MD5 of every part, copies) is S3's, which a node does not pay, so it runs at
   the lowest CPU priority (--endpoint-nice 19; 0 charges it to the training as before), and
 - a folder on this machine's disk (what a shared volume is to the job). Its restore reads the files after they were
@@ -334,7 +335,8 @@ def main(argv=None) -> int:
                          f"{result[name]['due']} due checkpoints written")
             print(line)
         print(f"{model_name}: restore S3 vs folder: {result['s3']['restore'] / result['folder']['restore']:.2f}x, "
-              f"save S3 vs folder: {result['s3']['save'] / result['folder']['save']:.2f}x (S3 through {result['client']})")
+              f"save S3 vs folder: {result['s3']['save'] / result['folder']['save']:.2f}x (S3 written through "
+              f"{result['client']}, read through direct reads)")
     r = results["resnet50"]
     print(f"checkpoint stall: {100 * r['s3']['stall']:.1f}% of a step (ResNet-50, S3, a checkpoint due every {args.every} "
           f"steps of {r['step']:.3f}s, {r['s3']['written']} of {r['s3']['due']} written, when busy: {args.when_busy}; "
