@@ -712,7 +712,10 @@ class _Item:
 
     def __init__(self, piece, length: int, read_into, what: str, whole: bool):
         self.piece, self.read_into, self.what = piece, read_into, what
-        self.bytes = read_into(piece, 0, length, what) if whole else None
+        if isinstance(piece, _Bytes):  # the item's bytes in memory already (a streamed item): answered from there
+            self.bytes = piece.view[:length]
+        else:
+            self.bytes = read_into(piece, 0, length, what) if whole else None
 
     def read(self, at: int, size: int) -> memoryview:
         """Valid until the next read."""
