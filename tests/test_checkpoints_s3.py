@@ -113,6 +113,7 @@ def test_local_job_with_s3_checkpoints_killed_while_saving_resumes_from_the_prev
     assert final.state == "Succeeded", log[-3000:]
     assert watcher.bad == [], (watcher.bad, watcher.seen)  # latest never named an incomplete checkpoint
     assert log.count("resumed from checkpoint step=4 epoch=0 consumed=64") == 2  # the previous one, by both ranks
+    assert "is read again" not in log  # (its prefetch and its streams: checkpoints._Direct, from moto)
     assert "checkpoints in s3://doeks-ckpt/jobs/s3job through " in log
     keys = _keys(s3, "doeks-ckpt", "jobs/s3job/")
     latest = s3.get_object(Bucket="doeks-ckpt", Key="jobs/s3job/latest")["Body"].read().decode().strip()
