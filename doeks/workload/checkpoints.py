@@ -275,7 +275,7 @@ class _S3:
     def choose_soon(self) -> None:
         """Start choose()'s probe on a thread of its own (a store made to resume: the probe's four requests go on
         beside the listing and the reads of `latest` and the metadata, instead of before the first restore), and
-        the making of the client of direct reads after it (botocore reads its S3 model: a quarter of a second)."""
+        the making of the client of direct reads after it (botocore reads its S3 model: 0.07-0.09 s here)."""
         if self.client is None:
             threading.Thread(target=lambda: (self.choose(), self.direct()), name="checkpoint-probe").start()
 
@@ -705,10 +705,9 @@ class _Body:
             self.raw.close()
 
 
-
 class _Item:
     """One item's bytes, asked by range: through the stream (its reads go where they are asked), or, `whole`, read
-    once into the buffer, in order, and answered from there."""
+    once into the buffer, in order, and answered from there; a stream over memory (_Bytes) from that memory."""
 
     def __init__(self, piece, length: int, read_into, what: str, whole: bool):
         self.piece, self.read_into, self.what = piece, read_into, what
