@@ -623,10 +623,10 @@ def _head_layout(head: memoryview, length: int):
         if method != 0 or not name.endswith(b"data.pkl"):
             return None
         prefix = name[:-len(b"data.pkl")]
-        found = _TensorUnpickler(io.BytesIO(data[30 + names + extras:])).load()
-        if not (isinstance(found, tuple) and len(found) == 5 and found[0] == "tensor"):
+        found = _pickled_tensor(data[30 + names + extras:])
+        if found is None:
             return None
-        _, (dtype, key, numel), offset, size, stride = found
+        dtype, key, numel, offset, size, stride = found
         stored = numel * dtype.itemsize
         at = 0
         while True:
@@ -643,8 +643,7 @@ def _head_layout(head: memoryview, length: int):
                 if method != 0 or first > len(data) or first + stored > length or (not flags & 8 and declared != stored):
                     return None
                 return (dtype, size, stride, offset, first, stored), bool(flags & 8)
-    except (ValueError, TypeError, AttributeError, RuntimeError, EOFError, UnicodeDecodeError, struct.error,
-            pickle.UnpicklingError):
+    except _NOT_PLAIN + (struct.error,):
         return None
 
 
@@ -867,17 +866,30 @@ def _saved_layout(read, length: int):
 
         if "byteorder" in records and bytes(read(*place("byteorder"))).strip() != b"little":
             return None
-        found = _TensorUnpickler(io.BytesIO(read(*place("data.pkl")))).load()
-        if not (isinstance(found, tuple) and len(found) == 5 and found[0] == "tensor"):
+        found = _pickled_tensor(read(*place("data.pkl")))
+        if found is None:
             return None
-        _, (dtype, key, numel), offset, size, stride = found
+        dtype, key, numel, offset, size, stride = found
         first, stored = place(f"data/{key}")
         if stored != numel * dtype.itemsize:
             return None
         return dtype, size, stride, offset, first, stored
-    except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, EOFError, UnicodeDecodeError, struct.error,
-            pickle.UnpicklingError):
+    except _NOT_PLAIN + (KeyError, struct.error):
         return None
+
+
+# what a zip or a pickle that is not torch.save's plain tensor raises while it is read
+_NOT_PLAIN = (ValueError, TypeError, AttributeError, RuntimeError, EOFError, UnicodeDecodeError, pickle.UnpicklingError)
+
+
+def _pickled_tensor(data) -> tuple | None:
+    """(dtype, storage key, numel, storage offset, size, stride) of the one tensor torch.save pickled in `data` (its
+    data.pkl; bytes after the pickle's end are not read), None where it pickled anything else; raises _NOT_PLAIN."""
+    found = _TensorUnpickler(io.BytesIO(data)).load()
+    if not (isinstance(found, tuple) and len(found) == 5 and found[0] == "tensor"):
+        return None
+    _, (dtype, key, numel), offset, size, stride = found
+    return dtype, key, numel, offset, size, stride
 
 
 class _StorageName(str):
