@@ -61,9 +61,41 @@ def patch_run_dir() -> None:
     rendezvous._doeks_run_dir = True
 
 
+def patch_closing() -> None:
+    """The run's rendezvous closed only where this node's run ended: its workers succeeded, or failed with no restart
+    left (how the other nodes learn the run is over). torch's launch_agent closes it whenever the agent ends other than
+    by a signal, also on an error of the agent's own (its rendezvous timed out waiting for nodes not there yet, its
+    etcd lost and made again): after that no node can join the run again, and every node that restarts meets
+    RendezvousClosedError, for good. Such an agent ends with its error, the run left open: its container, restarted,
+    joins again (tests/test_rendezvous_closing.py)."""
+    try:
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+    except ImportError:
+        return
+    if getattr(SimpleElasticAgent, "_doeks_closing", False):
+        return
+    run = SimpleElasticAgent.run
+
+    def run_leaving_it_open_on_error(self, *args, **kwargs):
+        try:
+            return run(self, *args, **kwargs)
+        except SignalException:  # (torch leaves it open itself)
+            raise
+        except Exception:
+            handler = self._worker_group.spec.rdzv_handler
+            handler.shutdown = lambda: False  # the call launch_agent makes on its way out: nothing closed
+            raise
+
+    SimpleElasticAgent.run = run_leaving_it_open_on_error
+    SimpleElasticAgent._doeks_closing = True
+
+
 def patch_rendezvous() -> None:
-    """The run directory (patch_run_dir), then the keep-alive and round changes of the module's docstring."""
+    """The run directory (patch_run_dir), an agent's error leaving the run open (patch_closing), then the keep-alive
+    and round changes of the module's docstring."""
     patch_run_dir()
+    patch_closing()
     try:
         from torch.distributed.elastic.rendezvous import etcd_rendezvous
     except ImportError:
@@ -385,7 +417,7 @@ def run_quietly(entry, closed_wait_s: float | None = None, end_wait_s: float | N
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousTimeoutError
 
     if closed_wait_s is None:
         closed_wait_s = _pod_wait()
@@ -402,6 +434,14 @@ def run_quietly(entry, closed_wait_s: float | None = None, end_wait_s: float | N
              + (f"; this container ends in {closed_wait_s:.0f} s" if closed_wait_s else ""))
         sys.stdout.flush()
         time.sleep(closed_wait_s)
+        return 1
+    except RendezvousTimeoutError:
+        # fewer nodes than the run's minimum joined within the rendezvous' timeout (the others' pods pending, their
+        # node gone): torch's traceback (~40 lines) said only that. The run is left open (patch_closing), so this node,
+        # restarted, joins it again
+        _say("doeks: RendezvousTimeoutError: fewer nodes than the run's minimum joined its rendezvous in time (the "
+             "others not started, or gone); the rendezvous is left open for this node's restart and the others")
+        sys.stdout.flush()
         return 1
     except SignalException as stopped:
         _say(f"doeks: torchrun stopped by {stopped.sigval.name}: its workers are stopped")
