@@ -68,6 +68,12 @@ def pod_json(env, name: str) -> dict:
     return json.loads(kubectl(env, "get", "pod", name, "-n", "default", "-o", "json").stdout)
 
 
+def pod_uid(env, name: str) -> str | None:
+    """The pod's uid, or None while there is no pod of that name."""
+    got = kubectl(env, "get", "pod", name, "-n", "default", "-o", "jsonpath={.metadata.uid}")
+    return got.stdout.strip() or None if got.returncode == 0 else None
+
+
 def describe(env, **more) -> str:
     result = invoke("elasticjob.describe", env={**env, **more}, timeout=120)
     return result.stdout + result.stderr
@@ -141,8 +147,10 @@ def test_a_deleted_worker_pod_and_a_killed_container_resume_from_the_checkpoint(
     step = max(p["step"] for p in progress(env).values())
     old = pod_json(env, f"{JOB}-worker-1")["metadata"]["uid"]
     assert kubectl(env, "delete", "pod", f"{JOB}-worker-1", "-n", "default", "--wait=false").returncode == 0
+    # the old pod gone and the operator's new one there (same name, new uid) before steps are counted: the old one's
+    # log, steps it trained in its grace period, was once read as the new one's training (CI, 2026-11-28)
+    wait_for(lambda: (uid := pod_uid(env, f"{JOB}-worker-1")) and uid != old, 120, "a new worker-1 pod", poll=1)
     step = trains_past(env, step, 2)
-    assert pod_json(env, f"{JOB}-worker-1")["metadata"]["uid"] != old  # the operator made a new pod
     assert "resumed from checkpoint" in kubectl(env, "logs", f"{JOB}-worker-1", "-n", "default").stdout
     # a container killed (SIGKILL, as the OOM killer does): the kubelet restarts it, training goes on
     before = pod_json(env, f"{JOB}-worker-0")["status"]["containerStatuses"][0]
