@@ -219,8 +219,18 @@ class _S3:
         return [n for n, there in zip(names, found) if there]
 
     def read_text(self, name: str) -> str | None:
-        """One GetObject (s3fs's cat_file asks for the size first, a HeadObject, where it may read in parallel: a second
-        request round trip at every resume)."""
+        """One GetObject: through the client of direct reads where it is made (botocore on the caller's thread: s3fs
+        goes through its event loop's thread, 5-8 ms more here), else s3fs (its cat_file asks for the size first, a
+        HeadObject, where it may read in parallel: a second request round trip at every resume)."""
+        direct = self.made_direct()
+        if direct is not None:
+            bucket, _, key = self._key(name).partition("/")
+            try:
+                return direct.read(bucket, key).decode()
+            except FileNotFoundError:
+                return None
+            except Exception:  # noqa: BLE001 - s3fs asks again below, and says its own error if it has one
+                pass
         try:
             return self.fs.cat_file(self._key(name), max_concurrency=1).decode()
         except FileNotFoundError:
@@ -275,9 +285,11 @@ class _S3:
     def choose_soon(self) -> None:
         """Start choose()'s probe on a thread of its own (a store made to resume: the probe's four requests go on
         beside the listing and the reads of `latest` and the metadata, instead of before the first restore), and
-        the making of the client of direct reads after it (botocore reads its S3 model: 0.07-0.09 s here)."""
+        the making of the client of direct reads on another (botocore reads its S3 model: 0.07-0.09 s of CPU here,
+        beside the probe's waits for answers)."""
         if self.client is None:
-            threading.Thread(target=lambda: (self.choose(), self.direct()), name="checkpoint-probe").start()
+            threading.Thread(target=self.choose, name="checkpoint-probe").start()
+            threading.Thread(target=self.direct, name="checkpoint-direct").start()
 
     def choose(self) -> str:
         with self._choosing:
@@ -364,6 +376,37 @@ class _S3:
                     self._direct = False
         return self._direct or None
 
+    def made_direct(self):
+        """The client of direct reads where it is made already, else None (nobody waits for its making)."""
+        return self._direct or None
+
+    def _read_metadata_directly(self, reader, name: str):
+        """The reader's read_metadata through the client of direct reads where it is made (one GetObject, the
+        connector's client not made for it), else as it was; as it was also where that read fails (it says the
+        error, if there is one)."""
+        read = reader.read_metadata
+
+        def read_metadata(*args, **kwargs):
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            direct = self.made_direct()
+            if direct is not None:
+                file = str(reader._get_metadata_path(kwargs.get("rank"))).rsplit("/", 1)[-1]
+                bucket, _, key = self._key(name, file).partition("/")
+                try:
+                    metadata = pickle.loads(direct.read(bucket, key))
+                except Exception:  # noqa: BLE001 - as it was, below
+                    pass
+                else:
+                    if getattr(metadata, "storage_meta", None) is None:
+                        metadata.storage_meta = StorageMeta()
+                    metadata.storage_meta.load_id = reader.load_id  # (as DCP's FileSystemReader.read_metadata)
+                    return metadata
+            return read(*args, **kwargs)
+
+        reader.read_metadata = read_metadata
+        return reader
+
     def reader(self, name: str, prefetched: dict | None = None):
         def read(file: str, start: int, end: int) -> "_Body":
             direct = self.direct()  # (made at the first file that is not prefetched)
@@ -380,13 +423,13 @@ class _S3:
             # client's chunks); a file system without it reads each file through the generic sequential reader, which
             # copies the whole object into a growing BytesIO before torch.load copies it again
             reader.fs = self._connector_fs(reader._reader_constructor, use="read")
-            return _read_files_in_parallel(reader, prefetched=prefetched, direct=read)
+            return _read_files_in_parallel(self._read_metadata_directly(reader, name), prefetched=prefetched,
+                                           direct=read)
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
         # (s3fs: a read that jumps within a file is another GetObject, so each item is read whole, in order)
-        return _read_files_in_parallel(FsspecReader(self.join(name), endpoint_url=self.endpoint,
-                                                    client_kwargs={"region_name": self.region}), random_access=False,
-                                       direct=read)
+        reader = FsspecReader(self.join(name), endpoint_url=self.endpoint, client_kwargs={"region_name": self.region})
+        return _read_files_in_parallel(self._read_metadata_directly(reader, name), random_access=False, direct=read)
 
 
 READ_THREADS = 4  # = the writers' thread_count: a checkpoint has up to 4 files per rank
@@ -662,6 +705,15 @@ class _Direct:
                         s3={"addressing_style": "path"} if endpoint else None)
         self.client = botocore.session.get_session().create_client("s3", region_name=region, endpoint_url=endpoint,
                                                                   config=config)
+
+    def read(self, bucket: str, key: str) -> bytes:
+        """A whole (small) object, one GetObject; FileNotFoundError where there is no such key."""
+        try:
+            answer = self.client.get_object(Bucket=bucket, Key=key)
+        except self.client.exceptions.NoSuchKey:
+            raise FileNotFoundError(f"s3://{bucket}/{key}") from None
+        with contextlib.closing(answer["Body"]) as body:
+            return body.read()
 
     def get(self, bucket: str, key: str, start: int, end: int) -> "_Body":
         answer = self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
