@@ -220,7 +220,7 @@ class _S3:
 
     def read_text(self, name: str) -> str | None:
         """One GetObject: through the client of direct reads where it is made (botocore on the caller's thread: s3fs
-        goes through its event loop's thread, 5-8 ms more here), else s3fs (its cat_file asks for the size first, a
+        goes through its event loop's thread: 3 ms more here), else s3fs (its cat_file asks for the size first, a
         HeadObject, where it may read in parallel: a second request round trip at every resume)."""
         direct = self.made_direct()
         if direct is not None:
