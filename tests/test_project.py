@@ -21,6 +21,44 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert "```bash\npip install -e '.[dev]' && invoke setup demo\n```" in readme
 
 
+def test_ci_runs_in_a_fresh_venv_that_sees_nothing_of_the_machine():
+    """A green CI must mean the README works for a new user: the machine's own interpreter once held boto3 and moto,
+    which hid a ResolutionImpossible that every clean install met."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r'^python3 -m venv "\$VENV"', ci, re.M), "CI makes its own venv"
+    assert "system-site-packages" not in ci
+    assert ci.index('. "$VENV/bin/activate"') < ci.index('bash -c "$TEST_COMMAND"')
+    assert "-c constraints.txt" in re.search(r'^TEST_COMMAND="(.*)"$', ci, re.M).group(1)
+
+
+def test_constraints_pin_a_version_that_pyproject_allows():
+    """constraints.txt (the lock CI installs) and pyproject's bounds agree: a bound changed in one place alone would
+    have CI test versions users never get, or fail to resolve."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.\-]+)==([^ ;]+)", line)
+        if match:
+            pins[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = Version(match.group(2))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"]) + [r for extra in ("train", "cloud", "local", "dev")
+                                               for r in project["optional-dependencies"][extra]]
+    checked = 0
+    for text in wanted:
+        requirement = Requirement(text)
+        name = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        if name == "doeks":
+            continue
+        assert name in pins, f"{name} is not pinned in constraints.txt (uv pip compile, docs/testing.md)"
+        assert pins[name] in requirement.specifier, f"constraints.txt pins {name}=={pins[name]}, pyproject says {text}"
+        checked += 1
+    assert checked > 20
+
+
 def test_readme_env_reference_is_in_step_with_settings():
     reference = (ROOT / "docs" / "env-reference.md").read_text()  # the README links it (issue 24)
     assert S.render_reference_table() in reference
