@@ -87,7 +87,10 @@ def dlc_registry(region: str) -> str:
 
 
 # The PyTorch training DLC for SageMaker that SAGEMAKER_IMAGE defaults to (in AWS_REGION's DLC registry).
-SAGEMAKER_DLC_TAG = "2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker"
+# Source: aws/deep-learning-containers pytorch/training/buildspec-2-9-sm.yml (the CUDA 13 family of the EKS image's
+# DLC, doeks.trainimage.DLC_TAG): the job's sourcedir asks SageMaker for the torch doeks is tested with on top of it
+# (doeks.sagemaker.source_archive's requirements.txt).
+SAGEMAKER_DLC_TAG = "2.9.0-gpu-py312-cu130-ubuntu22.04-sagemaker"
 
 
 def sagemaker_image(region: str, tag: str = SAGEMAKER_DLC_TAG) -> str:

@@ -24,6 +24,7 @@ from .errors import DoeksError
 from .settings import PROJECT_ROOT
 
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
+TORCHCOMPAT = PROJECT_ROOT / "doeks" / "torchcompat.py"  # beside checkpoints.py in the sourcedir
 TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"},
                                                  "Action": "sts:AssumeRole"}]}
 
@@ -122,8 +123,13 @@ def source_archive(settings=None, code=None) -> bytes:
     from .code import resolve
 
     code = code or (resolve(settings) if settings is not None else None)
+    extra: dict[str, bytes] = {}
     if code is None or code.builtin:
         files = [(path, path.name) for path in sorted(WORKLOAD.glob("*.py"))]
+        # SageMaker's training toolkit installs the sourcedir's requirements.txt before the script: the torch doeks is
+        # tested with (the DLC's own is another), and the check of the private names checkpoints.py reads beside it
+        extra["requirements.txt"] = "".join(f"{pin}\n" for pin in torch_requirements()).encode()
+        files.append((TORCHCOMPAT, "torchcompat.py"))
     else:
         files = [(path, path.relative_to(code.source).as_posix()) for path in code.files()]
     buffer = io.BytesIO()
@@ -133,7 +139,18 @@ def source_archive(settings=None, code=None) -> bytes:
             info.mtime = 0
             with open(path, "rb") as f:
                 tar.addfile(info, f)
+        for name, data in extra.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def torch_requirements() -> list[str]:
+    """The pins that put doeks' tested torch on a SageMaker framework container (its sourcedir's requirements.txt)."""
+    from .trainimage import TORCH_VERSION, TORCHVISION_VERSION
+
+    return [f"torch=={TORCH_VERSION}", f"torchvision=={TORCHVISION_VERSION}"]
 
 
 # CreateTrainingJob's limits that botocore's own parameter check does not enforce (it checks types, required members

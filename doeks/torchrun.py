@@ -519,9 +519,24 @@ def wait_for_rendezvous(argv: list[str], limit_s: float = RDZV_WAIT_S, say=_say)
         time.sleep(min(0.5, max(0.0, limit_s - (time.monotonic() - started))))
 
 
+def check_torch(say=None) -> bool:
+    """True where the running torch has every private name doeks' patches use (doeks.torchcompat); else says why in
+    one line, before anything is patched (a traceback inside a patch in every pod, otherwise)."""
+    from . import torchcompat
+
+    try:
+        torchcompat.check(("agent", "rendezvous"))
+    except torchcompat.TorchMismatch as error:
+        (say or _say)(f"doeks: {error}")
+        return False
+    return True
+
+
 def main() -> int:
     from torch.distributed.run import main as torchrun  # torch imported once, before the fork: the zygote shares it
 
+    if not check_torch():
+        return 2
     patch_whole_lines()  # a worker the zygote cannot start is started the usual way, its lines whole
     if os.environ.get("DOEKS_PRELOAD", "1") != "0":
         from . import zygote

@@ -48,7 +48,7 @@ WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
 # base's torch wheels are: the image's own pip may not reach an index (behind a TLS-inspecting proxy it has no CA).
 PY_SPY = "py-spy==0.4.3"
 STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py",
-                                                           "worker.py", "zygote.py", "watchdog.py", "launch.py",
+                                                           "worker.py", "zygote.py", "watchdog.py", "launch.py", "torchcompat.py",
                                                            "workload/__init__.py", "workload/checkpoints.py",
                                                            "targets/__init__.py", "targets/base.py",
                                                            "targets/reasons.py")]

@@ -89,6 +89,10 @@ def patch_rendezvous() -> None:
 
 
 if __name__ == "__main__":
+    from ..torchrun import check_torch
+
+    if not check_torch():
+        sys.exit(2)
     patch_whole_lines()  # a worker the zygote cannot start is started the usual way, its lines whole
     if os.environ.get("DOEKS_PRELOAD", "1") != "0":
         patch_worker_start(zygote_module.start())  # in a worker, start() runs the script and exits

@@ -985,6 +985,30 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
 
 
+_TORCH_CHECKED = False
+
+
+def _check_torch() -> None:
+    """CheckpointError, in one line, where the running torch lacks a private name this module reads (doeks.torchcompat:
+    staged beside it in the training image; a copy of this file alone skips the check)."""
+    global _TORCH_CHECKED
+    if _TORCH_CHECKED:
+        return
+    try:
+        from doeks import torchcompat
+    except ImportError:
+        try:  # a SageMaker sourcedir: beside this file (doeks.sagemaker.source_archive)
+            import torchcompat  # type: ignore[no-redef]
+        except ImportError:
+            _TORCH_CHECKED = True
+            return
+    try:
+        torchcompat.check(("checkpoints",))
+    except torchcompat.TorchMismatch as error:
+        raise CheckpointError(str(error)) from None
+    _TORCH_CHECKED = True
+
+
 class Store:
     """A job's checkpoints at `uri` (a folder or s3://bucket/prefix): save (async), the newest complete one, load.
 
@@ -992,6 +1016,7 @@ class Store:
     `meta` is a small JSON-able dict saved with it (step, epoch, ...), read back without loading the tensors."""
 
     def __init__(self, uri: str, keep: int = 3, log=_say):
+        _check_torch()
         self.uri = str(uri).rstrip("/")
         self.keep = max(1, int(keep))
         self.at = location(self.uri)
