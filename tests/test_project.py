@@ -151,3 +151,21 @@ def test_login_and_push_dry_run_use_ecr_and_never_show_the_token(state_dir):
         assert local_only.returncode == 1 and "REGISTRY is empty" in local_only.stderr
     finally:
         server.stop()
+
+
+# The first commit whose subject keeps to 72 characters; every commit after it must too (git log's one-line views,
+# GitHub's titles, `git shortlog`): the detail goes in the body.
+SHORT_SUBJECTS_SINCE = "eac8c3d"
+
+
+def test_commit_subjects_since_the_rule_keep_to_72_characters():
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+    if git("cat-file", "-e", f"{SHORT_SUBJECTS_SINCE}^{{commit}}").returncode != 0:
+        import pytest
+
+        pytest.skip("no history here (a shallow clone or an export): nothing to read")
+    subjects = git("log", "--no-merges", "--format=%h %s", f"{SHORT_SUBJECTS_SINCE}..HEAD").stdout.splitlines()
+    long = [line for line in subjects if len(line.split(" ", 1)[1]) > 72]
+    assert not long, "commit subjects over 72 characters (put the detail in the body):\n" + "\n".join(long)
