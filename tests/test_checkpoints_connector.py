@@ -257,6 +257,33 @@ def test_a_prefetched_checkpoint_loads_from_memory_and_one_that_failed_as_usual(
     assert not again._prefetched
 
 
+def test_a_prefetch_counts_every_rank_of_the_node_against_its_memory(endpoint, requests, tmp_path, monkeypatch):
+    """Each rank of a node prefetches the whole checkpoint into its own memory (DDP: every rank reads all of it), so
+    the check is the checkpoint times LOCAL_WORLD_SIZE against a quarter of the memory available: with room for 4
+    copies, 4 ranks prefetch and 8 do not (eight ranks of an 8-GPU node, each with its copy, ran the node out of
+    memory at resume). A folder's prefetch is the one page cache of the node: the ranks do not count."""
+    state = _state()
+    checkpoints.Store("s3://bench/ranks", keep=1).save(state, 2, background=False)
+    resuming = checkpoints.Store("s3://bench/ranks", keep=1)
+    name, _ = resuming.newest()
+    size = sum(info["size"] for info in resuming.at.fs.find(f"bench/ranks/{name}", detail=True).values()
+               if info["name"].endswith(".distcp"))
+    assert size > 8_000_000
+    monkeypatch.setattr(checkpoints, "_available_memory", lambda: 4 * 4 * size)  # a quarter: 4 copies
+    before = len(requests.read_text().splitlines())
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert not resuming.prefetch(name) and not resuming._prefetched
+    assert not [a for a in requests.read_text().splitlines()[before:] if ".distcp" in a]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert resuming.prefetch(name)
+    assert all(len(f.result(timeout=30)) for f in resuming._prefetched[name].values())
+
+    folder = checkpoints.Store(str(tmp_path / "ck"), keep=1)
+    folder.save(state, 2, background=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert folder.prefetch("step-2")
+
+
 def test_the_job_resumes_from_s3_through_the_connector_with_its_checkpoint_prefetched(endpoint, tmp_path, capsys,
                                                                                       monkeypatch):
     """The built-in job (train.py, in this process) against the endpoint: trained 2 steps, run again to 4, it resumes
