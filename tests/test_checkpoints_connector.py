@@ -257,6 +257,45 @@ def test_a_prefetched_checkpoint_loads_from_memory_and_one_that_failed_as_usual(
     assert not again._prefetched
 
 
+FIRST_IMPORT = """import json, sys, threading
+seen = []
+start = threading.Thread.start
+
+def recording(self):  # at each thread's start: is torch.distributed imported, whole, already?
+    imported = sys.modules.get("torch.distributed")
+    seen.append((self.name, hasattr(imported, "init_process_group")))
+    start(self)
+
+threading.Thread.start = recording
+sys.path.insert(0, sys.argv[2])
+from doeks.workload.checkpoints import Store
+assert "torch" not in sys.modules
+store = Store(sys.argv[1])
+import torch.distributed.checkpoint  # as newest() reads the metadata, beside the probe
+store.at.choose()
+print(json.dumps(seen))
+"""
+
+
+def test_a_store_imports_torch_distributed_before_it_starts_its_threads(endpoint, tmp_path):
+    """A resuming Store starts threads at once (the connector's probe, the client of direct reads) while the caller
+    lists and reads with DCP. In a process that had not imported torch yet, the probe's import of torch beside the
+    caller's import of DCP aborted the process (SIGABRT in torch's _c10d_init: Python handed the caller a torch half
+    imported; tests/test_checkpoints_s3.py's fixture, three times in a row): so the Store imports torch whole on the
+    caller's thread before it starts any. A fresh process that has not imported torch, DCP imported as newest()
+    does, while the probe runs."""
+    import json
+
+    (tmp_path / "first.py").write_text(FIRST_IMPORT)
+    result = subprocess.run([sys.executable, str(tmp_path / "first.py"), "s3://bench/first", str(ROOT)],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.splitlines()[-1])
+    mine = [(name, imported) for name, imported in seen if name.startswith("checkpoint-")]
+    assert {name for name, _ in mine} >= {"checkpoint-probe", "checkpoint-direct"}, seen
+    assert all(imported for _, imported in mine), mine
+
+
 def test_a_prefetch_counts_every_rank_of_the_node_against_its_memory(endpoint, requests, tmp_path, monkeypatch):
     """Each rank of a node prefetches the whole checkpoint into its own memory (DDP: every rank reads all of it), so
     the check is the checkpoint times LOCAL_WORLD_SIZE against a quarter of the memory available: with room for 4
