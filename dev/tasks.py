@@ -39,7 +39,7 @@ MODULES = {
                  ["tests/test_csi.py", "tests/test_stage_fsx.py",
                   "tests/test_teardown.py::test_fsx_delete_keeps_role_and_group_until_the_driver_deleted_its_file_system"]),
     "guard": ("doeks/cluster/guard.py", "doeks.cluster.guard.*", ["tests/test_network_guard.py"]),
-    # (not the tests that run the Store or torchrun in a child process, nor the one that trains a model: minutes)
+    # (not the tests that run the code in a child process, `invoke` or torchrun, nor the one that trains a model)
     "checkpoints": ("doeks/workload/checkpoints.py", "doeks.workload.checkpoints.*",
                     ["tests/test_checkpoint_decode.py", "tests/test_checkpoints_direct.py"]
                     + [f"tests/test_checkpoints_connector.py::test_{name}" for name in (
@@ -54,7 +54,11 @@ MODULES = {
                      "an_agent_that_ended_for_good_keeps_its_container_a_while_in_a_pod",
                      "the_jobs_manifest_tells_its_containers_to_wait_before_they_end_for_good")]),
     "watchdog": ("doeks/watchdog.py", "doeks.watchdog.*", ["tests/test_watchdog_local.py"]),
-    "kueue": ("doeks/kueue.py", "doeks.kueue.*", ["tests/test_kueue.py"]),
+    "kueue": ("doeks/kueue.py", "doeks.kueue.*", [f"tests/test_kueue.py::test_{name}" for name in (
+        "queue_label_and_one_block_on_both_job_kinds", "without_a_queue_jobs_carry_nothing_of_kueue",
+        "bad_queue_settings_name_the_key", "doctor_rule_for_kueue_and_trainer",
+        "simulated_p5_nodes_are_eks_shaped_and_spread_in_blocks",
+        "on_doeks_cluster_the_simulated_type_is_a_tas_flavor_beside_the_node")]),
     "jobpaths": ("doeks/jobpaths.py", "doeks.jobpaths.*",
                  ["tests/test_job_role.py",
                   "tests/test_job_identity.py::test_the_job_name_comes_from_the_code_and_the_folders_from_one_function",
