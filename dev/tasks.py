@@ -35,8 +35,40 @@ MODULES = {
     "stager": ("doeks/datastage.py", "doeks.datastage.*", ["tests/test_stage.py"]),
     "manifests": ("doeks/jobspec.py", "doeks.jobspec.*", ["tests/test_jobspec.py", "tests/test_kubeflow_pytorchjob.py"]),
     "audit": ("doeks/audit.py", "doeks.audit.*", ["tests/test_first_run.py"]),
-    "teardown": ("doeks/storage.py", "doeks.storage.*", ["tests/test_csi.py", "tests/test_stage_fsx.py"]),
+    "teardown": ("doeks/storage.py", "doeks.storage.*",
+                 ["tests/test_csi.py", "tests/test_stage_fsx.py",
+                  "tests/test_teardown.py::test_fsx_delete_keeps_role_and_group_until_the_driver_deleted_its_file_system"]),
     "guard": ("doeks/cluster/guard.py", "doeks.cluster.guard.*", ["tests/test_network_guard.py"]),
+    # (not the tests that run the code in a child process, `invoke` or torchrun, nor the one that trains a model)
+    "checkpoints": ("doeks/workload/checkpoints.py", "doeks.workload.checkpoints.*",
+                    ["tests/test_checkpoint_decode.py", "tests/test_checkpoints_direct.py"]
+                    + [f"tests/test_checkpoints_connector.py::test_{name}" for name in (
+                        "s3_checkpoint_through_the_connector_restores_with_its_dcp_reader",
+                        "the_connector_clients_are_made_once_per_process_not_per_checkpoint",
+                        "a_resume_asks_s3_only_what_it_needs",
+                        "a_prefetched_checkpoint_loads_from_memory_and_one_that_failed_as_usual",
+                        "a_prefetch_counts_every_rank_of_the_node_against_its_memory")]),
+    "torchrun": ("doeks/torchrun.py", "doeks.torchrun.*",
+                 ["tests/test_rendezvous_wait.py"] + [f"tests/test_script_errors.py::test_{name}" for name in (
+                     "an_agent_that_finds_its_runs_rendezvous_closed_ends_in_a_pod_only_after_a_while",
+                     "an_agent_that_ended_for_good_keeps_its_container_a_while_in_a_pod",
+                     "the_jobs_manifest_tells_its_containers_to_wait_before_they_end_for_good")]),
+    "watchdog": ("doeks/watchdog.py", "doeks.watchdog.*", ["tests/test_watchdog_local.py"]),
+    "kueue": ("doeks/kueue.py", "doeks.kueue.*", [f"tests/test_kueue.py::test_{name}" for name in (
+        "queue_label_and_one_block_on_both_job_kinds", "without_a_queue_jobs_carry_nothing_of_kueue",
+        "bad_queue_settings_name_the_key", "doctor_rule_for_kueue_and_trainer",
+        "simulated_p5_nodes_are_eks_shaped_and_spread_in_blocks",
+        "on_doeks_cluster_the_simulated_type_is_a_tas_flavor_beside_the_node")]),
+    "jobpaths": ("doeks/jobpaths.py", "doeks.jobpaths.*",
+                 ["tests/test_job_role.py",
+                  "tests/test_job_identity.py::test_the_job_name_comes_from_the_code_and_the_folders_from_one_function",
+                  "tests/test_eks_outputs.py::test_the_target_decides_where_checkpoints_and_the_model_go_when_the_user_"
+                  "names_nothing"]),
+    "catalog": ("doeks/catalog.py", "doeks.catalog.*", ["tests/test_first_run.py"]),
+    "follow": ("doeks/targets/follow.py", "doeks.targets.follow.*",
+               ["tests/test_status_eks.py::test_follow_ends_a_job_with_a_permanent_reason",
+                "tests/test_status_eks.py::test_follow_of_a_succeeded_job_waits_for_its_replicas_still_leaving",
+                "tests/test_status_eks.py::test_a_replica_still_running_after_the_wait_is_named_with_how_to_stop_it"]),
 }
 SCORE = re.compile(r"^\s*(?P<name>\S+): (?P<status>killed|survived|no tests|timeout|suspicious|skipped|not checked|"
                    r"segfault|check was interrupted by user|caught by type check)$")

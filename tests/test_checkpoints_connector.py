@@ -257,6 +257,72 @@ def test_a_prefetched_checkpoint_loads_from_memory_and_one_that_failed_as_usual(
     assert not again._prefetched
 
 
+FIRST_IMPORT = """import json, sys, threading
+seen = []
+start = threading.Thread.start
+
+def recording(self):  # at each thread's start: is torch.distributed imported, whole, already?
+    imported = sys.modules.get("torch.distributed")
+    seen.append((self.name, hasattr(imported, "init_process_group")))
+    start(self)
+
+threading.Thread.start = recording
+sys.path.insert(0, sys.argv[2])
+from doeks.workload.checkpoints import Store
+assert "torch" not in sys.modules
+store = Store(sys.argv[1])
+import torch.distributed.checkpoint  # as newest() reads the metadata, beside the probe
+store.at.choose()
+print(json.dumps(seen))
+"""
+
+
+def test_a_store_imports_torch_distributed_before_it_starts_its_threads(endpoint, tmp_path):
+    """A resuming Store starts threads at once (the connector's probe, the client of direct reads) while the caller
+    lists and reads with DCP. In a process that had not imported torch yet, the probe's import of torch beside the
+    caller's import of DCP aborted the process (SIGABRT in torch's _c10d_init: Python handed the caller a torch half
+    imported; tests/test_checkpoints_s3.py's fixture, three times in a row): so the Store imports torch whole on the
+    caller's thread before it starts any. A fresh process that has not imported torch, DCP imported as newest()
+    does, while the probe runs."""
+    import json
+
+    (tmp_path / "first.py").write_text(FIRST_IMPORT)
+    result = subprocess.run([sys.executable, str(tmp_path / "first.py"), "s3://bench/first", str(ROOT)],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.splitlines()[-1])
+    mine = [(name, imported) for name, imported in seen if name.startswith("checkpoint-")]
+    assert {name for name, _ in mine} >= {"checkpoint-probe", "checkpoint-direct"}, seen
+    assert all(imported for _, imported in mine), mine
+
+
+def test_a_prefetch_counts_every_rank_of_the_node_against_its_memory(endpoint, requests, tmp_path, monkeypatch):
+    """Each rank of a node prefetches the whole checkpoint into its own memory (DDP: every rank reads all of it), so
+    the check is the checkpoint times LOCAL_WORLD_SIZE against a quarter of the memory available: with room for 4
+    copies, 4 ranks prefetch and 8 do not (eight ranks of an 8-GPU node, each with its copy, ran the node out of
+    memory at resume). A folder's prefetch is the one page cache of the node: the ranks do not count."""
+    state = _state()
+    checkpoints.Store("s3://bench/ranks", keep=1).save(state, 2, background=False)
+    resuming = checkpoints.Store("s3://bench/ranks", keep=1)
+    name, _ = resuming.newest()
+    size = sum(info["size"] for info in resuming.at.fs.find(f"bench/ranks/{name}", detail=True).values()
+               if info["name"].endswith(".distcp"))
+    assert size > 8_000_000
+    monkeypatch.setattr(checkpoints, "_available_memory", lambda: 4 * 4 * size)  # a quarter: 4 copies
+    before = len(requests.read_text().splitlines())
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert not resuming.prefetch(name) and not resuming._prefetched
+    assert not [a for a in requests.read_text().splitlines()[before:] if ".distcp" in a]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert resuming.prefetch(name)
+    assert all(len(f.result(timeout=30)) for f in resuming._prefetched[name].values())
+
+    folder = checkpoints.Store(str(tmp_path / "ck"), keep=1)
+    folder.save(state, 2, background=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert folder.prefetch("step-2")
+
+
 def test_the_job_resumes_from_s3_through_the_connector_with_its_checkpoint_prefetched(endpoint, tmp_path, capsys,
                                                                                       monkeypatch):
     """The built-in job (train.py, in this process) against the endpoint: trained 2 steps, run again to 4, it resumes

@@ -14,6 +14,7 @@ here a developer sees a broken rule in seconds."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,51 @@ def test_a_cuda_out_of_memory_error_is_transient():
     # reading of the script's exceptions made every traceback permanent)
     raised = reasons.from_lines([TRACEBACK, '  File "/workspace/fit.py", line 40, in main', "    out = model(x)"] + CUDA_OOM)
     assert (raised.code, raised.permanent) == ("oom", False)
+
+
+# older torch's words for it, a RuntimeError (c10/cuda/CUDACachingAllocator.cpp, torch 1.13), as older code and
+# libraries still raise it
+OLD_CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.19 GiB total capacity; 77.12 GiB already "
+                "allocated; 1.06 GiB free; 78.00 GiB reserved in total by PyTorch)")
+
+
+def test_a_cuda_out_of_memory_runtime_error_is_memory_not_the_scripts_bug(tmp_path):
+    """`RuntimeError: CUDA out of memory` (older torch, and code that raises it by hand) is out of memory by its words,
+    not by its type: raised by the script's own frame, or by a library's the same after a restart, it is a transient
+    "lower BATCH_SIZE", not the script's permanent error ("fix the script"). Real tracebacks: the script and an
+    installed library, run by Python."""
+    import subprocess
+    import sys
+
+    library = tmp_path / "site-packages"
+    library.mkdir()
+    (library / "oldtorch.py").write_text(f"def forward(x):\n    raise RuntimeError({OLD_CUDA_OOM!r})\n")
+    (tmp_path / "fit.py").write_text(
+        "import sys, oldtorch\n"
+        "def step():\n"
+        "    try:\n"
+        "        oldtorch.forward(1)\n"
+        "    except RuntimeError as error:  # the script's own raise, with the library's words\n"
+        "        raise RuntimeError(str(error)) from None\n"
+        "step() if sys.argv[1] == 'mine' else oldtorch.forward(1)\n")
+
+    def run(how: str) -> list[str]:
+        result = subprocess.run([sys.executable, str(tmp_path / "fit.py"), how], capture_output=True, text=True,
+                                timeout=60, env={**os.environ, "PYTHONPATH": str(library)})
+        assert result.returncode == 1 and result.stderr.startswith(TRACEBACK), result.stderr
+        return result.stderr.splitlines()
+
+    mine, library_s = run("mine"), run("library")
+    assert mine[-1] == library_s[-1] == f"RuntimeError: {OLD_CUDA_OOM}"
+    restarted = library_s + ["doeks: worker group failed (exit codes [1]): torchrun restarts it (1 of 10)"] + library_s
+    for lines in (mine, restarted):
+        found = reasons.from_lines(lines)
+        assert (found.code, found.permanent, found.fix) == ("oom", False, reasons.OOM_FIX), found
+        assert found.text == "out of memory: " + OLD_CUDA_OOM[:200]  # (a reason keeps 200 characters)
+        assert reasons.tracebacks(lines).permanent() is None  # what doeks' torchrun and the targets ask first
+    # another message from the same raise is the script's: the rule is memory's words, not any RuntimeError
+    other = [line.replace(OLD_CUDA_OOM, "shapes do not match") for line in mine]
+    assert reasons.from_lines(other).code == "exception" and reasons.from_lines(other).permanent
 
 
 def test_every_rule_has_a_case_here():

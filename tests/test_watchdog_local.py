@@ -2,13 +2,16 @@
 with SIGSTOP (as a stuck collective or a deadlocked loader holds a job: alive, making no progress). The replica's
 watchdog names the rank in `status` within HANG_TIMEOUT + 15 s and restarts its processes (rung 1); the same rank
 stopped again soon after is past HANG_RESTARTS=1, so its node is replaced (rung 2: the agent exits 75, the supervisor
-starts the replica anew); the job ends Succeeded, and `history` keeps every step and the run's goodput."""
+starts the replica anew); the job ends Succeeded, and `history` keeps every step and the run's goodput (slow).
+Fast: what a py-spy dump tells, and a replica with no suspect of its own leaving its ranks alone until twice the
+timeout (real rank processes, the agent's check called as its monitor loop calls it)."""
 from __future__ import annotations
 
 import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +19,6 @@ from doeks.local import jobs
 
 from .conftest import invoke, job_settings, wait_for
 
-pytestmark = pytest.mark.slow  # real torchrun agents and etcd for a few minutes
 
 JOB = {"JOB_NAME": "hang", "DATA_TRAIN_PER_CLASS": "64", "DATA_VAL_PER_CLASS": "8", "REPLICAS": "2",
        "NPROC_PER_NODE": "1", "MIN_REPLICAS": "1", "MAX_REPLICAS": "2", "EPOCHS": "3", "CHECKPOINT_EVERY": "4",
@@ -54,6 +56,7 @@ def said(env) -> str:
     return result.stdout + result.stderr
 
 
+@pytest.mark.slow  # real torchrun agents and etcd for a few minutes
 def test_a_stopped_rank_is_named_restarted_then_its_node_replaced_and_the_job_succeeds(state_dir, monkeypatch):
     s = job_settings(JOB, monkeypatch)
     home = state_dir / "jobs" / s.job_name
@@ -115,5 +118,62 @@ all_gather() if waiting else compute()
         assert not watchdog.waits_on_peers(dumps["holding"]), dumps["holding"]  # a thread's collective is not the rank's
     finally:
         for p in ranks.values():
+            p.kill()
+            p.wait()
+
+
+WAITING_RANK = """import faulthandler, signal, time
+faulthandler.register(signal.SIGUSR1)  # as the workload registers it: a stack dump asked, not the end of the rank
+def all_reduce():  # py-spy's dump, where it is installed: inside a collective, waiting on a peer
+    time.sleep(120)
+all_reduce()
+"""
+
+
+def test_a_replica_with_no_local_suspect_takes_its_own_ranks_only_at_twice_the_timeout(tmp_path, capsys):
+    """A replica whose ranks all wait on a peer (none stopped, none outside a collective) leaves them alone at the
+    first HANG_TIMEOUT: the hang is held elsewhere and that replica's watchdog acts. Only when the job is still stuck
+    at twice the timeout (the peer's watchdog may be gone with it) are its own ranks the suspects and restarted
+    (rung 1). Taking them at the first timeout restarted every healthy replica beside the one that hangs. Real
+    rank processes (asleep in a function named as a collective), the agent's watchdog driven as its monitor loop
+    drives it."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from doeks import watchdog
+
+    timeout = 3.0
+    (tmp_path / "rank.py").write_text(WAITING_RANK)
+    ranks = [subprocess.Popen([sys.executable, str(tmp_path / "rank.py")]) for _ in range(2)]
+    try:
+        time.sleep(0.5)  # (their SIGUSR1 handler registered)
+        env = {"DOEKS_HANG_TIMEOUT": str(timeout), "DOEKS_REPLICA": "1", "PET_LOG_DIR": str(tmp_path / "logs")}
+        dog = watchdog.Watchdog(env)
+        group = SimpleNamespace(workers=[SimpleNamespace(id=p.pid, global_rank=2 + i, local_rank=i)
+                                         for i, p in enumerate(ranks)])
+        dog.check(None, group)  # a new worker group: its progress starts now
+        started = dog.group_started
+        for worker in group.workers:  # each rank's last progress, at the group's start
+            (Path(env["DOEKS_PROGRESS_DIR"]) / str(worker.global_rank)).write_text(f"7 {started}")
+
+        def check_at(stale: float) -> None:
+            time.sleep(max(0.0, started + stale - time.time()))
+            dog.checked = 0.0  # (the monitor loop calls it every second; here at the moments that matter)
+            dog.check(None, group)
+
+        check_at(1.2 * timeout)  # stuck past the timeout, not past twice it: held elsewhere
+        out = capsys.readouterr().out
+        assert "its ranks 2, 3 wait on a peer (held elsewhere)" in out, out
+        assert "hang: rank" not in out and "rung 1" not in out, out
+        assert [p.poll() for p in ranks] == [None, None], "a healthy rank was restarted at the first timeout"
+
+        check_at(2 * timeout + 0.5)  # still stuck at twice the timeout: its own ranks are the suspects
+        out = capsys.readouterr().out
+        assert "hang: rank 2 (replica node-1" in out and "hang: rank 3 (replica node-1" in out, out
+        assert "no other replica's watchdog ended the hang" in out and "restart the process (rung 1 of 4" in out, out
+        assert [p.wait(10) for p in ranks] == [-9, -9]  # SIGKILL: torchrun restarts the worker group
+    finally:
+        for p in ranks:
             p.kill()
             p.wait()

@@ -286,8 +286,15 @@ class _S3:
         """Start choose()'s probe on a thread of its own (a store made to resume: the probe's four requests go on
         beside the listing and the reads of `latest` and the metadata, instead of before the first restore), and
         the making of the client of direct reads on another (botocore reads its S3 model: 0.07-0.09 s of CPU here,
-        beside the probe's waits for answers)."""
+        beside the probe's waits for answers). torch is imported whole on the caller's thread before either starts:
+        the probe's connector imports torch, and a caller that has not yet imported it imports torch.distributed
+        (DCP, to read the metadata) meanwhile; Python's import locks break that cycle by giving the caller a torch
+        half imported, and torch's _c10d_init aborts the process (SIGABRT)."""
         if self.client is None:
+            try:
+                import torch.distributed  # noqa: F401 - (torch's own import includes it)
+            except ImportError:  # no torch: the probe finds the connector missing, a save or a load says the rest
+                pass
             threading.Thread(target=self.choose, name="checkpoint-probe").start()
             threading.Thread(target=self.direct, name="checkpoint-direct").start()
 
