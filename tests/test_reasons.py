@@ -85,6 +85,16 @@ def test_a_cuda_out_of_memory_error_is_transient():
     assert (raised.code, raised.permanent) == ("oom", False)
 
 
+def test_the_cuda_runtimes_own_out_of_memory_is_out_of_memory_too():
+    """`CUDA error: out of memory` is the CUDA runtime's wording (a kernel launch or cudaMalloc outside torch's
+    allocator: NCCL's buffers, a library's workspace): memory as well, with the batch-size fix."""
+    line = "RuntimeError: CUDA error: out of memory"
+    found = reasons.from_lines([line, "CUDA kernel errors might be asynchronously reported at some other API call"])
+    assert (found.code, found.permanent, found.fix) == ("oom", False, reasons.OOM_FIX)
+    raised = reasons.from_lines([TRACEBACK, '  File "/workspace/fit.py", line 40, in main', "    out = model(x)", line])
+    assert (raised.code, raised.permanent) == ("oom", False)
+
+
 # older torch's words for it, a RuntimeError (c10/cuda/CUDACachingAllocator.cpp, torch 1.13), as older code and
 # libraries still raise it
 OLD_CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.19 GiB total capacity; 77.12 GiB already "

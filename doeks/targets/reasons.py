@@ -67,7 +67,7 @@ _LINE_RULES = [
     ("import-error", True, re.compile(r"(?P<m>(ModuleNotFoundError|ImportError): .+)"), "import error: {m}", IMPORT_FIX),
     ("missing-file", True, re.compile(r"(?P<m>FileNotFoundError: .+|can't open file .+No such file or directory.*)"),
      "missing file: {m}", MISSING_FIX),
-    ("oom", False, re.compile(r"(?P<m>(torch\.)?(cuda\.)?OutOfMemoryError.*|CUDA out of memory.*|Cannot allocate memory.*)"),
+    ("oom", False, re.compile(r"(?P<m>(torch\.)?(cuda\.)?OutOfMemoryError.*|CUDA out of memory.*|CUDA error: out of memory.*|Cannot allocate memory.*)"),
      "out of memory: {m}", OOM_FIX),
     # torch.distributed.elastic.rendezvous.etcd_rendezvous / python-etcd when the etcd server is gone
     # (python-etcd 0.4.5 etcd/client.py: "No more machines in the cluster", "Could not get the list of servers")
