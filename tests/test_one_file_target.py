@@ -98,8 +98,24 @@ def test_an_unknown_target_is_refused_naming_the_ones_found(state_dir):
     assert "Traceback" not in result.stderr
 
 
-def test_the_built_in_targets_are_found_from_their_files():
+def test_the_built_in_targets_table_names_every_target_class():
+    """The table of built-in targets and the classes in doeks/targets/ agree: each entry imports to a Target subclass
+    of that name, and no class with a `name` of its own is left out (the rehearsal is eks' variant)."""
+    import importlib
+    import inspect
+    import pkgutil
+
     from doeks import settings, targets
+    from doeks.targets.base import Target
 
     assert targets.names() == ("local", "docker", "kubernetes", "eks", "sagemaker")
-    assert settings.target_classes()["eks"] == ("doeks.targets.eks", "EksTarget")
+    for name, (module, cls) in {**settings.BUILTIN_TARGETS, "eks (rehearsal)": settings.REHEARSAL_TARGET}.items():
+        found = getattr(importlib.import_module(module), cls)
+        assert issubclass(found, Target) and found.name == name.split()[0], (name, module, cls)
+    listed = set(settings.BUILTIN_TARGETS.values()) | {settings.REHEARSAL_TARGET}
+    for info in pkgutil.iter_modules(targets.__path__):
+        module = importlib.import_module(f"doeks.targets.{info.name}")
+        for cls in vars(module).values():
+            if (inspect.isclass(cls) and issubclass(cls, Target) and cls is not Target and cls.__module__ == module.__name__
+                    and "name" in vars(cls)):
+                assert (module.__name__, cls.__name__) in listed, f"{cls.__name__} is not in BUILTIN_TARGETS"

@@ -8,7 +8,7 @@
 
 This package and `doeks.settings` are the only places that branch on TARGET. A place to run is one file here (or a
 module named in DOEKS_TARGETS): a class deriving from `Target` (or one of these) with a `name`, answering the job's
-verbs and the units' (see `base.Target`); nothing else lists it.
+verbs and the units' (see `base.Target`), listed in doeks.settings.BUILTIN_TARGETS (or DOEKS_TARGETS for one of yours).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ VERBS = ("checks", "plan", "submit", "describe", "logs", "scale", "cancel", "art
 
 
 def names() -> tuple[str, ...]:
-    """Every TARGET value: the files of this package that define a target class, and DOEKS_TARGETS' modules."""
+    """Every TARGET value: doeks.settings.BUILTIN_TARGETS, then DOEKS_TARGETS' modules'."""
     from ..settings import target_names
 
     return target_names()
@@ -30,7 +30,7 @@ def _class(settings, name: str | None = None) -> type:
     import importlib
 
     from ..errors import DoeksError
-    from ..settings import target_classes
+    from ..settings import REHEARSAL_TARGET, target_classes
 
     name = name or settings.target
     found = target_classes()
@@ -38,7 +38,7 @@ def _class(settings, name: str | None = None) -> type:
         raise DoeksError(f"TARGET={name!r}: expected one of {', '.join(names())}")
     module, cls = found[name]
     if name == "eks" and getattr(settings, "eks_rehearsal", False):  # EKS_REHEARSAL: the eks target on this machine
-        module, cls = "doeks.targets.rehearsal", "RehearsalTarget"
+        module, cls = REHEARSAL_TARGET
     return getattr(importlib.import_module(module), cls)
 
 
