@@ -25,6 +25,16 @@ from doeks.taskkit import Int, task
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# the fast tests of the checkpoint modules (not the ones that run the code in a child process, `invoke` or torchrun,
+# nor the one that trains a model)
+CHECKPOINT_TESTS = ["tests/test_checkpoint_decode.py", "tests/test_checkpoints_direct.py"] + [
+    f"tests/test_checkpoints_connector.py::test_{name}" for name in (
+        "s3_checkpoint_through_the_connector_restores_with_its_dcp_reader",
+        "the_connector_clients_are_made_once_per_process_not_per_checkpoint",
+        "a_resume_asks_s3_only_what_it_needs",
+        "a_prefetched_checkpoint_loads_from_memory_and_one_that_failed_as_usual",
+        "a_prefetch_counts_every_rank_of_the_node_against_its_memory")]
+
 # name -> (file, the mutant names to run (mutmut's: module.x_function / module.xǁClassǁmethod), tests that cover it)
 MODULES = {
     "reasons": ("doeks/targets/reasons.py", "doeks.targets.reasons.*",
@@ -39,15 +49,9 @@ MODULES = {
                  ["tests/test_csi.py", "tests/test_stage_fsx.py",
                   "tests/test_teardown.py::test_fsx_delete_keeps_role_and_group_until_the_driver_deleted_its_file_system"]),
     "guard": ("doeks/cluster/guard.py", "doeks.cluster.guard.*", ["tests/test_network_guard.py"]),
-    # (not the tests that run the code in a child process, `invoke` or torchrun, nor the one that trains a model)
-    "checkpoints": ("doeks/workload/checkpoints.py", "doeks.workload.checkpoints.*",
-                    ["tests/test_checkpoint_decode.py", "tests/test_checkpoints_direct.py"]
-                    + [f"tests/test_checkpoints_connector.py::test_{name}" for name in (
-                        "s3_checkpoint_through_the_connector_restores_with_its_dcp_reader",
-                        "the_connector_clients_are_made_once_per_process_not_per_checkpoint",
-                        "a_resume_asks_s3_only_what_it_needs",
-                        "a_prefetched_checkpoint_loads_from_memory_and_one_that_failed_as_usual",
-                        "a_prefetch_counts_every_rank_of_the_node_against_its_memory")]),
+    "checkpoints": ("doeks/workload/checkpoints.py", "doeks.workload.checkpoints.*", CHECKPOINT_TESTS),
+    "checkpoint-read": ("doeks/workload/checkpoint_read.py", "doeks.workload.checkpoint_read.*", CHECKPOINT_TESTS),
+    "checkpoint-s3": ("doeks/workload/checkpoint_s3.py", "doeks.workload.checkpoint_s3.*", CHECKPOINT_TESTS),
     "torchrun": ("doeks/torchrun.py", "doeks.torchrun.*",
                  ["tests/test_rendezvous_wait.py"] + [f"tests/test_script_errors.py::test_{name}" for name in (
                      "an_agent_that_finds_its_runs_rendezvous_closed_ends_in_a_pod_only_after_a_while",

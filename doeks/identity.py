@@ -215,7 +215,7 @@ WORKLOADS: tuple[Workload, ...] = (
              # ListObjectsV2 (names), HeadObject/GetObject (complete, latest, reads), PutObject and the multipart calls
              # (data, .metadata, latest, model.pt, the connector's probe), CopyObject (DCP's rename: GetObject +
              # PutObject), DeleteObject(s) (prune, clear_after, the probe), AbortMultipartUpload (a failed upload)
-             source="doeks/workload/checkpoints.py (_S3, Store, save_file); doeks/jobpaths.py JOB_S3_CALLS",
+             source="doeks/workload/checkpoint_s3.py (_S3), checkpoints.py (Store, save_file); doeks/jobpaths.py JOB_S3_CALLS",
              inline=train_policy, namespace_of=lambda s: s.namespace),
     Workload("save-model", "csi", "csi.data.save-model's Job (a job's model and checkpoints on the claim to S3)", "",
              "doeks-save-model", calls=("s3:PutObject", "s3:AbortMultipartUpload"),

@@ -50,6 +50,7 @@ PY_SPY = "py-spy==0.4.3"
 STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py",
                                                            "worker.py", "zygote.py", "watchdog.py", "launch.py", "torchcompat.py",
                                                            "workload/__init__.py", "workload/checkpoints.py",
+                                                           "workload/checkpoint_read.py", "workload/checkpoint_s3.py",
                                                            "targets/__init__.py", "targets/base.py",
                                                            "targets/reasons.py")]
 

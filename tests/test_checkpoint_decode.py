@@ -1,4 +1,4 @@
-"""A restore decodes each saved tensor where its bytes lie (doeks/workload/checkpoints.py: _saved_tensor) instead of
+"""A restore decodes each saved tensor where its bytes lie (doeks/workload/checkpoint_read.py: _saved_tensor) instead of
 through torch.load, which made a new storage of every tensor to copy it into the target after. Real torch.save
 output and real DCP checkpoints in a folder; torch.load is the reference."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from doeks.workload import checkpoints
+from doeks.workload import checkpoint_read, checkpoints
 
 torch = pytest.importorskip("torch")
 
@@ -42,7 +42,7 @@ def test_a_saved_tensor_decodes_as_torch_load_reads_it_and_in_place(kind):
     view = _saved(tensor)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing for a job's log (torch's storage classes warn when asked their dtype)
-        decoded = checkpoints._saved_tensor(view)
+        decoded = checkpoint_read._saved_tensor(view)
     reference = torch.load(io.BytesIO(view.tobytes()), weights_only=True)
     assert decoded is not None
     assert (decoded.dtype, decoded.shape, decoded.stride(), decoded.storage_offset()) == (
@@ -56,10 +56,10 @@ def test_a_saved_tensor_decodes_as_torch_load_reads_it_and_in_place(kind):
 def test_what_it_does_not_know_is_left_to_torch_load():
     """A pickle of anything but a plain tensor (a Parameter's rebuild, a dict), a cut off blob, bytes that are no
     zip: None, and the restore reads the item with torch.load as DCP does."""
-    assert checkpoints._saved_tensor(_saved(torch.nn.Parameter(torch.randn(3)))) is None
-    assert checkpoints._saved_tensor(_saved({"a": torch.randn(3)})) is None
-    assert checkpoints._saved_tensor(_saved(torch.randn(100))[:-30]) is None
-    assert checkpoints._saved_tensor(memoryview(bytearray(b"not a zip" * 10))) is None
+    assert checkpoint_read._saved_tensor(_saved(torch.nn.Parameter(torch.randn(3)))) is None
+    assert checkpoint_read._saved_tensor(_saved({"a": torch.randn(3)})) is None
+    assert checkpoint_read._saved_tensor(_saved(torch.randn(100))[:-30]) is None
+    assert checkpoint_read._saved_tensor(memoryview(bytearray(b"not a zip" * 10))) is None
 
 
 def test_a_restore_decodes_the_tensors_without_torch_load_and_loads_them_right(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""A restore from S3 streams each checkpoint file with ranged GetObjects of its own (doeks/workload/checkpoints.py:
+"""A restore from S3 streams each checkpoint file with ranged GetObjects of its own (doeks/workload/checkpoint_s3.py:
 _Direct, _stream_file): every tensor's bytes go from the socket into the model's memory, and a file whose stream
 fails is read again through the usual reader. Against bench/s3_endpoint.py (a real HTTP server process with S3's
 latency, its connection resets and TLS); real torch.save output and real DCP checkpoints."""
@@ -13,7 +13,7 @@ import warnings
 import boto3
 import pytest
 
-from doeks.workload import checkpoints
+from doeks.workload import checkpoint_read, checkpoint_s3, checkpoints
 
 from .conftest import ROOT
 
@@ -37,17 +37,17 @@ def test_an_item_read_forwards_finds_its_storage_where_the_central_directory_say
               "scalar": torch.tensor(3.5), "empty": torch.zeros(0, 3), "bfloat16": torch.randn(4, 4).to(torch.bfloat16),
               "bool": torch.tensor([True, False]), "large": torch.randn(1024, 1024)}[kind]
     saved = _saved(tensor)
-    expected = checkpoints._saved_layout(lambda at, size: saved[at:at + size], len(saved))
-    found = checkpoints._head_layout(saved[:checkpoints.HEAD], len(saved))
+    expected = checkpoint_read._saved_layout(lambda at, size: saved[at:at + size], len(saved))
+    found = checkpoint_read._head_layout(saved[:checkpoint_read.HEAD], len(saved))
     assert expected is not None and found is not None
     assert found[0] == expected
 
 
 def test_what_is_not_a_plain_tensor_or_lies_beyond_the_head_is_not_found():
     saved = _saved(torch.randn(4, 4))
-    assert checkpoints._head_layout(saved[:40], len(saved)) is None  # the storage's header not within the head
-    assert checkpoints._head_layout(_saved({"a": torch.randn(2)})[:checkpoints.HEAD], 10_000) is None
-    assert checkpoints._head_layout(memoryview(b"not a zip" * 100), 900) is None
+    assert checkpoint_read._head_layout(saved[:40], len(saved)) is None  # the storage's header not within the head
+    assert checkpoint_read._head_layout(_saved({"a": torch.randn(2)})[:checkpoint_read.HEAD], 10_000) is None
+    assert checkpoint_read._head_layout(memoryview(b"not a zip" * 100), 900) is None
 
 
 def _endpoint(tmp_path, *extra: str):
@@ -140,14 +140,14 @@ def test_a_direct_read_over_https_trusts_aws_ca_bundle_and_only_it(s3, monkeypat
     data = bytes(range(256)) * 12_000  # 3 MB
     boto3.client("s3", endpoint_url=url, region_name="us-west-2").put_object(Bucket="bench", Key="tls/f", Body=data)
     memory = memoryview(bytearray(len(data) - 1000))
-    body = checkpoints._Direct(url, "us-west-2", 2).get("bench", "tls/f", 1000, len(data))
+    body = checkpoint_s3._Direct(url, "us-west-2", 2).get("bench", "tls/f", 1000, len(data))
     body.fill(memory[:5])
     body.fill(memory[5:])
     body.close()
     assert memory == data[1000:]
     monkeypatch.delenv("AWS_CA_BUNDLE")
     with pytest.raises(Exception, match="certificate verify failed"):
-        checkpoints._Direct(url, "us-west-2", 2).get("bench", "tls/f", 0, 10)
+        checkpoint_s3._Direct(url, "us-west-2", 2).get("bench", "tls/f", 0, 10)
 
 
 RESET = 100  # the endpoint resets every RESET-th request's connection: odd resets before the answer, even ones mid-body
