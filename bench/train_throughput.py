@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from doeks.workload import data, train  # noqa: E402
+from doeks.workload import data, loader  # noqa: E402
 
 
 def make_images(root: Path, count: int, classes: int = 4, start: int = 0) -> None:
@@ -47,11 +47,11 @@ def seed_dataset(root: Path):
     from torchvision.datasets import ImageFolder
 
     return ImageFolder(str(root), T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
-                                              T.Normalize(train.MEAN, train.STD)]))
+                                              T.Normalize(loader.MEAN, loader.STD)]))
 
 
 def doeks_dataset(root: Path):
-    return train.image_folder(root, train.train_transform(224))
+    return loader.image_folder(root, loader.train_transform(224))
 
 
 def loader_rates(datasets: dict, rounds: int) -> dict:
@@ -67,7 +67,7 @@ def loader_rates(datasets: dict, rounds: int) -> dict:
             start = time.process_time()
             for images, _labels in loader:
                 if normalise:  # doeks normalises the uint8 batch on the GPU; on a CPU it is work, so it is counted
-                    train.to_model_input(images, torch.device("cpu"), channels_last=False)
+                    loader.to_model_input(images, torch.device("cpu"), channels_last=False)
             best[name] = min(best[name], time.process_time() - start)
     return {name: len(datasets[name][0]) / seconds for name, seconds in best.items()}
 
@@ -115,7 +115,7 @@ def gpu_rate(root: Path, fast: bool, steps: int, batch: int, workers: int) -> fl
                 torch.cuda.synchronize()
                 start = time.perf_counter()
             if fast:
-                images = train.to_model_input(images, device, channels_last=True)
+                images = loader.to_model_input(images, device, channels_last=True)
             else:
                 images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
@@ -146,14 +146,14 @@ def main() -> int:
         make_images(root, args.images)
         sizes = [p.stat().st_size for p in root.rglob("*.JPEG")]
         print(f"data: {len(sizes)} JPEGs, {sum(sizes) / len(sizes) / 1000:.0f} kB on average, ImageNet-sized textures")
-        fast_decode = train._fast_decoder() is not None
-        print(f"torchvision.io decode available: {fast_decode}, simplejpeg scaled decode: {train._simplejpeg() is not None}")
+        fast_decode = loader._fast_decoder() is not None
+        print(f"torchvision.io decode available: {fast_decode}, simplejpeg scaled decode: {loader._simplejpeg() is not None}")
         rates = loader_rates({"seed": (seed_dataset(root), False), "doeks": (doeks_dataset(root), True)}, args.rounds)
         seed, ours = rates["seed"], rates["doeks"]
         path = decode_path()
         print(f"cpu loader, images per CPU-second (one core): seed recipe (PIL, ToTensor, Normalize) {seed:.1f}, doeks {ours:.1f}")
-        print(f"decode path measured: {path} (train crops decoded: {train.CROP_DECODE['region']} by _jpegcrop, "
-              f"{train.CROP_DECODE['scaled']} whole by simplejpeg, {train.CROP_DECODE['fallback']} by torchvision.io/PIL)")
+        print(f"decode path measured: {path} (train crops decoded: {loader.CROP_DECODE['region']} by _jpegcrop, "
+              f"{loader.CROP_DECODE['scaled']} whole by simplejpeg, {loader.CROP_DECODE['fallback']} by torchvision.io/PIL)")
 
         synchronous, stall = checkpoint_stall(Path(tmp))
         print(f"checkpoint stall, ResNet-50 + momentum: synchronous write {synchronous * 1000:.0f} ms, "
@@ -178,10 +178,10 @@ def main() -> int:
 
 def decode_path() -> str:
     """Which decode the doeks loader measured: what most of its train crops went through."""
-    counts = train.CROP_DECODE
+    counts = loader.CROP_DECODE
     if counts["region"] and counts["region"] >= counts["scaled"] + counts["fallback"]:
         return "_jpegcrop region decode"
-    if train._jpegcrop() is None:
+    if loader._jpegcrop() is None:
         return "simplejpeg whole-image decode: _jpegcrop not built (`invoke setup` builds it)"
     return "simplejpeg whole-image decode"
 

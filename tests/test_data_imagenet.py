@@ -16,7 +16,7 @@ import pytest
 
 from doeks.datastage import relayout_val
 from doeks.workload import data
-from doeks.workload import train
+from doeks.workload import loader, train
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +76,10 @@ def test_relayout_val_puts_each_file_in_its_class_and_generation_is_idempotent(d
 def test_every_file_decodes_on_the_fast_path_as_rgb_uint8(dataset):
     from PIL import Image
 
-    train.DECODE.update(fast=0, fallback=0)
+    loader.DECODE.update(fast=0, fallback=0)
     files = sorted(p for p in dataset.rglob("*.JPEG"))
     for path in files:
-        image = train.load_image(str(path))
+        image = loader.load_image(str(path))
         with Image.open(path) as reference:
             width, height = reference.size
             rgb = reference.convert("RGB")
@@ -89,7 +89,7 @@ def test_every_file_decodes_on_the_fast_path_as_rgb_uint8(dataset):
 
             expected = np.asarray(rgb).transpose(2, 0, 1).astype(int)
             assert np.abs(image.numpy().astype(int) - expected).mean() < 2.0, path
-    assert train.DECODE == {"fast": len(files), "fallback": 0}
+    assert loader.DECODE == {"fast": len(files), "fallback": 0}
 
 
 def test_a_file_torchvision_refuses_falls_back_to_pil(tmp_path):
@@ -98,10 +98,10 @@ def test_a_file_torchvision_refuses_falls_back_to_pil(tmp_path):
 
     path = tmp_path / "n00000000_7.JPEG"  # a TIFF under a JPEG name: torchvision.io cannot decode it, PIL can
     Image.fromarray(np.full((20, 30, 3), 200, dtype=np.uint8)).save(path, format="TIFF")
-    train.DECODE.update(fast=0, fallback=0)
-    image = train.load_image(str(path))
+    loader.DECODE.update(fast=0, fallback=0)
+    image = loader.load_image(str(path))
     assert tuple(image.shape) == (3, 20, 30) and int(image[0, 0, 0]) == 200
-    assert train.DECODE == {"fast": 0, "fallback": 1}
+    assert loader.DECODE == {"fast": 0, "fallback": 1}
 
 
 def test_the_default_recipe_batches_images_of_any_size(dataset, tmp_path):
@@ -114,11 +114,11 @@ def test_the_default_recipe_batches_images_of_any_size(dataset, tmp_path):
     root = tmp_path / "data"
     shutil.copytree(dataset, root)
     relayout_val(root)
-    for split, transform in (("train", train.train_transform(24)), ("val", train.val_transform(24, 27))):
-        folder = train.image_folder(root / split, transform)
+    for split, transform in (("train", loader.train_transform(24)), ("val", loader.val_transform(24, 27))):
+        folder = loader.image_folder(root / split, transform)
         images, labels = next(iter(torch.utils.data.DataLoader(folder, batch_size=len(folder))))
         assert images.shape == (len(folder), 3, 24, 24) and images.dtype == torch.uint8
-    normalised = train.to_model_input(images, torch.device("cpu"), channels_last=False)
+    normalised = loader.to_model_input(images, torch.device("cpu"), channels_last=False)
     assert normalised.dtype == torch.float32 and -3 < normalised.mean().item() < 3
 
 

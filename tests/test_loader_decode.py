@@ -15,7 +15,7 @@ import math
 import pytest
 
 from doeks.workload import data
-from doeks.workload import train
+from doeks.workload import loader
 
 WIDTH, HEIGHT, OUT = 512, 384, 32
 
@@ -51,7 +51,7 @@ def _boxes(outputs) -> dict:
 def jpegcrop():
     """doeks' region decode module, built here (python -m doeks.workload.jpegcrop_build) when it is missing and a C
     compiler and libjpeg's headers are: a test that needs it is skipped only where it cannot be built."""
-    if train._jpegcrop() is None:
+    if loader._jpegcrop() is None:
         import shutil
         import subprocess
 
@@ -63,9 +63,9 @@ def jpegcrop():
             jpegcrop_build.build()
         except subprocess.CalledProcessError as error:
             pytest.skip(f"doeks.workload._jpegcrop does not build here (libjpeg headers?): {error}")
-        train._JPEGCROP.clear()
-    assert train._jpegcrop() is not None
-    return train._jpegcrop()
+        loader._JPEGCROP.clear()
+    assert loader._jpegcrop() is not None
+    return loader._jpegcrop()
 
 
 @pytest.fixture(params=["region", "scaled"])
@@ -74,13 +74,13 @@ def decode_path(request, monkeypatch):
     if request.param == "region":
         request.getfixturevalue("jpegcrop")
     else:
-        monkeypatch.setattr(train, "_JPEGCROP", [None])
+        monkeypatch.setattr(loader, "_JPEGCROP", [None])
     return request.param
 
 
 def _reset_counters():
-    train.CROP_DECODE.update(region=0, scaled=0, fallback=0)
-    train.SCALES.clear()
+    loader.CROP_DECODE.update(region=0, scaled=0, fallback=0)
+    loader.SCALES.clear()
 
 
 def test_crop_area_and_aspect_ratio_statistics_match_torchvision(tmp_path, decode_path):
@@ -89,14 +89,14 @@ def test_crop_area_and_aspect_ratio_statistics_match_torchvision(tmp_path, decod
 
     raw = _gradient_jpeg(tmp_path / "gradient.JPEG")
     samples = 1500
-    transform = train.train_transform(OUT)
-    train.CROP_DECODE.update(region=0, scaled=0, fallback=0)
-    train.SCALES.clear()
+    transform = loader.train_transform(OUT)
+    loader.CROP_DECODE.update(region=0, scaled=0, fallback=0)
+    loader.SCALES.clear()
     torch.manual_seed(1)
     ours = _boxes([transform(raw) for _ in range(samples)])
 
     reference = v2.Compose([v2.RandomResizedCrop(OUT, antialias=True), v2.RandomHorizontalFlip()])
-    image = train.load_bytes(raw)
+    image = loader.load_bytes(raw)
     torch.manual_seed(2)
     theirs = _boxes([reference(image) for _ in range(samples)])
 
@@ -107,10 +107,10 @@ def test_crop_area_and_aspect_ratio_statistics_match_torchvision(tmp_path, decod
         (mean, std), (ref_mean, ref_std) = ours[key], theirs[key]
         assert abs(mean - ref_mean) < tolerance and abs(std - ref_std) < tolerance, (key, ours, theirs)
     assert abs(ours["flipped"] - 0.5) < 0.05 and abs(theirs["flipped"] - 0.5) < 0.05
-    assert train.CROP_DECODE == {"region": samples if decode_path == "region" else 0,
-                                 "scaled": samples if decode_path == "scaled" else 0, "fallback": 0}, train.CROP_DECODE
-    assert set(train.SCALES) == {2, 4, 8}, train.SCALES  # every crop has >= 64 px a side: decoded at 1/2 or less
-    assert train.SCALES[8] > samples // 10
+    assert loader.CROP_DECODE == {"region": samples if decode_path == "region" else 0,
+                                 "scaled": samples if decode_path == "scaled" else 0, "fallback": 0}, loader.CROP_DECODE
+    assert set(loader.SCALES) == {2, 4, 8}, loader.SCALES  # every crop has >= 64 px a side: decoded at 1/2 or less
+    assert loader.SCALES[8] > samples // 10
 
 
 def test_crop_box_is_torchvisions_draw_for_draw():
@@ -123,7 +123,7 @@ def test_crop_box_is_torchvisions_draw_for_draw():
     for height, width in ((375, 500), (500, 333), (40, 48), (20, 400)):
         for seed in range(20):
             torch.manual_seed(seed)
-            ours = train.crop_box(height, width)
+            ours = loader.crop_box(height, width)
             torch.manual_seed(seed)
             theirs = reference.make_params([torch.empty(3, height, width)])
             assert ours == (theirs["top"], theirs["left"], theirs["height"], theirs["width"])
@@ -142,9 +142,9 @@ def dataset(tmp_path_factory):
 def test_normal_jpegs_take_the_scaled_decode_and_odd_files_fall_back(dataset, decode_path):
     from PIL import Image
 
-    for split, transform in (("train", train.train_transform(24)), ("val", train.val_transform(24, 27))):
+    for split, transform in (("train", loader.train_transform(24)), ("val", loader.val_transform(24, 27))):
         fast = "region" if split == "train" and decode_path == "region" else "scaled"  # val: simplejpeg, scaled
-        folder = train.image_folder(dataset / split, transform)
+        folder = loader.image_folder(dataset / split, transform)
         kinds = []
         for path, _ in folder.samples:
             with Image.open(path) as image:
@@ -155,7 +155,7 @@ def test_normal_jpegs_take_the_scaled_decode_and_odd_files_fall_back(dataset, de
             assert tuple(image.shape) == (3, 24, 24) and not image.dtype.is_floating_point
         normal = sum(kind in (("JPEG", "RGB"), ("JPEG", "L")) for kind in kinds)
         odd = len(kinds) - normal  # the PNG named .JPEG and the CMYK JPEGs
-        assert ("JPEG", "L") in kinds and odd >= 1 and train.CROP_DECODE == {"region": 0, "scaled": 0, **{fast: normal}, "fallback": odd}, (split, kinds, train.CROP_DECODE)
+        assert ("JPEG", "L") in kinds and odd >= 1 and loader.CROP_DECODE == {"region": 0, "scaled": 0, **{fast: normal}, "fallback": odd}, (split, kinds, loader.CROP_DECODE)
 
 
 def test_a_large_jpeg_is_decoded_at_a_fraction_of_its_size_and_looks_the_same(tmp_path):
@@ -171,26 +171,26 @@ def test_a_large_jpeg_is_decoded_at_a_fraction_of_its_size_and_looks_the_same(tm
 
     Image.fromarray(data._image(3, 400, rng)[:HEIGHT, :WIDTH]).save(path, quality=90)
     raw = path.read_bytes()
-    height, width = train.jpeg_size(raw)
-    train.SCALES.clear()
-    fast = train.val_transform(OUT, 36)(raw)
-    assert train.SCALES == {8: 1} and tuple(fast.shape) == (3, OUT, OUT)
-    full = v2.Compose([v2.Resize(36, antialias=True), v2.CenterCrop(OUT)])(train.load_bytes(raw))
+    height, width = loader.jpeg_size(raw)
+    loader.SCALES.clear()
+    fast = loader.val_transform(OUT, 36)(raw)
+    assert loader.SCALES == {8: 1} and tuple(fast.shape) == (3, OUT, OUT)
+    full = v2.Compose([v2.Resize(36, antialias=True), v2.CenterCrop(OUT)])(loader.load_bytes(raw))
     assert (fast.float() - full.float()).abs().mean().item() < 10, (fast.float() - full.float()).abs().mean()
-    assert train.dct_scale(height, width, 36) == 8 and train.dct_scale(height, width, 100) == 2
-    assert train.dct_scale(height, width, 200) == 1 and train.dct_scale(100, 1000, 60) == 1
+    assert loader.dct_scale(height, width, 36) == 8 and loader.dct_scale(height, width, 100) == 2
+    assert loader.dct_scale(height, width, 200) == 1 and loader.dct_scale(100, 1000, 60) == 1
     torch.manual_seed(0)
-    assert tuple(train.train_transform(224)(raw).shape) == (3, 224, 224)
+    assert tuple(loader.train_transform(224)(raw).shape) == (3, 224, 224)
 
 
 def test_without_simplejpeg_every_file_takes_the_full_decode(monkeypatch, tmp_path):
     raw = _gradient_jpeg(tmp_path / "gradient.JPEG")
-    monkeypatch.setattr(train, "_SIMPLEJPEG", [None])
+    monkeypatch.setattr(loader, "_SIMPLEJPEG", [None])
     _reset_counters()
-    assert tuple(train.train_transform(OUT)(raw).shape) == (3, OUT, OUT)
-    assert tuple(train.val_transform(OUT, 36)(raw).shape) == (3, OUT, OUT)
-    assert train.CROP_DECODE == {"region": 0, "scaled": 0, "fallback": 2}
-    assert not math.isnan(train.to_model_input(train.val_transform(OUT, 36)(raw)[None], "cpu", False).mean().item())
+    assert tuple(loader.train_transform(OUT)(raw).shape) == (3, OUT, OUT)
+    assert tuple(loader.val_transform(OUT, 36)(raw).shape) == (3, OUT, OUT)
+    assert loader.CROP_DECODE == {"region": 0, "scaled": 0, "fallback": 2}
+    assert not math.isnan(loader.to_model_input(loader.val_transform(OUT, 36)(raw)[None], "cpu", False).mean().item())
 
 
 def test_region_decode_is_the_box_of_the_whole_decode(tmp_path, jpegcrop):
@@ -209,7 +209,7 @@ def test_region_decode_is_the_box_of_the_whole_decode(tmp_path, jpegcrop):
         Image.fromarray(image).save(tmp_path / f"{name}.JPEG", quality=90, **options)
         files[name] = (tmp_path / f"{name}.JPEG").read_bytes()
     for name, raw in files.items():
-        height, width = train.jpeg_size(raw)
+        height, width = loader.jpeg_size(raw)
         for scale in (1, 2, 4, 8):
             whole = simplejpeg.decode_jpeg(raw, colorspace="RGB", fastdct=True, fastupsample=False,
                                            min_height=-(-height // scale), min_width=-(-width // scale))
@@ -240,8 +240,8 @@ def test_region_decode_refuses_cmyk_and_the_train_crop_falls_back(tmp_path, jpeg
     assert jpegcrop.decode_crop(raw, 1, 0, 0, 8, 8, 1) is None
     _reset_counters()
     torch.manual_seed(0)
-    assert tuple(train.train_transform(OUT)(raw).shape) == (3, OUT, OUT)
-    assert train.CROP_DECODE == {"region": 0, "scaled": 0, "fallback": 1}
+    assert tuple(loader.train_transform(OUT)(raw).shape) == (3, OUT, OUT)
+    assert loader.CROP_DECODE == {"region": 0, "scaled": 0, "fallback": 1}
 
 
 def _picture_jpeg(path) -> bytes:
@@ -260,10 +260,10 @@ def _torchvision_train_crop(raw: bytes, size: int):
     import torch
     from torchvision.transforms.v2 import functional as F
 
-    height, width = train.jpeg_size(raw)
-    top, left, h, w = train.crop_box(height, width)
+    height, width = loader.jpeg_size(raw)
+    top, left, h, w = loader.crop_box(height, width)
     flip = torch.rand(1).item() < 0.5
-    box = train.decode_box(raw, height, width, train.dct_scale(h, w, size), top, left, h, w)
+    box = loader.decode_box(raw, height, width, loader.dct_scale(h, w, size), top, left, h, w)
     out = F.resize(box.permute(2, 0, 1), [size, size], antialias=True)
     return (out.flip(-1) if flip else out), flip
 
@@ -271,7 +271,7 @@ def _torchvision_train_crop(raw: bytes, size: int):
 def _assert_train_crops_are_torchvisions(raw: bytes, size: int = 224, seeds: int = 40) -> None:
     import torch
 
-    transform = train.train_transform(size)
+    transform = loader.train_transform(size)
     flips = 0
     for seed in range(seeds):
         torch.manual_seed(seed)
@@ -296,7 +296,7 @@ def test_train_crop_is_torchvisions_resize_and_flip_of_the_rgb_box(tmp_path, dec
     _assert_train_crops_are_torchvisions(raw)
     box = torch.randint(0, 256, (224, 224, 3), dtype=torch.uint8)
     for flip in (False, True):
-        ours = train.resize_box(box.flip(-1).contiguous() if flip else box, 224, flip)
+        ours = loader.resize_box(box.flip(-1).contiguous() if flip else box, 224, flip)
         theirs = F.resize(box.permute(2, 0, 1), [224, 224], antialias=True)
         assert torch.equal(ours, theirs.flip(-1) if flip else theirs)
 
@@ -310,7 +310,7 @@ def test_a_region_module_built_before_the_bgr_flag_gives_the_same_crops(tmp_path
             assert flags in (0, 1)
             return jpegcrop.decode_crop(raw, scale, top, left, h, w, flags)
 
-    monkeypatch.setattr(train, "_JPEGCROP", [Stale])
+    monkeypatch.setattr(loader, "_JPEGCROP", [Stale])
     _reset_counters()
     _assert_train_crops_are_torchvisions(_picture_jpeg(tmp_path / "picture.JPEG"), seeds=10)
-    assert train.CROP_DECODE["region"] > 0
+    assert loader.CROP_DECODE["region"] > 0

@@ -55,11 +55,11 @@ def test_the_bench_names_the_decode_path_it_measured(monkeypatch):
     sys.path.insert(0, str(ROOT / "bench"))
     import train_throughput
 
-    from doeks.workload import train
+    from doeks.workload import loader
 
-    monkeypatch.setattr(train, "CROP_DECODE", {"region": 672, "scaled": 0, "fallback": 0})
+    monkeypatch.setattr(loader, "CROP_DECODE", {"region": 672, "scaled": 0, "fallback": 0})
     assert train_throughput.decode_path() == "_jpegcrop region decode"
-    monkeypatch.setattr(train, "CROP_DECODE", {"region": 0, "scaled": 672, "fallback": 0})
-    monkeypatch.setattr(train, "_jpegcrop", lambda: None)
+    monkeypatch.setattr(loader, "CROP_DECODE", {"region": 0, "scaled": 672, "fallback": 0})
+    monkeypatch.setattr(loader, "_jpegcrop", lambda: None)
     assert train_throughput.decode_path() == ("simplejpeg whole-image decode: _jpegcrop not built (`invoke setup` "
                                               "builds it)")
