@@ -281,11 +281,11 @@ def exec_(c, command="", dry_run=False):
 @task(name="status")
 def status_(c):
     """The tools container, the local runtime, and the job on TARGET (`invoke elasticjob.status` for the job alone)."""
-    from doeks import targets, ui
+    from doeks import lastjob, targets, ui
     from doeks.errors import DoeksError
     from doeks.targets import show
 
-    s = settings()
+    s = lastjob.choose(settings(), ui.say)  # the job last deployed from here, as elasticjob.status
     where = targets.get(s)
     container.status(s, where.status_rows())
     try:

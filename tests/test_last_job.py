@@ -1,0 +1,48 @@
+"""The job tasks act on the job last deployed from here (doeks.lastjob): a shell without the deploy's TRAIN_SCRIPT
+once stopped the demo's `imagenet` job and left the one just deployed running. Real jobs on the local target."""
+from __future__ import annotations
+
+import shutil
+
+from doeks import elastic
+from doeks.local import jobs
+
+from .conftest import ROOT, invoke, job_settings, wait_for
+
+SMALL = {"REPLICAS": "1", "MIN_REPLICAS": "1", "MAX_REPLICAS": "1", "NPROC_PER_NODE": "1", "MAX_RESTARTS": "0",
+         "TARGET": "local"}
+
+
+def test_status_and_delete_act_on_the_job_last_deployed_without_a_name(tmp_path, state_dir, monkeypatch):
+    s = job_settings(SMALL, monkeypatch)
+    scripts = []
+    for name in ("alpha", "beta"):  # two jobs of the user's own, named after their scripts
+        script = tmp_path / "project" / f"{name}.py"
+        script.parent.mkdir(exist_ok=True)
+        shutil.copyfile(ROOT / "examples" / "ddp-plain" / "train.py", script)
+        scripts.append(script)
+        deployed = invoke("elasticjob.deploy", env={"TRAIN_SCRIPT": str(script),
+                                                    "TRAIN_ARGS": "--steps 100000 --step-delay 0.2"})
+        assert deployed.returncode == 0, deployed.stderr[-3000:]
+    alpha, beta = (elastic.home(s.with_overrides(job_name=name)) for name in ("alpha", "beta"))
+    assert jobs.is_active(alpha) and jobs.is_active(beta)
+
+    status = invoke("elasticjob.status", env={"COLUMNS": "200"})  # this shell names no job: the last deployed
+    assert status.returncode == 0, status.stderr
+    assert "job beta (last deployed to TARGET=local from here" in status.stderr.splitlines()[0], status.stderr
+    assert "job beta on local:" in status.stderr and "imagenet" not in status.stderr
+
+    unknown = invoke("elasticjob.delete", "--job-name", "gamma")
+    assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
+    assert unknown.stderr.strip().splitlines()[-1] == ("error: --job-name gamma: no such job on TARGET=local; the jobs "
+                                                       "deployed from here: alpha, beta"), unknown.stderr
+
+    deleted = invoke("elasticjob.delete")
+    assert deleted.returncode == 0, deleted.stderr
+    assert "job beta (last deployed" in deleted.stderr
+    wait_for(lambda: not jobs.is_active(beta), 30, "job beta to stop")
+    assert jobs.is_active(alpha)  # the other job is left as it is
+    assert invoke("elasticjob.delete", "--job-name", "alpha").returncode == 0
+    wait_for(lambda: not jobs.is_active(alpha), 30, "job alpha to stop")
+    history = invoke("elasticjob.history", env={"COLUMNS": "250"})  # still beta's, the last deployed
+    assert "job beta: 1 runs" in history.stderr, history.stderr
