@@ -32,13 +32,18 @@ def _ordered_units():
     return sorted((m.UNIT for m in UNITS.values() if getattr(m, "UNIT", None)), key=lambda u: u.order)
 
 
-@task(help={"dry_run": "print every unit's plan; change nothing (what cannot be looked up is shown as unknown)"})
-def up(c, dry_run=False):
-    """Set everything up: each unit's deploy/create step in setup order (a dry run plans every unit)."""
+@task(help={"dry_run": "print every unit's plan; change nothing (what cannot be looked up is shown as unknown)",
+            "yes": "create what bills (TARGET=eks, sagemaker) without asking (scripts, CI)"})
+def up(c, dry_run=False, yes=False):
+    """Set everything up: each unit's deploy/create step in setup order (a dry run plans every unit).
+
+    TARGET=eks or sagemaker: first what it makes that AWS bills by the hour (instance types and counts, FSx, the NAT
+    gateway) with the on-demand $/hour, then one question (--yes: none; no terminal or CI without --yes: refused)."""
     from invoke import Exit
 
-    from doeks import ui
+    from doeks import pricing, ui
 
+    pricing.confirm(target(), yes, dry_run)  # before anything is made
     failed = []
     for unit in _ordered_units():
         ui.say(f"== up: {unit.name}", style="bold")
