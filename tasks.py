@@ -249,12 +249,13 @@ def doctor(c):
 
 
 @task(help={"keep": "leave etcd and the job's files running/in place at the end",
+            "verbose": "show every node's log lines (torchelastic's INFO, every rank), not rank 0's progress alone",
             "dry_run": "print the data plan, the manifests (stdout) and the local commands; change nothing"})
-def demo(c, keep=False, dry_run=False):
+def demo(c, keep=False, verbose=False, dry_run=False):
     """The main job: make data, start etcd, run a 2-node x 2-process elastic job to the end, plot, tear down."""
     from doeks import demo as main_job
 
-    main_job.run(settings(), keep=keep, dry_run=dry_run)
+    main_job.run(settings(), keep=keep, dry_run=dry_run, verbose=verbose)
 
 
 # -- the management container -------------------------------------------------------------------------------------
