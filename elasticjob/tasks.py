@@ -281,6 +281,28 @@ def logs(c, follow=False, replica=None, run=None, tail=None, since=None, errors=
         for line in target.logs(follow=follow, replica=replica, run=run or None, tail=tail, since=since):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
+    if follow:
+        _result_line(s, target)
+
+
+def _result_line(s, target):
+    """The end of a followed run in one line on stderr: its state, steps, how long it ran, where the model is (or
+    why it failed, and the fix)."""
+    from doeks import ui
+    from doeks.targets import runs, show
+
+    status = target.describe()
+    if not status.finished:
+        return
+    record = runs.settle(s, status) or {}
+    took = f" in {_duration(record['end'] - record['start'])}" if record.get("end") and record.get("start") else ""
+    steps = [r.step for r in status.replicas if r.step is not None]
+    counted = f"{max(steps)} steps" if steps else "no step count"
+    if status.state == "Succeeded":
+        ui.say(f"job {s.job_name} Succeeded: {counted}{took}; {_model(s)}", style="green")
+        return
+    why = f": {status.reason}" + (f" (fix: {show.fix_of(target, status)})" if status.fix else "") if status.reason else ""
+    ui.say(f"job {s.job_name} {status.state} after {status.restarts} restarts: {counted}{took}{why}", style="red")
 
 
 def _errors(s, target, lines, run):

@@ -2,6 +2,7 @@
 once stopped the demo's `imagenet` job and left the one just deployed running. Real jobs on the local target."""
 from __future__ import annotations
 
+import re
 import shutil
 
 from doeks import elastic
@@ -46,3 +47,19 @@ def test_status_and_delete_act_on_the_job_last_deployed_without_a_name(tmp_path,
     wait_for(lambda: not jobs.is_active(alpha), 30, "job alpha to stop")
     history = invoke("elasticjob.history", env={"COLUMNS": "250"})  # still beta's, the last deployed
     assert "job beta: 1 runs" in history.stderr, history.stderr
+
+
+def test_logs_follow_ends_with_the_runs_result(tmp_path, state_dir, monkeypatch):
+    """`elasticjob.logs --follow` streams until the job ends, then says how it ended: state, steps, time, model."""
+    job_settings(SMALL, monkeypatch)
+    script = tmp_path / "project" / "fit.py"
+    script.parent.mkdir()
+    shutil.copyfile(ROOT / "examples" / "ddp-plain" / "train.py", script)
+    env = {"TRAIN_SCRIPT": str(script), "TRAIN_ARGS": "--steps 6 --step-delay 0.5"}
+    assert invoke("elasticjob.deploy", "--fresh", env=env).returncode == 0
+    followed = invoke("elasticjob.logs", "--follow", timeout=300)  # the last deployed job: fit
+    assert followed.returncode == 0, followed.stderr
+    assert "[node-0]" in followed.stdout
+    last = followed.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(rf"job fit Succeeded: 6 steps in \d+s; model: {re.escape(str(state_dir))}/volumes/fsx-pvc/"
+                        r"models/fit/model\.pt", last), followed.stderr
