@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 from doeks import elastic
 from doeks.local import jobs
@@ -63,3 +64,38 @@ def test_logs_follow_ends_with_the_runs_result(tmp_path, state_dir, monkeypatch)
     last = followed.stderr.strip().splitlines()[-1]
     assert re.fullmatch(rf"job fit Succeeded: 6 steps in \d+s; model: {re.escape(str(state_dir))}/volumes/fsx-pvc/"
                         r"models/fit/model\.pt", last), followed.stderr
+
+
+def test_fresh_removes_the_previous_model_too_and_messages_name_s3(state_dir, monkeypatch):
+    """`deploy --fresh` starts over: the previous run's model.pt goes with its checkpoints and metrics (a model.pt
+    found afterwards is the new run's), in the volume's folder and in S3 (doeks' moto server on the local target);
+    with CHECKPOINT_URI=s3://... the messages name S3, not the volume's empty folder."""
+    from doeks import aws
+    from doeks import settings as S
+
+    s = job_settings(SMALL, monkeypatch)
+    models, checkpoints = Path(elastic.model_uri(s)), elastic.checkpoint_dir(s)
+    for folder in (models, checkpoints):
+        folder.mkdir(parents=True)
+    (models / "model.pt").write_bytes(b"old")
+    (models / "notes.txt").write_text("the user's")
+    (checkpoints / "latest").write_text("step-4\n")
+    plan = invoke("elasticjob.deploy", "--fresh", "--dry-run")
+    assert "remove checkpoints, metrics and model.pt of imagenet" in plan.stderr, plan.stderr
+    elastic.clear_outputs(s)
+    assert not (models / "model.pt").exists() and not checkpoints.exists() and (models / "notes.txt").exists()
+
+    monkeypatch.setenv("CHECKPOINT_URI", "s3://fresh-bucket/ckpt")
+    monkeypatch.setenv("MODEL_URI", "s3://fresh-bucket/models")
+    S.reset()
+    s3s = S.current()
+    s3 = aws.client(s3s, "s3")  # the local target's moto server, started here
+    s3.create_bucket(Bucket="fresh-bucket", CreateBucketConfiguration={"LocationConstraint": s3s.aws_region})
+    for key in ("ckpt/imagenet/step-4/.metadata", "ckpt/imagenet/latest", "models/imagenet/model.pt",
+                "models/other/model.pt"):
+        s3.put_object(Bucket="fresh-bucket", Key=key, Body=b"x")
+    elastic.clear_outputs(s3s)
+    left = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="fresh-bucket").get("Contents", []))
+    assert left == ["models/other/model.pt"], left  # another job's model stays
+    stopped = invoke("elasticjob.delete")  # nothing running: it says where the checkpoints are kept
+    assert "checkpoints kept in s3://fresh-bucket/ckpt/imagenet" in stopped.stderr, stopped.stderr
