@@ -100,9 +100,9 @@ def _refuse_unknown(settings) -> None:
 
     try:
         status = targets.get(settings).describe()
-    except DoeksError:
-        status = None
-    if status is not None and status.run:  # there on the target (deployed from elsewhere, or before the records)
+    except DoeksError:  # the target cannot be read now: the task says so itself, with its fix
+        return
+    if status.run:  # there on the target (deployed from elsewhere, or before the records)
         return
     there = f"the jobs deployed from here: {', '.join(names)}" if names else \
         "no job was deployed from here (`invoke elasticjob.deploy` starts one)"
