@@ -34,8 +34,13 @@ def capture():
     """Everything the units print (rich's console writes to sys.stderr as it finds it at each print) goes to a
     Captured instead of the terminal."""
     held = Captured()
-    with contextlib.redirect_stderr(held.err), contextlib.redirect_stdout(held.out):
-        yield held
+    try:
+        with contextlib.redirect_stderr(held.err), contextlib.redirect_stdout(held.out):
+            yield held
+    except BaseException:  # a plan that failed: what it said before the failure, as it said it
+        sys.stdout.write(held.out.getvalue())
+        sys.stderr.write(held.err.getvalue())
+        raise
 
 
 def condensed(text: str) -> list[str]:

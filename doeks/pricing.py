@@ -190,7 +190,7 @@ def items(target) -> tuple[list[Item], str]:
         rows.append(Item(f"FSx for Lustre {s.fsx_deployment_type} {s.fsx_storage_capacity} GiB, {s.fsx_throughput} MB/s/TiB", 1,
                          None if gb_month is None else round(s.fsx_storage_capacity * gb_month / audit.HOURS_PER_MONTH, 3),
                          "list price, us-east-1", "FSx"))
-    if target.name == "sagemaker":
+    if target.name == "sagemaker" and not getattr(target, "local", False):  # local mode trains on this machine
         rows.append(Item(f"SageMaker training: {s.sagemaker_instance_type}", s.sagemaker_instance_count, None,
                          "while a job trains (elasticjob.deploy)", s.sagemaker_instance_type))
     return rows, source
