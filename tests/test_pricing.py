@@ -95,7 +95,8 @@ def test_up_on_eks_says_what_it_bills_and_asks_before_creating(account, tmp_path
     env = {**account["env"], **SIZES, "DOEKS_CACHE": str(tmp_path / "cache")}
     env.pop("CI", None)
     _fill_cache(tmp_path / "cache")
-    refused = invoke("up", env={**env, "CI": ""}, timeout=120)  # stdin is no terminal here
+    refused = subprocess.run([sys.executable, "-m", "invoke", "up"], cwd=ROOT, env={**os.environ, **env, "CI": ""},
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)  # no terminal
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     err = refused.stderr.strip().splitlines()
     assert "`invoke up` on TARGET=eks makes, in us-west-2 (billed by the hour until `invoke down`):" in err, err
