@@ -1,7 +1,8 @@
 """`up --dry-run` on one screen: the units' plans are captured whole (the steps said on stderr, the manifests' YAML on
 stdout) and written to STATE_DIR/plans/, and the screen shows each unit's steps cut to a line each: API requests
 without their parameters, the identity line for its role's requests, consecutive manifests on one line, waits,
-`kubectl apply -f -` (the manifests' line names what) and unknown lookups (counted once at the end) left out. `up --dry-run --full` prints the whole plan as before.
+`kubectl apply -f -` (the manifests' line names what) and unknown lookups (counted once at the end) left out.
+`up --dry-run --full` prints the whole plan as before.
 """
 from __future__ import annotations
 
