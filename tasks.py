@@ -32,23 +32,38 @@ def _ordered_units():
     return sorted((m.UNIT for m in UNITS.values() if getattr(m, "UNIT", None)), key=lambda u: u.order)
 
 
-@task(help={"dry_run": "print every unit's plan; change nothing (what cannot be looked up is shown as unknown)"})
-def up(c, dry_run=False):
-    """Set everything up: each unit's deploy/create step in setup order (a dry run plans every unit)."""
+@task(help={"dry_run": "print every unit's plan, one line a step (the whole plan goes to STATE_DIR/plans/); change "
+                       "nothing (what cannot be looked up is shown as unknown)",
+            "full": "with --dry-run: print the whole plan: every request with its parameters, the manifests' YAML on stdout",
+            "yes": "create what bills (TARGET=eks, sagemaker) without asking (scripts, CI)"})
+def up(c, dry_run=False, full=False, yes=False):
+    """Set everything up: each unit's deploy/create step in setup order (a dry run plans every unit).
+
+    TARGET=eks or sagemaker: first what it makes that AWS bills by the hour (instance types and counts, FSx, the NAT
+    gateway) with the on-demand $/hour, then one question (--yes: none; no terminal or CI without --yes: refused).
+    A dry run fits on a screen (the summary and a line a step) unless --full."""
+    import contextlib
+
     from invoke import Exit
 
-    from doeks import ui
+    from doeks import planview, pricing, ui
 
+    where = target()
+    pricing.confirm(where, yes, dry_run)  # before anything is made
+    brief = dry_run and not full
     failed = []
-    for unit in _ordered_units():
-        ui.say(f"== up: {unit.name}", style="bold")
-        try:
-            unit.up(c, dry_run=dry_run)
-        except Exit as error:
-            if not dry_run:
-                raise
-            ui.warn(f"{unit.name}: {error.message}")  # a dry run goes on: the whole plan, every unit
-            failed.append(unit.name)
+    with planview.capture() if brief else contextlib.nullcontext() as held:
+        for unit in _ordered_units():
+            ui.say(f"== up: {unit.name}", style="bold")
+            try:
+                unit.up(c, dry_run=dry_run)
+            except Exit as error:
+                if not dry_run:
+                    raise
+                ui.warn(f"{unit.name}: {error.message}")  # a dry run goes on: the whole plan, every unit
+                failed.append(unit.name)
+    if brief:
+        planview.show(where.settings, "up", held)
     _plan_summary(dry_run, failed, "up")
     target().after_up(dry_run)
 
@@ -244,12 +259,13 @@ def doctor(c):
 
 
 @task(help={"keep": "leave etcd and the job's files running/in place at the end",
+            "verbose": "show every node's log lines (torchelastic's INFO, every rank), not rank 0's progress alone",
             "dry_run": "print the data plan, the manifests (stdout) and the local commands; change nothing"})
-def demo(c, keep=False, dry_run=False):
+def demo(c, keep=False, verbose=False, dry_run=False):
     """The main job: make data, start etcd, run a 2-node x 2-process elastic job to the end, plot, tear down."""
     from doeks import demo as main_job
 
-    main_job.run(settings(), keep=keep, dry_run=dry_run)
+    main_job.run(settings(), keep=keep, dry_run=dry_run, verbose=verbose)
 
 
 # -- the management container -------------------------------------------------------------------------------------
@@ -281,11 +297,11 @@ def exec_(c, command="", dry_run=False):
 @task(name="status")
 def status_(c):
     """The tools container, the local runtime, and the job on TARGET (`invoke elasticjob.status` for the job alone)."""
-    from doeks import targets, ui
+    from doeks import lastjob, targets, ui
     from doeks.errors import DoeksError
     from doeks.targets import show
 
-    s = settings()
+    s = lastjob.choose(settings(), ui.say)  # the job last deployed from here, as elasticjob.status
     where = targets.get(s)
     container.status(s, where.status_rows())
     try:

@@ -8,7 +8,8 @@ from .local import services
 from .runner import Runner
 
 
-def run(base, keep: bool = False, dry_run: bool = False) -> dict:
+def run(base, keep: bool = False, dry_run: bool = False, verbose: bool = False) -> dict:
+    """The demo; its job's logs are followed briefly (rank 0's steps, no torchelastic INFO) unless `verbose`."""
     s = base.with_overrides(target="local", replicas=2, nproc_per_node=2,
                             min_replicas=min(base.min_replicas, 2), max_replicas=max(base.max_replicas, 2))
     target = targets.get(s)
@@ -29,6 +30,10 @@ def run(base, keep: bool = False, dry_run: bool = False) -> dict:
         quiet = Runner(echo=False, secrets=s.secrets())
         target.submit(target.plan(target.job(fresh=True)), quiet)
         submitted = True
+        if not verbose:
+            from .targets.follow import brief
+
+            target.shown_lines = brief
         status = target.wait()
         if status.state != "Succeeded":
             raise DoeksError(f"the job ended {status.state}" + (f": {status.reason} (fix: {status.fix})" if status.reason else f": see {elastic.home(s)}/runs/{status.run}/replicas/*/agent.log"))

@@ -53,7 +53,8 @@ def job_dir(settings, kind: str) -> Path:
 
 
 def clear_outputs(settings) -> None:
-    """Remove the job's checkpoints and metrics (`deploy --fresh`): the next run starts from scratch."""
+    """Remove the job's checkpoints, metrics and model.pt (`deploy --fresh`): the next run starts from scratch, and a
+    model.pt found afterwards is that run's, never the previous one's."""
     import shutil
 
     for folder in (checkpoint_dir(settings), metrics_dir(settings)):
@@ -61,6 +62,22 @@ def clear_outputs(settings) -> None:
     uri = checkpoint_uri(settings)
     if uri.startswith("s3://"):
         delete_s3_prefix(settings, uri)
+    remove_model(settings, model_uri(settings))
+
+
+def remove_model(settings, uri: str) -> None:
+    """Remove model.pt under the job's model folder or S3 prefix `uri` (gone already is fine)."""
+    if not uri.startswith("s3://"):
+        Path(uri, "model.pt").unlink(missing_ok=True)
+        return
+    from .aws import client
+
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    s3 = client(settings, "s3")
+    try:
+        s3.delete_object(Bucket=bucket, Key=f"{prefix.rstrip('/')}/model.pt")
+    except s3.exceptions.NoSuchBucket:
+        pass
 
 
 def delete_s3_prefix(settings, uri: str) -> int:

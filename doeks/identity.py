@@ -98,10 +98,17 @@ def fsx_driver_policy(settings) -> dict[str, Any]:
     aws-fsx-csi-driver, the policy for the chart doeks pins, FSX_CHART_VERSION), less what doeks' StorageClass never
     asks the driver to do: no s3ImportPath, so neither s3:ListBucket nor the s3.data-source.lustre service-linked
     role. The data repository association (FSX_IMPORT_PATH) and its S3 side are doeks' own calls, made with doeks'
-    credentials (storage.fsx_associate); the StorageClass names subnet and security group, so no ec2:Describe*."""
+    credentials (storage.fsx_associate); the StorageClass names subnet and security group, so no ec2:Describe*.
+
+    Scoped to this cluster's own file systems by the tag the StorageClass's extraTags put on every one the driver
+    makes (doeks/cluster=<cluster>, storage.fsx_manifests): it creates (and tags) only with that tag in the
+    request, and updates or deletes only file systems that carry it; no other file system of the account."""
+    mine = {"StringEquals": {f"aws:RequestTag/{TAG}": settings.cluster_name}}
+    owned = {"StringEquals": {f"aws:ResourceTag/{TAG}": settings.cluster_name}}
     return {"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Action": ["fsx:CreateFileSystem", "fsx:DeleteFileSystem", "fsx:DescribeFileSystems",
-                                       "fsx:UpdateFileSystem", "fsx:TagResource"], "Resource": "*"},
+        {"Effect": "Allow", "Action": ["fsx:CreateFileSystem", "fsx:TagResource"], "Resource": "*", "Condition": mine},
+        {"Effect": "Allow", "Action": ["fsx:DeleteFileSystem", "fsx:UpdateFileSystem"], "Resource": "*", "Condition": owned},
+        {"Effect": "Allow", "Action": "fsx:DescribeFileSystems", "Resource": "*"},  # no resource-level scope in FSx
         {"Effect": "Allow", "Action": "iam:CreateServiceLinkedRole", "Resource": "*",
          "Condition": {"StringLike": {"iam:AWSServiceName": ["fsx.amazonaws.com"]}}},
     ]}

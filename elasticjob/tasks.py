@@ -33,7 +33,15 @@ def _job_settings(**flags):
 def _target(s=None, job_name=None):
     from doeks import targets
 
-    return targets.get(s or settings(job_name=job_name))
+    return targets.get(s or _chosen(job_name))
+
+
+def _chosen(job_name=None):
+    """The settings of the job a task acts on (doeks.lastjob): the one --job-name, JOB_NAME or TRAIN_SCRIPT names,
+    else the one last deployed from here to TARGET (said in one line)."""
+    from doeks import lastjob, ui
+
+    return lastjob.choose(settings(job_name=job_name), ui.say)
 
 
 _NAME = {"job_name": JOB_NAME_HELP}
@@ -89,7 +97,7 @@ def deploy(c, job_name=None, replicas=None, min_replicas=None, max_replicas=None
     """Launch the elastic job on TARGET; returns at once unless --follow."""
     import shlex
 
-    from doeks import targets, ui
+    from doeks import lastjob, targets, ui
     from doeks.errors import DoeksError
     from doeks.targets import runs
 
@@ -115,10 +123,9 @@ def deploy(c, job_name=None, replicas=None, min_replicas=None, max_replicas=None
     if target.on_this_machine:
         runs.settle_quietly(target)  # how the previous run ended, before this one replaces it
     target.submit(plan, r)  # records the run (elasticjob.history)
-    named = any(s.source(key) in ("environment", "flag") for key in ("JOB_NAME", "TRAIN_SCRIPT"))
+    lastjob.remember(s)  # the job tasks act on this one until another is deployed here
     ui.say(f"job {s.job_name} submitted to TARGET={s.target} (run {target.run_name(plan)}, {plan.world.line()})"
-           + (f": `invoke elasticjob.status --job-name {s.job_name}` (a shell without this TRAIN_SCRIPT or JOB_NAME "
-              "names another job)" if named and not follow else ""))
+           + ("" if follow else ": `invoke elasticjob.status` follows it"))
     if follow:
         import time
 
@@ -263,7 +270,7 @@ def logs(c, follow=False, replica=None, run=None, tail=None, since=None, errors=
     replica = int_flag("replica", replica, 0, 999)
     tail = int_flag("tail", tail, 0, 10_000_000)
     since = parse_since(since) if since is not None else None
-    s = settings(job_name=job_name)
+    s = _chosen(job_name)
     target = _target(s)
     if errors:
         if follow or tail is not None:
@@ -274,6 +281,28 @@ def logs(c, follow=False, replica=None, run=None, tail=None, since=None, errors=
         for line in target.logs(follow=follow, replica=replica, run=run or None, tail=tail, since=since):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
+    if follow:
+        _result_line(s, target)
+
+
+def _result_line(s, target):
+    """The end of a followed run in one line on stderr: its state, steps, how long it ran, where the model is (or
+    why it failed, and the fix)."""
+    from doeks import ui
+    from doeks.targets import runs, show
+
+    status = target.describe()
+    if not status.finished:
+        return
+    record = runs.settle(s, status) or {}
+    took = f" in {_duration(record['end'] - record['start'])}" if record.get("end") and record.get("start") else ""
+    steps = [r.step for r in status.replicas if r.step is not None]
+    counted = f"{max(steps)} steps" if steps else "no step count"
+    if status.state == "Succeeded":
+        ui.say(f"job {s.job_name} Succeeded: {counted}{took}; {_model(s)}", style="green")
+        return
+    why = f": {status.reason}" + (f" (fix: {show.fix_of(target, status)})" if status.fix else "") if status.reason else ""
+    ui.say(f"job {s.job_name} {status.state} after {status.restarts} restarts: {counted}{took}{why}", style="red")
 
 
 def _errors(s, target, lines, run):
@@ -302,7 +331,7 @@ def history(c, job_name=None):
     from doeks import ui
     from doeks.targets import runs
 
-    s = settings(job_name=job_name)
+    s = _chosen(job_name)
     runs.settle_quietly(_target(s))  # the current run's end, if it has ended (a target out of reach: as recorded)
     rows = runs.rows(s)
     if not rows:
@@ -325,9 +354,12 @@ def scale(c, replicas, dry_run=False, job_name=None):
 @task(help={"dry_run": "print what would be stopped", **_NAME})
 def delete(c, dry_run=False, job_name=None):
     """Stop the job and everything it started (checkpoints are kept); safe to run twice."""
+    _delete(_target(job_name=job_name), dry_run)
+
+
+def _delete(target, dry_run):
     from doeks.targets import runs
 
-    target = _target(job_name=job_name)
     target.cancel(runner(dry_run))
     if not dry_run and target.on_this_machine:
         runs.settle_quietly(target)
@@ -338,7 +370,7 @@ def artifacts(c, job_name=None):
     """Where the job's metrics, checkpoints and model are, on its target."""
     from doeks import ui
 
-    s = settings(job_name=job_name)
+    s = _chosen(job_name)
     ui.table(f"job {s.job_name} artifacts on {s.target}", ["what", "where"], [[k, v] for k, v in _target(s).artifacts().items()])
 
 
@@ -353,7 +385,7 @@ def plot(c, out=None, job_name=None):
     """Draw loss, accuracy and throughput of the job as a PNG."""
     from doeks import plots, ui
 
-    s = settings(job_name=job_name)
+    s = _chosen(job_name)
     folder = _local_metrics(s)
     target = plots.plot_path(s, f"{s.job_name}-training.png", out)
     plots.training(folder / "metrics.csv", target, title=f"{s.job_name} ({s.arch})")
@@ -405,7 +437,7 @@ def tensorboard(c, port=6006, job_name=None):
 
     from doeks.errors import MissingTool
 
-    s = settings(job_name=job_name)
+    s = _chosen(job_name)
     folder = _local_metrics(s)
     if shutil.which("tensorboard") is None:
         raise MissingTool("tensorboard is not installed: pip install -e '.[train]'")
@@ -494,8 +526,9 @@ STAGE_TIMEOUT = 6 * 3600  # ImageNet (150 GB) from S3 into FSx takes hours; a fa
 def _down(c, dry_run=False):
     """Stop the job (as elasticjob.delete; its checkpoints and model are kept) and remove the AWS identity deploys gave
     the training pods (TARGET=eks: role, Pod Identity association, service account)."""
-    delete(c, dry_run=dry_run)
-    _target().job_identity_delete(runner(dry_run))
+    target = _target()  # the job last deployed from here, as elasticjob.delete
+    _delete(target, dry_run)
+    target.job_identity_delete(runner(dry_run))
 
 
 ns = Collection("elasticjob", data, build, push, deploy, status, describe, logs, history, scale, delete, artifacts, plot,

@@ -332,7 +332,7 @@ def test_a_survivor_saves_alone_once_and_a_restart_resumes_from_it(moto_endpoint
     first, second = checkpoints.Store(uri), checkpoints.Store(uri)  # two survivors, the same history
     state = {"weight": torch.arange(12.0).reshape(3, 4), "count": torch.tensor([7])}
     assert first.save_alone(state, 9, {"epoch": 0}) == "step-9"
-    assert second.save_alone(state, 9, {"epoch": 0}) is None  # the name is taken (its claim stays with it)
+    assert second.save_alone(state, 9, {"epoch": 0}) is None  # the name is saved (its .metadata says so)
     assert first.save_alone(state, 9, {"epoch": 0}) is None  # saved already
     reader = checkpoints.Store(uri)
     assert reader.latest() == "step-9" and reader.complete() == ["step-9"]
@@ -345,10 +345,21 @@ def test_a_survivor_saves_alone_once_and_a_restart_resumes_from_it(moto_endpoint
             return [p.name for p in (tmp_path / "alone").glob(".alone-*")]
         return [k.rsplit("/", 1)[1] for k in _keys(_s3(moto_endpoint), "reshard", f"alone-{tmp_path.name}/") if "/.alone-" in k]
 
-    assert claims() == [".alone-step-9"]
+    assert claims() == []  # the claim went with the save: no empty .alone-step-9 object beside the checkpoint
     later = checkpoints.Store(uri, keep=1)
-    later.save(state, 12, {"epoch": 0}, background=False)  # step-9 pruned, and its claim with it
+    later.save(state, 12, {"epoch": 0}, background=False)  # step-9 pruned
     assert later.complete() == ["step-12"] and claims() == []
+    if where == "folder":  # a save that fails leaves no claim either, and a later survivor can save that step
+        failing = tmp_path / "failing"
+        failing.mkdir()
+        (failing / "step-5").write_text("not a folder")  # the writer cannot make the checkpoint's folder
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+        with pytest.raises(CheckpointException):
+            checkpoints.Store(str(failing)).save_alone(state, 5, {"epoch": 0})
+        assert not list(failing.glob(".alone-*"))
+        (failing / "step-5").unlink()
+        assert checkpoints.Store(str(failing)).save_alone(state, 5, {"epoch": 0}) == "step-5"
 
 
 def test_two_survivors_claiming_the_same_name_in_moto_get_it_once(moto_endpoint, tmp_path, monkeypatch):

@@ -265,7 +265,7 @@ def test_s3_endpoint_dry_runs_without_credentials_plan_the_requests(no_credentia
 
 def test_local_up_dry_run_does_not_say_it_starts_anything(state_dir):
     # `invoke up --dry-run` on TARGET=local said "starting the local runtime" while starting nothing
-    result = invoke("up", "--dry-run", env={"TARGET": "local"})
+    result = invoke("up", "--dry-run", "--full", env={"TARGET": "local"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert "the plan for the local runtime" in result.stderr and "starting" not in result.stderr
     assert not (state_dir / "services" / "etcd" / "service.json").exists()

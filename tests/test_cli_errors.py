@@ -202,7 +202,7 @@ def test_a_webhook_not_serving_yet_is_not_a_missing_cluster(tmp_path):
 
 # -- up / down on eks -------------------------------------------------------------------------------------------------
 def test_up_and_down_dry_run_without_credentials_plan_every_unit(no_credentials):
-    up = run_cli("up", "--dry-run", env=no_credentials)
+    up = run_cli("up", "--dry-run", "--full", env=no_credentials)
     assert up.returncode == 0, up.stderr[-3000:]
     assert [line[len("== up: "):] for line in up.stderr.splitlines() if line.startswith("== up: ")] == list(reversed(UNITS))
     assert "<unknown: no credentials>" in up.stderr and "NoCredentialsError" not in up.stderr
@@ -221,7 +221,7 @@ def test_up_and_down_dry_run_without_credentials_plan_every_unit(no_credentials)
 def test_a_dry_run_plans_the_units_after_one_that_fails(no_credentials):
     """A real error in one unit's plan (EKS_YAML names no file) is a warning there, the later units are still
     planned, and the dry run then exits 1 naming it."""
-    result = run_cli("up", "--dry-run", env={**no_credentials, "EKS_YAML": "/nonexistent/cluster.yaml"})
+    result = run_cli("up", "--dry-run", "--full", env={**no_credentials, "EKS_YAML": "/nonexistent/cluster.yaml"})
     assert [line[len("== up: "):] for line in result.stderr.splitlines() if line.startswith("== up: ")] == list(reversed(UNITS))
     assert "warning: eks: error: EKS_YAML='/nonexistent/cluster.yaml': no such file" in result.stderr
     assert one_line_error(result) == "error: the up plan failed for eks: see the warnings above"

@@ -22,12 +22,20 @@ def test_demo_trains_to_the_end_plots_and_leaves_nothing_running(state_dir):
 
     assert Path(plot).stat().st_size > 10_000
     assert Path(plot).resolve().parent == (state_dir / "plots").resolve()  # not in the metrics folder `--fresh` deletes
-    assert "[node-0]" in result.stderr and "[node-1]" in result.stderr
     assert "world=4" in result.stderr  # 2 nodes x 2 processes
     assert "Traceback" not in result.stderr  # no worker, agent or lease thread failed on the way (or hung at exit)
+    # quiet by default: rank 0's progress, no torchelastic INFO, no other rank's copy of each line
+    said = result.stderr.strip().splitlines()
+    assert len(said) < 40, "\n".join(said)
+    assert "[rank 0] step=1 " in result.stderr and "[rank 0] done " in result.stderr
+    assert not [line for line in said if " INFO " in line or re.search(r"\[rank [1-9]\]", line)], "\n".join(said)
     assert leftover_processes(state_dir) == []
     status = invoke("elasticjob.status", env=TINY)
     assert "Succeeded" in status.stderr
+    verbose = invoke("demo", "-v", env=TINY, timeout=900)  # -v: every node's lines, torchelastic's INFO too
+    assert verbose.returncode == 0, verbose.stderr[-3000:]
+    assert "[node-1]" in verbose.stderr and "[rank 3]" in verbose.stderr and " INFO " in verbose.stderr
+    assert leftover_processes(state_dir) == []
 
 
 @pytest.mark.slow

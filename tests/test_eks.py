@@ -251,10 +251,11 @@ def test_fresh_on_eks_says_the_checkpoints_on_the_claim_are_kept(state_dir):
     assert fresh.returncode == 0, fresh.stderr
     said = fresh.stdout + fresh.stderr
     assert "checkpoints on claim fsx-pvc are not on this machine: the job resumes from them" in said
-    assert "remove checkpoints and metrics" not in said
+    assert "remove checkpoints, metrics and model.pt" not in said
     in_s3 = invoke("elasticjob.deploy", "--fresh", "--dry-run", env={"TARGET": "eks"})
     said = in_s3.stdout + in_s3.stderr
     assert in_s3.returncode == 0 and "resumes from them" not in said, said[-2000:]
     assert "remove the checkpoints of imagenet in s3://doeks-training/doeks/checkpoints/imagenet/" in said
+    assert "remove the previous run's s3://doeks-training/doeks/models/imagenet/model.pt (--fresh)" in said
     plain = invoke("elasticjob.deploy", "--dry-run", env={"TARGET": "eks"})
     assert plain.returncode == 0 and "resumes from them" not in plain.stdout + plain.stderr

@@ -41,16 +41,16 @@ def recorded(env) -> list[dict]:
 def test_a_users_script_needs_no_imagenet_data(account):
     env, s3 = account
     mine = {**env, "TRAIN_SCRIPT": str(ROOT / "examples" / "ddp-plain" / "train.py")}
-    plan = invoke("up", "--dry-run", env=mine)
+    plan = invoke("up", "--dry-run", "--full", env=mine)
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "no data under s3://user-bucket/data/imagenet/: nothing staged" in plan.stderr
     assert "Job" not in {d.get("kind") for d in yaml.safe_load_all(plan.stdout) if d}  # no staging Job
     s3.create_bucket(Bucket="user-bucket", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
     s3.put_object(Bucket="user-bucket", Key="data/imagenet/tokens.bin", Body=b"x")  # any data: staged as it is
-    staged = invoke("up", "--dry-run", env=mine)
+    staged = invoke("up", "--dry-run", "--full", env=mine)
     assert staged.returncode == 0 and "nothing staged" not in staged.stderr
     assert "Job" in {d.get("kind") for d in yaml.safe_load_all(staged.stdout) if d}
-    builtin = invoke("up", "--dry-run", env={**env, "S3_BUCKET": "empty-bucket"})  # the ImageNet job still needs it
+    builtin = invoke("up", "--dry-run", "--full", env={**env, "S3_BUCKET": "empty-bucket"})  # the ImageNet job still needs it
     assert builtin.returncode != 0 and "no training data under s3://empty-bucket/data/imagenet/train/" in builtin.stderr
 
 

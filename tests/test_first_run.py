@@ -358,7 +358,7 @@ def test_up_dry_run_on_a_fresh_clone_names_every_first_run_step(state_dir):
         assert not os.environ.get(key)  # a fresh clone on a machine without credentials
     env = {"TARGET": "eks", "AWS_SHARED_CREDENTIALS_FILE": str(state_dir / "none"), "AWS_CONFIG_FILE": str(state_dir / "none"),
            "AWS_EC2_METADATA_DISABLED": "true"}
-    result = invoke("up", "--dry-run", env=env, timeout=600)
+    result = invoke("up", "--dry-run", "--full", env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     err = result.stderr
     config = next(d for d in yaml.safe_load_all(result.stdout) if d and d.get("kind") == "ClusterConfig")

@@ -268,3 +268,49 @@ def test_recorded_managed_policies_match_aws_documents():
         allowed = [a for st in document["Statement"] if st["Effect"] == "Allow" for a in identity._listify(st["Action"])]
         for action in actions:
             assert any(fnmatch.fnmatchcase(action, pattern) for pattern in allowed), f"{arn} does not allow {action}"
+
+
+def _allowed(docs, action: str, request_tags: dict | None = None, resource_tags: dict | None = None) -> bool:
+    """IAM's answer for an action on `*` with these tags: an Allow statement whose action matches and whose
+    StringEquals conditions on aws:RequestTag/K and aws:ResourceTag/K all hold (other condition kinds fail closed)."""
+    import fnmatch
+
+    context = {**{f"aws:RequestTag/{k}": v for k, v in (request_tags or {}).items()},
+               **{f"aws:ResourceTag/{k}": v for k, v in (resource_tags or {}).items()}}
+    for doc in docs:
+        for statement in doc["Statement"]:
+            if statement["Effect"] != "Allow" or not any(fnmatch.fnmatchcase(action, a) for a in identity._listify(statement["Action"])):
+                continue
+            conditions = statement.get("Condition", {})
+            if set(conditions) - {"StringEquals"}:
+                continue
+            if all(context.get(key) in identity._listify(value) for key, value in conditions.get("StringEquals", {}).items()):
+                return True
+    return False
+
+
+def test_no_doeks_policy_deletes_on_every_resource_and_the_fsx_driver_only_its_clusters_file_systems(state_dir):
+    """The FSx CSI controller could delete any file system of the account (Delete* on `*`): it now creates only with
+    this cluster's tag in the request and updates or deletes only what carries it, the tag its StorageClass puts on
+    every file system it makes."""
+    s = S.load()
+    for workload in identity.WORKLOADS:
+        for doc in ([workload.inline(s)] if workload.inline else []):  # doeks' own (AWS's managed ones are AWS's)
+            for statement in (doc or {}).get("Statement", []):
+                broad = [a for a in identity._listify(statement["Action"]) if ":Delete" in a]
+                if broad and "*" in identity._listify(statement.get("Resource", "*")):
+                    assert statement.get("Condition"), (workload.key, statement)
+    docs = identity.policies(s, identity.get("fsx-csi"))
+    storage_class = next(m for m in storage.fsx_manifests(s, "subnet-0123456789abcdef0", "sg-0123456789abcdef0")
+                         if m["kind"] == "StorageClass")
+    tags = dict(pair.split("=", 1) for pair in storage_class["parameters"]["extraTags"].split(","))
+    created = {**tags, "CSIVolumeName": "pvc-1"}  # what the driver's CreateFileSystem request carries
+    assert _allowed(docs, "fsx:CreateFileSystem", request_tags=created)
+    assert _allowed(docs, "fsx:TagResource", request_tags=created)
+    assert _allowed(docs, "fsx:DeleteFileSystem", resource_tags=created)
+    assert _allowed(docs, "fsx:UpdateFileSystem", resource_tags=created)
+    assert _allowed(docs, "fsx:DescribeFileSystems")
+    others = {"doeks/cluster": "another-cluster"}
+    for action in ("fsx:DeleteFileSystem", "fsx:UpdateFileSystem"):
+        assert not _allowed(docs, action, resource_tags=others) and not _allowed(docs, action, resource_tags={})
+    assert not _allowed(docs, "fsx:CreateFileSystem", request_tags={"CSIVolumeName": "pvc-1"})

@@ -41,7 +41,7 @@ def per_pod(stdout: str) -> tuple[int, int]:
 
 @pytest.mark.parametrize("instance", sorted(EXPECTED))
 def test_up_dry_run_asks_ec2_for_the_gpus_and_efa_of_the_node_type(account, instance, tmp_path):
-    plan = invoke("up", "--dry-run", env={**account, "GPU_INSTANCE_TYPE": instance})
+    plan = invoke("up", "--dry-run", "--full", env={**account, "GPU_INSTANCE_TYPE": instance})
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert per_pod(plan.stdout) == EXPECTED[instance]
     config = next(d for d in yaml.safe_load_all(plan.stdout) if d and d.get("kind") == "ClusterConfig")

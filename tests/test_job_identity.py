@@ -104,10 +104,10 @@ def test_the_examples_and_a_users_script_run_after_the_quickstart_and_leave_the_
         assert re.fullmatch(rf"job {name} succeeded: \d+ steps in (\d+m)?\d+s; model: \S+/models/{name}/model.pt", last), last
         assert (state_dir / "volumes" / "fsx-pvc" / "checkpoints" / name).is_dir() or name == "sagemaker-style"
     assert [_md5(path) for path in demo] == before  # the demo's checkpoint and model untouched
-    # the tasks find a job by its name; without one they mean the demo's
-    status = invoke("elasticjob.status", "--job-name", "ddp-plain")
-    assert "job ddp-plain on local: Succeeded" in status.stderr, status.stderr
-    assert "job imagenet on local" in invoke("elasticjob.status").stderr
+    # the tasks find a job by its name; without one they mean the one deployed last (doeks.lastjob)
+    status = invoke("elasticjob.status", "--job-name", "sagemaker-style")
+    assert "job sagemaker-style on local: Succeeded" in status.stderr, status.stderr
+    assert "job ddp-plain on local" in invoke("elasticjob.status").stderr
     history = invoke("elasticjob.history", "--job-name", "ddp-plain", env={"COLUMNS": "250"})
     assert history.stderr.count("examples/ddp-plain/train.py --steps 6") == 2, history.stderr
 

@@ -8,7 +8,7 @@ from .conftest import ROOT, invoke
 
 
 def test_up_dry_run_says_what_every_unit_does_on_kubernetes(state_dir):
-    result = invoke("up", "--dry-run", env={"TARGET": "kubernetes", "KUBECONFIG": ""})
+    result = invoke("up", "--dry-run", "--full", env={"TARGET": "kubernetes", "KUBECONFIG": ""})
     assert result.returncode == 0, result.stderr[-2000:]
     err = result.stderr
     for unit in ("eks", "csi", "efa", "gpu-metrics", "kubeflow", "elasticjob"):

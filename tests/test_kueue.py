@@ -110,7 +110,7 @@ def test_a_gpu_type_without_eks_topology_gets_no_topology(state_dir):
 
 
 def test_kueue_comes_after_the_operators_and_before_the_job(state_dir):
-    up = invoke("up", "--dry-run", env={"TARGET": "eks"}, check=True).stderr
+    up = invoke("up", "--dry-run", "--full", env={"TARGET": "eks"}, check=True).stderr
     order = [line.split("== up: ")[1].strip() for line in up.splitlines() if "== up: " in line]
     assert order.index("kubeflow") < order.index("kueue") < order.index("elasticjob")
     down = invoke("down", "--dry-run", env={"TARGET": "eks"}, check=True).stderr
@@ -129,7 +129,7 @@ def test_the_eks_rehearsal_queues_with_kueue_built_here_not_the_release_from_git
     `invoke setup --kueue`, or no queue."""
     script = tmp_path / "fit.py"
     script.write_text("print('a script of its own: no ImageNet data needed')\n")
-    result = invoke("up", "--dry-run", env={"TARGET": "eks", "EKS_REHEARSAL": "true", "TRAIN_SCRIPT": str(script),
+    result = invoke("up", "--dry-run", "--full", env={"TARGET": "eks", "EKS_REHEARSAL": "true", "TRAIN_SCRIPT": str(script),
                                             "DOEKS_CACHE": str(tmp_path / "empty-cache")})
     plan = result.stderr.split("== up: kueue", 1)[1].split("== up: ", 1)[0]
     assert "github.com" not in plan and "no queue here" in plan, plan
@@ -138,7 +138,7 @@ def test_the_eks_rehearsal_queues_with_kueue_built_here_not_the_release_from_git
 def test_without_the_kueue_build_the_plan_says_there_is_no_queue(state_dir, tmp_path):
     """`up` on doeks' cluster skips Kueue when `invoke setup --kueue` has not built it: its dry run says the same, not
     a build (the plan once said it would build and import Kueue, which `up` never did)."""
-    result = invoke("up", "--dry-run", env={"TARGET": "kubernetes", "DOEKS_CACHE": str(tmp_path / "empty-cache")})
+    result = invoke("up", "--dry-run", "--full", env={"TARGET": "kubernetes", "DOEKS_CACHE": str(tmp_path / "empty-cache")})
     plan = result.stderr.split("== up: kueue", 1)[1].split("== up: ", 1)[0]
     assert "Kueue v0.19.2 is not built (`invoke setup --kueue` builds it and kwok): no queue here" in plan, plan
     assert "would build" not in plan and "would import" not in plan

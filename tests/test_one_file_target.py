@@ -71,7 +71,7 @@ def test_a_target_of_one_file_runs_up_deploy_and_down(tmp_path, state_dir):
     before = _git_status()
 
     said = {}
-    for args in (("up", "--dry-run"), ("elasticjob.deploy", "--dry-run"), ("down", "--dry-run")):
+    for args in (("up", "--dry-run", "--full"), ("elasticjob.deploy", "--dry-run"), ("down", "--dry-run")):
         result = invoke(*args, env=env)
         assert result.returncode == 0, result.stdout + result.stderr
         said[args[0]] = result.stderr
@@ -92,7 +92,7 @@ def test_a_target_of_one_file_runs_up_deploy_and_down(tmp_path, state_dir):
 
 
 def test_an_unknown_target_is_refused_naming_the_ones_found(state_dir):
-    result = invoke("up", "--dry-run", env={"TARGET": "recording", "DOEKS_TARGETS": ""})
+    result = invoke("up", "--dry-run", "--full", env={"TARGET": "recording", "DOEKS_TARGETS": ""})
     assert result.returncode == 1
     assert "one of local, docker, kubernetes, eks, sagemaker" in result.stderr + result.stdout
     assert "Traceback" not in result.stderr

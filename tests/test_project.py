@@ -97,7 +97,7 @@ def test_invoke_list_imports_nothing_heavy():
 
 
 def test_up_and_down_dry_run_go_in_opposite_orders(state_dir):
-    up = invoke("up", "--dry-run")
+    up = invoke("up", "--dry-run", "--full")
     down = invoke("down", "--dry-run")
     assert up.returncode == 0 and down.returncode == 0, up.stderr + down.stderr
     order_up = re.findall(r"== up: (\S+)", up.stderr)

@@ -225,7 +225,7 @@ def test_the_built_in_job_on_data_staged_from_s3(imagenet_env, tmp_path):
     enforced) and trains to the end, `up` again, `down`, `audit`: nothing left."""
     env, timings = imagenet_env, {}
     ok("doctor", env=env)  # the account (doeks' moto server) starts with the first task
-    missing = invoke("up", "--dry-run", env=env)
+    missing = invoke("up", "--dry-run", "--full", env=env)
     assert missing.returncode == 1 and "no training data under s3://rehearsal-data/data/imagenet/train/" in missing.stderr
     assert upload_imagenet(env, tmp_path) > 0
     up, timings["up"] = ok("up", env=env, timeout=3600)

@@ -82,7 +82,7 @@ def audit(account):
 @pytest.mark.slow
 def test_up_down_audit_is_zero_and_down_twice_too(account):
     env = account["env"]
-    up = invoke("up", env=env)
+    up = invoke("up", "--yes", env=env)
     assert up.returncode == 0, up.stderr[-3000:]
     # the staging Job: a previous one deleted first (a Job's template is immutable), applied, waited for, then
     # deleted by `up` itself with its pod (a finished pod keeps the claim: issue 31, failure 1)
@@ -115,7 +115,7 @@ def test_up_down_audit_is_zero_and_down_twice_too(account):
 def test_up_killed_midway_then_down_leaves_nothing(account):
     env = account["env"]
     eks = boto3.client("eks", **account["kw"])
-    process = subprocess.Popen([sys.executable, "-m", "invoke", "up"], cwd=ROOT, env={**os.environ, **env},
+    process = subprocess.Popen([sys.executable, "-m", "invoke", "up", "--yes"], cwd=ROOT, env={**os.environ, **env},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # kill it as soon as the cluster exists and csi has made its role

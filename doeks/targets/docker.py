@@ -163,7 +163,7 @@ class DockerTarget(OnThisMachine, Target):
             plan.steps.append(Step(f"S3 for {', '.join(jobpaths.in_s3(s))}: {s.aws_endpoint_url or 'doeks moto server (started if need be; the bucket made there)'}",
                                    lambda: ctx.update(s3_env=elastic.prepare_s3(s))))
         if job.fresh:
-            plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: elastic.clear_outputs(s)))
+            plan.steps.append(Step(f"remove checkpoints, metrics and model.pt of {s.job_name}", lambda: elastic.clear_outputs(s)))
         plan.steps.append(Step(f"record the manifests in {self.home / 'manifests.yaml'}",
                                lambda: self._record(plan.manifests, job.run, ctx.get("s3_env"))))
         volumes = runtime.volumes_dir(s)
@@ -316,7 +316,7 @@ class DockerTarget(OnThisMachine, Target):
                 return False
             raise
         if not containers:
-            runner.note(f"job {s.job_name}: no containers (checkpoints kept in {elastic.checkpoint_dir(s)})")
+            runner.note(f"job {s.job_name}: no containers (checkpoints kept in {elastic.checkpoint_uri(s)})")
             return False
         running = [c for c in containers if c.status in ("running", "restarting", "created")]
         for c in containers:

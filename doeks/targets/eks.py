@@ -482,6 +482,13 @@ class EksTarget(OnAws, KubernetesTarget):
             plan.steps.insert(len(plan.steps) - 1, Step(
                 f"remove the checkpoints of {job.name} in {checkpoints}/ (--fresh: the job would resume from them)",
                 lambda: elastic.delete_s3_prefix(job.settings, checkpoints)))
+        model = jobpaths.model_uri(job.settings)
+        if job.fresh and model.startswith("s3://"):  # a model.pt found after this run is this run's
+            from .. import elastic
+            from .base import Step
+
+            plan.steps.insert(len(plan.steps) - 1, Step(f"remove the previous run's {model}/model.pt (--fresh)",
+                                                        lambda: elastic.remove_model(job.settings, model)))
         if not job.settings.train_image and trainimage.is_built(plan.image) is False:
             plan.warnings.append(f"warning: training image {plan.image} (this code's) is not built on this machine; "
                                  "unless it is in the registry already, the pods cannot pull it: "

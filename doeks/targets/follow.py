@@ -154,12 +154,32 @@ def expected_steps(settings) -> int:
 LEAVING = 60  # seconds a succeeded job's replicas are given to end before its end is said without theirs
 
 
+_RANK = re.compile(r"\[rank (\d+)\] ")
+_CHATTER = re.compile(r"^\[[^\]]+\] (INFO|DEBUG) ")  # torchelastic's own logging (rendezvous, stores)
+_ROUTINE = ("process started", " start host=", " checkpoint step=")
+_FIRST_START = re.compile(r"==== doeks: replica \d+ start #0 ")
+
+
+def brief(line: str) -> bool:
+    """Whether a log line is shown when following briefly (`invoke demo` without -v): the training script's own
+    lines from rank 0 (steps, validation, the model), restarts, and whatever else is not torchelastic's INFO or a
+    routine line (warnings and tracebacks stay); every line is still in the logs (`invoke elasticjob.logs`)."""
+    if _CHATTER.match(line) or _FIRST_START.search(line):
+        return False
+    rank = _RANK.search(line)
+    if rank:
+        return rank.group(1) == "0" and not any(word in line for word in _ROUTINE)
+    return True
+
+
 def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float | None = None, quiet: bool = False,
                        poll: float = 0.25):
-    """Stream new log lines (unless quiet) and a progress bar of steps until the job reaches a final state."""
+    """Stream new log lines (unless quiet; only those `target.shown_lines` keeps, where the caller set it: `brief`)
+    and a progress bar of steps until the job reaches a final state."""
     from ..code import resolve
 
     settings = target.settings
+    shown = getattr(target, "shown_lines", None) or (lambda line: True)
     # the built-in workload's steps follow from the data and the settings; a user's script says its own (total=) or
     # the bar counts steps without an end (never a made-up total)
     job = getattr(target, "submitted", None)  # the job this process submitted: its code is resolved already
@@ -172,7 +192,7 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
         while True:
             lines = cursor()
             if not quiet:
-                for line in lines:
+                for line in filter(shown, lines):
                     bar.console.print(line, markup=False, highlight=False)
             status = target.describe()
             steps = [r.step for r in status.replicas if r.step is not None]
@@ -200,7 +220,7 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
 
                 settle(settings, status)
                 if not quiet:
-                    for line in cursor():
+                    for line in filter(shown, cursor()):
                         bar.console.print(line, markup=False, highlight=False)
                 if status.state == "Succeeded" and builtin:
                     bar.update(task_id, completed=total)

@@ -324,7 +324,7 @@ class KubernetesTarget(Target):
         from .. import elastic
 
         s = self.settings
-        return Step(f"remove checkpoints and metrics of {job_name} (in the claim's folder)",
+        return Step(f"remove checkpoints, metrics and model.pt of {job_name} (in the claim's folder)",
                     lambda: elastic.clear_outputs(s))
 
     def pipeline_job(self) -> dict[str, Any]:
@@ -751,7 +751,7 @@ class KubernetesTarget(Target):
         if self.on_this_machine:  # doeks' own cluster: the claim's volume is a folder of this machine
             from .. import elastic
 
-            return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": str(elastic.checkpoint_dir(s)),
+            return {"metrics": str(elastic.metrics_dir(s)), "checkpoints": elastic.checkpoint_uri(s),
                     "model": elastic.model_uri(s) + "/model.pt", "final": str(elastic.metrics_dir(s) / "final.json"),
                     "volume": f"pvc://{s.namespace}/{s.shared_pvc} (folder {s.state_dir / 'volumes' / s.shared_pvc})"}
         from ..jobpaths import checkpoint_uri, job_folder, model_uri

@@ -186,9 +186,9 @@ class LocalTarget(OnThisMachine, Target):
             line = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + f" DOEKS_REPLICA={replica}"
             plan.steps.append(Step(f"start node {replica}: {line} {shlex.join(argv)} (in {source})"))
         if job.fresh:
-            plan.steps.append(Step(f"remove checkpoints and metrics of {s.job_name}", lambda: elastic.clear_outputs(s)))
+            plan.steps.append(Step(f"remove checkpoints, metrics and model.pt of {s.job_name}", lambda: elastic.clear_outputs(s)))
         plan.steps.append(Step(f"launch job supervisor for {s.job_name} ({s.replicas} nodes x {s.nproc_per_node} processes; "
-                               f"checkpoints in {elastic.checkpoint_dir(s)}, model in {elastic.model_uri(s)}, "
+                               f"checkpoints in {elastic.checkpoint_uri(s)}, model in {elastic.model_uri(s)}, "
                                f"logs in {local_jobs.run_dir(self.home, job.run)})",
                                lambda: self._launch(s, pytorchjob, ctx, job.run, source)))
         return plan
@@ -295,7 +295,7 @@ class LocalTarget(OnThisMachine, Target):
     def cancel(self, runner) -> bool:
         s = self.settings
         if not local_jobs.is_active(self.home):
-            runner.note(f"job {s.job_name} is not running (checkpoints kept in {elastic.checkpoint_dir(s)})")
+            runner.note(f"job {s.job_name} is not running (checkpoints kept in {elastic.checkpoint_uri(s)})")
             return False
         runner.step(f"stop job {s.job_name} and all its processes (checkpoints kept)", local_jobs.stop, self.home)
         return True

@@ -420,29 +420,34 @@ class Store:
         it were trained again: half the interval on average, at every failure). Only for state every rank holds whole
         (DistributedDataParallel: each replica's model and optimizer are the same), never while an optimizer step was
         half applied. One survivor saves: the first to claim the name in the store (a file made with O_EXCL, an S3
-        PutObject with If-None-Match, left while the checkpoint is kept, so a survivor that comes later never writes the
-        same prefix again); the others return None at once, as does a step saved already. No collective: a
-        save of one process (DCP's no_dist) of the whole state, readable with any world size. Returns the name, with
-        `latest` moved to it."""
+        PutObject with If-None-Match) while it saves; the claim goes when the save ends, saved or not, and a survivor
+        that comes later finds the checkpoint's .metadata and never writes the same prefix again. The others return
+        None at once, as does a step saved already. No collective: a save of one process (DCP's no_dist) of the whole
+        state, readable with any world size. Returns the name, with `latest` moved to it."""
         import torch.distributed.checkpoint as dcp
 
         if any(order(n)[0] >= step for n in self.saved):
             return None
         name = self.name_for(step)
         claim = f".alone-{name}"
-        if not self.at.claim(claim):
+        if self.at.exists(name, METADATA) or not self.at.claim(claim):
             return None
-        self._used.add(name)
-        payload = _stateful(state)
-        payload["doeks_meta"] = json.dumps({**(meta or {}), "step": step, "alone": True})
-        with _quiet():
-            dcp.save(payload, storage_writer=self.at.writer(name), no_dist=True)
-        if not self.at.exists(name, METADATA):
-            return None
-        self.saved.append(name)
-        self.at.write_text(LATEST, name + "\n")
-        self.prune(name)
-        return name  # the claim stays while the checkpoint does (prune): a survivor later still never writes it again
+        try:
+            if self.at.exists(name, METADATA):  # saved, and its claim gone, between the look and the claim
+                return None
+            self._used.add(name)
+            payload = _stateful(state)
+            payload["doeks_meta"] = json.dumps({**(meta or {}), "step": step, "alone": True})
+            with _quiet():
+                dcp.save(payload, storage_writer=self.at.writer(name), no_dist=True)
+            if not self.at.exists(name, METADATA):
+                return None
+            self.saved.append(name)
+            self.at.write_text(LATEST, name + "\n")
+            self.prune(name)
+            return name
+        finally:  # no empty claim object outlives its save (a failed one too); the .metadata guards the name now
+            self.at.unclaim(claim)
 
     def pass_if_busy(self) -> bool:
         """True (and counted in `skipped`) when a save is still being written on any rank: every rank gets the same
