@@ -132,7 +132,9 @@ def cluster_config(settings, chosen: Any = _ASK) -> dict[str, Any]:
     if settings.gpu_nodes_max > 0:
         gpu = _nodegroup(settings, "gpu", settings.gpu_instance_type, settings.gpu_nodes_min, settings.gpu_nodes,
                          settings.gpu_nodes_max, "gpu")
-        gpu["taints"] = [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
+        from .jobspec import GPU_TAINT
+
+        gpu["taints"] = [dict(GPU_TAINT)]
         efa = settings.efa_per_node > 0  # the type has EFA (EC2's DescribeInstanceTypes) and GPU_EFA
         if efa:
             gpu["efaEnabled"] = True

@@ -266,6 +266,16 @@ def _quantity(raw: str) -> str:
 _QUANTITY = (_quantity, "a number of CPUs such as 64, or millicores such as 500m")
 
 
+def _or_auto(kind):
+    """`kind`, or auto (doeks.kueue.Flavor.quotas: what the node group's nodes have)."""
+    parse, accepted = kind
+
+    def either(raw: str):
+        return "auto" if raw.strip() == "auto" else parse(raw)
+
+    return either, f"auto or {accepted}"
+
+
 def _memory_quota(raw: str) -> str:
     if not re.fullmatch(r"[1-9]\d*(Ki|Mi|Gi|Ti|K|M|G|T)|0", raw):
         raise _Bad("a memory size such as 512Mi or 16Ti")
@@ -444,10 +454,10 @@ KEYS: tuple[Key, ...] = (
     _key("PIPELINE_JOB_KIND", "kubeflow", "trainjob", "What the pipeline's kubernetes branch submits: a Trainer v2 TrainJob or a fixed-size PyTorchJob (training operator v1)", _choice(("trainjob", "pytorchjob"))),
     # kueue (queues, quotas, topology)
     _key("QUEUE", "kueue", "", "Kueue LocalQueue the jobs go to (elasticjob.deploy, kubeflow.trainjob.submit, kubeflow.pytorchjob.submit): they carry the label kueue.x-k8s.io/queue-name and wait until Kueue admits all their pods at once (empty = no queue: they start at once); `invoke kueue.deploy` makes this queue (empty: one named doeks)", _pattern(_DNS1123_LABEL, "a Kubernetes name: lower-case letters, digits and '-'", optional=True)),
-    _key("QUEUE_CPU", "kueue", "1000", "CPUs the queue's ClusterQueue may use on each node type (its nominal quota per ResourceFlavor)", _QUANTITY),
-    _key("QUEUE_MEMORY", "kueue", "8Ti", "Memory the queue's ClusterQueue may use on each node type", _MEMORY_QUOTA),
-    _key("QUEUE_GPUS", "kueue", "64", "nvidia.com/gpu the queue's ClusterQueue may use on each node type that has GPUs (0 on one without)", _int(0, 100000)),
-    _key("QUEUE_EFA", "kueue", "256", "vpc.amazonaws.com/efa adapters the queue's ClusterQueue may use on each node type that has EFA (0 on one without)", _int(0, 100000)),
+    _key("QUEUE_CPU", "kueue", "auto", "CPUs the queue's ClusterQueue may use on each node type (its nominal quota per ResourceFlavor; auto = on eks what GPU_NODES_MAX nodes of GPU_INSTANCE_TYPE have, as EC2's DescribeInstanceTypes says; elsewhere 1000)", _or_auto(_QUANTITY)),
+    _key("QUEUE_MEMORY", "kueue", "auto", "Memory the queue's ClusterQueue may use on each node type (auto = on eks what GPU_NODES_MAX nodes of the type have; elsewhere 8Ti)", _or_auto(_MEMORY_QUOTA)),
+    _key("QUEUE_GPUS", "kueue", "auto", "nvidia.com/gpu the queue's ClusterQueue may use on each node type that has GPUs (0 on one without; auto = on eks what GPU_NODES_MAX nodes of the type have; elsewhere 64)", _auto_int(0, 100000)),
+    _key("QUEUE_EFA", "kueue", "auto", "vpc.amazonaws.com/efa adapters the queue's ClusterQueue may use on each node type that has EFA (0 on one without; auto = on eks what GPU_NODES_MAX nodes of the type have; elsewhere 256)", _auto_int(0, 100000)),
     _key("TOPOLOGY", "kueue", "", "Put all of a queued job's pods in one network block (EKS' topology.k8s.aws/network-node-layer-3): required (wait until one block has room) or preferred (one block when one has room; empty = anywhere)", _TOPOLOGY),
     # secrets (masked in every output)
     _key("AWS_ACCESS_KEY_ID", "secrets", "", "Access key id (empty = default credentials chain)", _text),

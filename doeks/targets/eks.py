@@ -171,11 +171,22 @@ class OnAws:
     # kueue
     def queue_deploy(self, runner) -> None:
         """Kueue's release manifests (v0.19.2, with doeks' Configuration) and the queue: a ResourceFlavor of the GPU
-        node group's type (EKS' network-topology labels where the type has them), the ClusterQueue's quotas."""
+        node group's type (EKS' network-topology labels where the type has them; the group's taint tolerated), the
+        ClusterQueue's quotas sized by what GPU_NODES_MAX nodes of the type have (EC2's DescribeInstanceTypes)."""
         from .. import kueue
 
+        kueue.deploy(self.settings, runner, kueue.RELEASE_MANIFESTS, [self.gpu_flavor(runner)], own=False)
+
+    def gpu_flavor(self, runner=None):
+        """The GPU node group as a Kueue flavor: its type's GPUs, EFA, vCPUs and memory (EC2's answer; offline, doeks'
+        tables), GPU_NODES_MAX nodes, the toleration of its taint."""
+        from .. import instancetypes, kueue
+        from ..jobspec import GPU_TOLERATION
+
         s = self.settings
-        kueue.deploy(s, runner, kueue.RELEASE_MANIFESTS, [kueue.node_type_flavor(s.gpu_instance_type)], own=False)
+        facts = instancetypes.node_facts(s, s.gpu_instance_type, runner)
+        return kueue.node_type_flavor(s.gpu_instance_type, tolerations=[dict(GPU_TOLERATION)], facts=facts,
+                                      nodes=s.gpu_nodes_max)
 
     def queue_delete(self, runner) -> None:
         from .. import kueue
