@@ -235,6 +235,7 @@ def create(settings, runner) -> None:
     sys.stdout.write(runner.mask(text if text.startswith("---") else "---\n" + text))
     path = config_path(settings)
     if runner.dry_run:
+        require_capacity(settings, runner)
         runner.run(["eksctl", "create", "cluster", "-f", str(path)])
         runner.run(["eksctl", "utils", "write-kubeconfig", "--cluster", settings.cluster_name, "--region", settings.aws_region])
         ensure_addons(settings, runner)
@@ -243,11 +244,20 @@ def create(settings, runner) -> None:
     if describe(settings) is not None:
         ui.say(f"cluster {settings.cluster_name} already exists in {settings.aws_region}: connecting")
     else:
+        require_capacity(settings, runner)  # before eksctl's first CreateStack: nothing bills before it can succeed
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         runner.run([binary, "create", "cluster", "-f", str(path)])
     connect(settings, runner)
     ensure_addons(settings, runner)
+
+
+def require_capacity(settings, runner) -> None:
+    """The account can run the node groups: each EC2 vCPU quota they run under holds what they ask
+    (doeks.preflight.require_quotas); one error line otherwise, before anything is made."""
+    from .preflight import require_quotas
+
+    require_quotas(settings, runner)
 
 
 def connect(settings, runner) -> None:

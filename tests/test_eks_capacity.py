@@ -1,0 +1,97 @@
+"""`up` on EKS as AWS really is: nothing bills before it can succeed (issue 55, 2). Before eksctl's first CreateStack
+(the control plane bills from then on) `up` reads the EC2 vCPU quotas the node groups run under (Service Quotas;
+botocore's Stubber checks each request against AWS's own model, moto has no EC2 quotas) against the vCPUs they ask,
+as the real moto server answers DescribeInstanceTypes; a short quota stops it with one line and nothing made."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from doeks import aws, eks
+from doeks import settings as S
+from doeks.errors import DoeksError
+from doeks.runner import Runner
+
+from . import moto_eks
+from .conftest import ROOT
+
+
+@pytest.fixture
+def account(state_dir, tmp_path, monkeypatch):
+    """The moto server as the account, eksctl's recorded-argv stand-in on PATH, an empty instance-type cache."""
+    server = moto_eks.server(state_dir)
+    server.start()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shutil.copy(ROOT / "tests" / "eksctl_standin.py", bin_dir / "eksctl")
+    shutil.copy(ROOT / "tests" / "recorder.py", bin_dir / "kubectl")
+    record = tmp_path / "eksctl.jsonl"
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "EKSCTL_RECORD": str(record), "RECORD": str(tmp_path / "kubectl.jsonl"),
+           "AWS_ENDPOINT_URL": server.endpoint(), "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "DOEKS_CACHE": str(tmp_path / "cache")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    yield record
+    server.stop()
+
+
+def load(**env) -> S.Settings:
+    return S.load(environ={**os.environ, "TARGET": "eks", **{k: str(v) for k, v in env.items()}}, path=ROOT / ".env")
+
+
+def quotas_answer(monkeypatch, answers: dict[str, float]) -> Stubber:
+    """Service Quotas answering `answers` (quota code -> value) in this order, each request checked by Stubber."""
+    quotas = boto3.client("service-quotas", region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(quotas)
+    for code, value in answers.items():
+        stub.add_response("get_service_quota", {"Quota": {"QuotaCode": code, "Value": value}},
+                          {"ServiceCode": "ec2", "QuotaCode": code})
+    stub.activate()
+    real = aws.client
+    monkeypatch.setattr(aws, "client", lambda s, service: quotas if service == "service-quotas" else real(s, service))
+    return stub
+
+
+def made(settings, record) -> tuple[list, list, list]:
+    """(eksctl's recorded argv, EKS clusters, CloudFormation stacks) in the account."""
+    argv = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    return (argv, aws.client(settings, "eks").list_clusters()["clusters"],
+            aws.client(settings, "cloudformation").list_stacks()["StackSummaries"])
+
+
+@pytest.mark.parametrize("spot,code,name", [
+    (False, "L-DB2E81BA", "Running On-Demand G and VT instances"),
+    (True, "L-3819A6DF", "All G and VT Spot Instance Requests"),
+])
+def test_a_short_quota_stops_up_before_anything_bills(account, monkeypatch, spot, code, name):
+    s = load(GPU_INSTANCE_TYPE="g6.xlarge", GPU_NODES_MAX=4, GPU_SPOT=str(spot).lower())
+    stub = quotas_answer(monkeypatch, {"L-1216C47A": 32.0, code: 8.0})  # sys: 1 x c5.2xlarge = 8 of 32
+    with pytest.raises(DoeksError) as refused:
+        eks.create(s, Runner(echo=False))
+    stub.assert_no_pending_responses()
+    line = str(refused.value)
+    assert "\n" not in line
+    assert f"EC2 quota {code} ({name}) in us-west-2 is 8 vCPUs; the node groups need 16 (gpu 4 x g6.xlarge x 4 vCPUs)" in line
+    assert f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} " \
+           "--desired-value 16 --region us-west-2" in line and "Service Quotas console" in line
+    assert made(s, account) == ([], [], [])  # no eksctl, no CreateStack, no CreateCluster
+
+
+def test_the_system_group_counts_and_enough_quota_lets_eksctl_create(account, monkeypatch):
+    s = load(GPU_INSTANCE_TYPE="p5en.48xlarge", GPU_NODES_MAX=2, SYSTEM_NODES=2, CPU_NODES=1, CPU_NODES_MAX=2)
+    stub = quotas_answer(monkeypatch, {"L-1216C47A": 24.0})  # sys 2 x 8 + cpu 1 x 16 = 32 standard vCPUs
+    with pytest.raises(DoeksError, match=r"L-1216C47A .* is 24 vCPUs; the node groups need 32 \(sys 2 x c5.2xlarge "
+                                         r"x 8 \+ cpu 1 x c5.4xlarge x 16 vCPUs\)"):
+        eks.create(s, Runner(echo=False))
+    stub.assert_no_pending_responses()
+    assert made(s, account)[0] == []
+    stub = quotas_answer(monkeypatch, {"L-1216C47A": 32.0, "L-417A185B": 384.0})  # 2 x p5en.48xlarge x 192
+    eks.create(s, Runner(echo=False))
+    stub.assert_no_pending_responses()
+    argv, clusters, _ = made(s, account)
+    assert argv[0][:3] == ["create", "cluster", "-f"] and clusters == ["doeks"]
