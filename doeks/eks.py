@@ -105,9 +105,42 @@ from .zones import _ZONES, _zone_count, choose_zones, gpu_zone, zones  # noqa: E
 _ASK = object()
 
 
-def cluster_config(settings, chosen: Any = _ASK) -> dict[str, Any]:
+def reservation_type(settings, runner=None) -> str | None:
+    """CAPACITY_RESERVATION_ID's kind as EC2's DescribeCapacityReservations says: "capacity-block" (a Capacity Block
+    for ML, which eksctl launches into only with the node group's instanceMarketOptions.marketType capacity-block)
+    or "default" (an On-Demand Capacity Reservation); None without a reservation or where EC2 cannot be asked (no
+    credentials: the plan says so). A reservation EC2 does not know is one error line."""
+    from .aws import credentials_configured, lookup
+
+    reservation = settings.capacity_reservation_id
+    if not reservation:
+        return None
+    if not credentials_configured(settings):
+        if runner is not None and runner.dry_run:
+            runner.unknown(f"kind of capacity reservation {reservation} (Capacity Block or not)")
+        return None
+    ec2 = _client(settings, "ec2")
+
+    def read():
+        try:
+            found = ec2.describe_capacity_reservations(CapacityReservationIds=[reservation])["CapacityReservations"]
+        except ec2.exceptions.ClientError as error:
+            if "NotFound" not in error.response.get("Error", {}).get("Code", ""):
+                raise
+            found = []
+        if not found:
+            raise DoeksError(f"CAPACITY_RESERVATION_ID={reservation}: no such capacity reservation in "
+                             f"{settings.aws_region} (`aws ec2 describe-capacity-reservations --region {settings.aws_region}`)")
+        return found[0].get("ReservationType") or "default"
+
+    return lookup(runner, f"kind of capacity reservation {reservation}", read)
+
+
+def cluster_config(settings, chosen: Any = _ASK, reservation: str | None = None) -> dict[str, Any]:
     """The eksctl ClusterConfig (eksctl.io/v1alpha5) for the cluster in `settings`; `chosen` = (cluster zones, GPU
-    zone), by default from `zones()` (EC2's offerings); None = not known (a dry run without credentials)."""
+    zone), by default from `zones()` (EC2's offerings); None = not known (a dry run without credentials).
+    `reservation`: CAPACITY_RESERVATION_ID's kind (reservation_type), "capacity-block" marking the GPU group's
+    market type as eksctl needs it."""
     if chosen is _ASK:
         chosen = zones(settings)
     config: dict[str, Any] = {
@@ -145,6 +178,8 @@ def cluster_config(settings, chosen: Any = _ASK) -> dict[str, Any]:
             gpu["placement"] = {"groupName": settings.placement_group}
         if settings.capacity_reservation_id:
             gpu["capacityReservation"] = {"capacityReservationTarget": {"capacityReservationID": settings.capacity_reservation_id}}
+            if reservation == "capacity-block":  # eksctl sets the launch template's market type from this field only
+                gpu["instanceMarketOptions"] = {"marketType": "capacity-block"}
         if settings.gpu_spot:
             gpu["spot"] = True
         groups.append(gpu)
@@ -159,7 +194,8 @@ def config_yaml(settings, runner=None) -> str:
         if not path.is_file():
             raise DoeksError(f"EKS_YAML={settings.eks_yaml!r}: no such file")
         return path.read_text()
-    return yaml.safe_dump(cluster_config(settings, zones(settings, runner)), sort_keys=False)
+    return yaml.safe_dump(cluster_config(settings, zones(settings, runner), reservation_type(settings, runner)),
+                          sort_keys=False)
 
 
 def check_version(settings, runner=None) -> str:
@@ -257,7 +293,7 @@ def require_capacity(settings, runner) -> None:
     (doeks.preflight.require_quotas); one error line otherwise, before anything is made."""
     from .preflight import require_quotas
 
-    require_quotas(settings, runner)
+    require_quotas(settings, runner, capacity_block=reservation_type(settings, runner) == "capacity-block")
 
 
 def connect(settings, runner) -> None:

@@ -95,3 +95,71 @@ def test_the_system_group_counts_and_enough_quota_lets_eksctl_create(account, mo
     stub.assert_no_pending_responses()
     argv, clusters, _ = made(s, account)
     assert argv[0][:3] == ["create", "cluster", "-f"] and clusters == ["doeks"]
+
+
+# -- Capacity Blocks (issue 55, 4): eksctl launches into one only with marketType capacity-block ----------------------
+RESERVATION = "cr-0123456789abcdef0"
+
+
+def reservation_answer(monkeypatch, kind: str | None, quotas: dict[str, float] | None = None) -> list[Stubber]:
+    """EC2 answering DescribeCapacityReservations for RESERVATION as a reservation of `kind` (None: not found), and
+    Service Quotas answering `quotas`, each request checked by Stubber."""
+    kw = dict(region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x")
+    clients = {"ec2": boto3.client("ec2", **kw), "service-quotas": boto3.client("service-quotas", **kw)}
+    stubs = [Stubber(clients["ec2"]), Stubber(clients["service-quotas"])]
+    for _ in range(2):  # asked by the ClusterConfig and by the quota check
+        if kind is None:
+            stubs[0].add_client_error("describe_capacity_reservations", "InvalidCapacityReservationId.NotFound",
+                                      expected_params={"CapacityReservationIds": [RESERVATION]})
+            break
+        stubs[0].add_response("describe_capacity_reservations", {"CapacityReservations": [{
+            "CapacityReservationId": RESERVATION, "InstanceType": "p5en.48xlarge", "AvailabilityZone": "us-west-2b",
+            "ReservationType": kind}]}, {"CapacityReservationIds": [RESERVATION]})
+    for code, value in (quotas or {}).items():
+        stubs[1].add_response("get_service_quota", {"Quota": {"QuotaCode": code, "Value": value}},
+                              {"ServiceCode": "ec2", "QuotaCode": code})
+    for stub in stubs:
+        stub.activate()
+    monkeypatch.setattr(aws, "client", lambda s, service: clients[service])
+    monkeypatch.setattr(eks, "zones", lambda settings, runner=None: (["us-west-2a", "us-west-2b"], "us-west-2b"))
+    return stubs
+
+
+@pytest.mark.parametrize("kind", ["capacity-block", "default"])
+def test_a_capacity_block_gets_its_market_type_and_no_on_demand_quota(state_dir, tmp_path, monkeypatch, kind):
+    import yaml
+
+    from doeks import instancetypes
+
+    from .test_eks import validate
+
+    monkeypatch.setenv("DOEKS_CACHE", str(tmp_path / "cache"))
+    instancetypes.remember("us-west-2", "c5.2xlarge", {"gpus": 0, "efa": 0, "vcpus": 8, "memory_mib": 16384})
+    instancetypes.remember("us-west-2", "p5en.48xlarge", {"gpus": 8, "efa": 16, "vcpus": 192, "memory_mib": 2097152})
+    s = S.load(environ={"TARGET": "eks", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "GPU_NODES_MAX": "2",
+                        "GPU_INSTANCE_TYPE": "p5en.48xlarge", "CAPACITY_RESERVATION_ID": RESERVATION}, path=ROOT / ".env")
+    # a block is capacity bought already: only the system group's standard vCPUs are checked; a plain reservation's
+    # instances run under the on-demand P quota
+    quotas = {"L-1216C47A": 32.0} if kind == "capacity-block" else {"L-1216C47A": 32.0, "L-417A185B": 384.0}
+    stubs = reservation_answer(monkeypatch, kind, quotas)
+    config = yaml.safe_load(eks.config_yaml(s, Runner(echo=False)))
+    eks.require_capacity(s, Runner(echo=False))
+    for stub in stubs:
+        stub.assert_no_pending_responses()
+    validate(config)  # eksctl's own JSON schema: instanceMarketOptions.marketType on a managed node group
+    gpu = next(g for g in config["managedNodeGroups"] if g["name"] == "gpu")
+    assert gpu["capacityReservation"] == {"capacityReservationTarget": {"capacityReservationID": RESERVATION}}
+    assert gpu["availabilityZones"] == ["us-west-2b"]
+    if kind == "capacity-block":
+        assert gpu["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    else:
+        assert "instanceMarketOptions" not in gpu
+
+
+def test_a_reservation_ec2_does_not_know_is_one_line(state_dir, monkeypatch):
+    s = S.load(environ={"TARGET": "eks", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+                        "CAPACITY_RESERVATION_ID": RESERVATION}, path=ROOT / ".env")
+    reservation_answer(monkeypatch, None)
+    with pytest.raises(DoeksError, match=f"^CAPACITY_RESERVATION_ID={RESERVATION}: no such capacity reservation in "
+                                         "us-west-2"):
+        eks.config_yaml(s, Runner(echo=False))
