@@ -162,8 +162,8 @@ def cluster_config(settings, chosen: Any = _ASK, reservation: str | None = None)
     if settings.cpu_nodes_max > 0:
         groups.append(_nodegroup(settings, "cpu", settings.cpu_instance_type, settings.cpu_nodes_min,
                                  settings.cpu_nodes, settings.cpu_nodes_max, "cpu"))
-    if settings.gpu_nodes_max > 0:
-        gpu = _nodegroup(settings, "gpu", settings.gpu_instance_type, settings.gpu_nodes_min, settings.gpu_nodes,
+    if settings.gpu_nodes_max > 0:  # GPU_NODES (0 by default): a job's deploy grows the group (scale_for_job)
+        gpu = _nodegroup(settings, GPU_GROUP, settings.gpu_instance_type, settings.gpu_nodes_min, settings.gpu_nodes,
                          settings.gpu_nodes_max, "gpu")
         from .jobspec import GPU_TAINT
 
@@ -325,6 +325,35 @@ def scale(settings, runner, nodegroup: str, size: int, low: int | None, high: in
     if nodegroup not in names:
         raise DoeksError(f"node group {nodegroup!r} not found in cluster {settings.cluster_name}: one of {', '.join(names) or 'none'}")
     runner.run([eksctl()] + argv[1:])
+
+
+def scale_for_job(settings, runner, nodes: int) -> int:
+    """The GPU node group grown to `nodes` (a job's REPLICAS, at most GPU_NODES_MAX) with EKS' UpdateNodegroupConfig,
+    when it has fewer: GPU nodes start at GPU_NODES (0 by default) and bill from here, when a job needs them. Never
+    shrinks the group (another job may run there). Returns the size asked."""
+    wanted = min(nodes, settings.gpu_nodes_max)
+    eks = _client(settings)
+    if runner.dry_run:
+        runner.call(eks, "update_nodegroup_config", clusterName=settings.cluster_name, nodegroupName=GPU_GROUP,
+                    scalingConfig={"desiredSize": f"<max(its desired size, {wanted})>"})
+        return wanted
+    try:
+        current = eks.describe_nodegroup(clusterName=settings.cluster_name, nodegroupName=GPU_GROUP)["nodegroup"]
+    except eks.exceptions.ResourceNotFoundException:
+        raise DoeksError(f"cluster {settings.cluster_name} has no node group {GPU_GROUP} in {settings.aws_region}: "
+                         "`invoke up` makes it") from None
+    desired = current["scalingConfig"].get("desiredSize", 0)
+    if desired >= wanted:
+        ui.say(f"node group {GPU_GROUP}: {desired} nodes asked already (the job needs {wanted})", style="dim")
+        return desired
+    runner.call(eks, "update_nodegroup_config", clusterName=settings.cluster_name, nodegroupName=GPU_GROUP,
+                scalingConfig={"desiredSize": wanted})
+    ui.say(f"node group {GPU_GROUP}: {desired} -> {wanted} {settings.gpu_instance_type} nodes (they start now; "
+           f"`invoke eks.scale --nodegroup {GPU_GROUP} --size 0` when no job needs them)")
+    return wanted
+
+
+GPU_GROUP = "gpu"
 
 
 def delete(settings, runner) -> bool:

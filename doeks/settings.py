@@ -373,7 +373,7 @@ KEYS: tuple[Key, ...] = (
     _key("CPU_NODES_MAX", "eks", "2", "CPU node group maximum size", _int(0, 1000)),
     _key("GPU_INSTANCE_TYPE", "eks", "p4d.24xlarge", "Instance type of the GPU node group", _pattern(_INSTANCE_TYPE, "an EC2 instance type such as p4d.24xlarge")),
     _key("GPU_NODES_MIN", "eks", "0", "GPU node group minimum size", _int(0, 1000)),
-    _key("GPU_NODES", "eks", "2", "GPU node group desired size", _int(0, 1000)),
+    _key("GPU_NODES", "eks", "0", "GPU nodes `up` starts (0 = none: a job's deploy grows the GPU node group to its REPLICAS, at most GPU_NODES_MAX, so GPU nodes bill only once a job needs them)", _int(0, 1000)),
     _key("GPU_NODES_MAX", "eks", "4", "GPU node group maximum size", _int(0, 1000)),
     _key("GPU_EFA", "eks", "true", "Enable EFA on the GPU node group (only for EFA-capable instance types)", _bool),
     _key("EKS_REHEARSAL", "eks", "false", "With TARGET=eks: rehearse on this machine (doeks' own cluster as the EKS cluster, its moto server with IAM enforced as AWS, a registry built here as ECR; docs/testing.md)", _bool),

@@ -163,3 +163,38 @@ def test_a_reservation_ec2_does_not_know_is_one_line(state_dir, monkeypatch):
     with pytest.raises(DoeksError, match=f"^CAPACITY_RESERVATION_ID={RESERVATION}: no such capacity reservation in "
                                          "us-west-2"):
         eks.config_yaml(s, Runner(echo=False))
+
+
+# -- GPU nodes start at zero (issue 55, 5): a job's deploy grows the group, `down` then `audit` stays clean ----------
+def test_gpu_nodes_start_at_zero_and_the_deploy_grows_the_group(account, monkeypatch):
+    from .conftest import invoke
+
+    s = load(GPU_INSTANCE_TYPE="g6.xlarge", GPU_NODES_MAX=4, REPLICAS=2, MAX_REPLICAS=3)
+    quotas_answer(monkeypatch, {"L-1216C47A": 32.0, "L-DB2E81BA": 16.0})
+    eks.create(s, Runner(echo=False))
+    group = aws.client(s, "eks").describe_nodegroup(clusterName="doeks", nodegroupName="gpu")["nodegroup"]
+    assert (group["scalingConfig"]["minSize"], group["scalingConfig"]["desiredSize"]) == (0, 0)  # nothing bills yet
+    plan = invoke("elasticjob.deploy", "--dry-run", env={"TARGET": "eks", "GPU_INSTANCE_TYPE": "g6.xlarge"})
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert "grow node group gpu of cluster doeks to 2 g6.xlarge nodes where it has fewer" in plan.stderr
+    assert eks.scale_for_job(s, Runner(echo=False), 2) == 2
+    assert eks.scale_for_job(s, Runner(echo=False), 1) == 2  # never shrinks: another job may run there
+    assert eks.scale_for_job(s, Runner(echo=False), 9) == 4  # at most GPU_NODES_MAX
+    group = aws.client(s, "eks").describe_nodegroup(clusterName="doeks", nodegroupName="gpu")["nodegroup"]
+    assert group["scalingConfig"]["desiredSize"] == 4
+    down = invoke("eks.delete", "--yes", env={"TARGET": "eks"})
+    assert down.returncode == 0, down.stderr[-2000:]
+    audit = invoke("audit", env={"TARGET": "eks", "COLUMNS": "250"})
+    assert audit.returncode == 0, audit.stdout + audit.stderr[-2000:]
+
+
+def test_up_dry_run_shows_no_gpu_node_until_the_deploy(state_dir, tmp_path):
+    import yaml
+
+    from .conftest import invoke
+
+    plan = invoke("eks.create", "--dry-run", env={"TARGET": "eks", "DOEKS_CACHE": str(tmp_path / "cache")})
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    config = next(d for d in yaml.safe_load_all(plan.stdout) if d and d.get("kind") == "ClusterConfig")
+    gpu = next(g for g in config["managedNodeGroups"] if g["name"] == "gpu")
+    assert (gpu["minSize"], gpu["desiredCapacity"], gpu["maxSize"]) == (0, 0, 4)
