@@ -437,7 +437,7 @@ KEYS: tuple[Key, ...] = (
     # sagemaker / kubeflow
     _key("S3_BUCKET", "sagemaker", "doeks-training", "S3 bucket for code, data, checkpoints and models", _pattern(re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"), "an S3 bucket name: 3-63 lower-case letters, digits, '.', '-'")),
     _key("DATA_S3_PREFIX", "sagemaker", "data/imagenet", "Prefix of the training data in S3_BUCKET (train/ and val/ under it)", _pattern(re.compile(r"[A-Za-z0-9!_.*'()/-]+"), "an S3 key prefix")),
-    _key("SAGEMAKER_ROLE_NAME", "sagemaker", "doeks-sagemaker-execution", "IAM execution role for SageMaker training jobs", _pattern(re.compile(r"[\w+=,.@-]{1,64}"), "an IAM role name")),
+    _key("SAGEMAKER_ROLE_NAME", "sagemaker", "", "IAM execution role for SageMaker training jobs (empty = doeks-sagemaker-execution-<AWS_REGION>: IAM is global, and the role's policy names the region's logs)", _pattern(re.compile(r"[\w+=,.@-]{1,64}"), "an IAM role name", optional=True)),
     _key("SAGEMAKER_IMAGE", "sagemaker", "", f"Training image (empty = the PyTorch Deep Learning Container pytorch-training:{_catalog.SAGEMAKER_DLC_TAG} in AWS_REGION's DLC registry: SageMaker pulls from its own region)", _pattern(_IMAGE_REF, "an image reference", optional=True)),
     _key("SAGEMAKER_INSTANCE_TYPE", "sagemaker", "ml.g5.12xlarge", "Instance type of SageMaker training", _pattern(re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+"), "a SageMaker instance type such as ml.g5.12xlarge")),
     _key("SAGEMAKER_INSTANCE_COUNT", "sagemaker", "2", "Instances in the SageMaker training job", _int(1, 100)),
@@ -582,7 +582,7 @@ class Settings:
         return [[k.unit, k.name, *shown(k)] for k in KEYS]
 
 
-_DERIVED = {"SAGEMAKER_IMAGE": "from AWS_REGION", "JOB_NAME": "from TRAIN_SCRIPT"}  # empty = derived: `invoke config` shows the value in effect
+_DERIVED = {"SAGEMAKER_IMAGE": "from AWS_REGION", "SAGEMAKER_ROLE_NAME": "from AWS_REGION", "JOB_NAME": "from TRAIN_SCRIPT"}  # empty = derived: `invoke config` shows the value in effect
 _GENERIC_NAMES = {"train", "training", "main", "run", "__main__", "script", "scripts", "src", "code", "app", "entry",
                   "launch", "workload", "examples"}
 BUILTIN_JOB_NAME = "imagenet"
@@ -725,6 +725,8 @@ def _validate(raw: dict[str, str], sources: dict[str, str], lenient: bool = Fals
             values["NPROC_PER_NODE"] = values["KUBE_GPUS"] if values["TARGET"] == "kubernetes" and values["KUBE_GPUS"] else 2
     if not values["JOB_NAME"]:  # derived from the code, shown as such by `invoke config`
         values["JOB_NAME"] = job_name_of(values["TRAIN_SCRIPT"])
+    if not values["SAGEMAKER_ROLE_NAME"]:  # one per region: IAM is global, the role's policy is the region's
+        values["SAGEMAKER_ROLE_NAME"] = f"doeks-sagemaker-execution-{values['AWS_REGION']}"
     if not values["SAGEMAKER_IMAGE"]:  # derived from the region (doeks.catalog), shown as such by `invoke config`
         values["SAGEMAKER_IMAGE"] = _catalog.sagemaker_image(values["AWS_REGION"])
     return Settings(values, raw, sources, problems)

@@ -290,6 +290,11 @@ def test_the_up_plans_of_one_cluster_name_in_two_regions_share_no_role(state_dir
     assert not long["us-west-2"] & long["ap-southeast-2"]
     assert all(len(name) <= 64 for names in long.values() for name in names)
     assert len(long["us-west-2"]) == len(identity.WORKLOADS)
+    # and the SageMaker execution role (its policy names the region's logs), unless SAGEMAKER_ROLE_NAME names one
+    execution = {region: S.load(environ={"AWS_REGION": region}).sagemaker_role_name for region in ("us-west-2", "eu-central-1")}
+    assert execution == {"us-west-2": "doeks-sagemaker-execution-us-west-2",
+                         "eu-central-1": "doeks-sagemaker-execution-eu-central-1"}
+    assert S.load(environ={"AWS_REGION": "eu-central-1", "SAGEMAKER_ROLE_NAME": "mine"}).sagemaker_role_name == "mine"
 
 
 def test_down_and_audit_of_one_region_leave_the_other_regions_roles_alone(cloud, state_dir, monkeypatch):  # noqa: F811

@@ -79,7 +79,7 @@ def test_compile_refuses_an_image_it_cannot_name(state_dir, tmp_path):
 
 
 def test_compile_reads_the_execution_role_arn_from_iam(moto_env, state_dir, tmp_path):  # noqa: F811
-    arn = boto(moto_env, "iam").create_role(RoleName="doeks-sagemaker-execution", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    arn = boto(moto_env, "iam").create_role(RoleName="doeks-sagemaker-execution-us-west-2", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
     out = tmp_path / "p.yaml"
     result = invoke("kubeflow.pipeline.compile", "--runtime", "sagemaker", "--out", str(out), env=moto_env)
     assert result.returncode == 0, result.stderr
