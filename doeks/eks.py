@@ -330,7 +330,8 @@ def scale(settings, runner, nodegroup: str, size: int, low: int | None, high: in
 def scale_for_job(settings, runner, nodes: int) -> int:
     """The GPU node group grown to `nodes` (a job's REPLICAS, at most GPU_NODES_MAX) with EKS' UpdateNodegroupConfig,
     when it has fewer: GPU nodes start at GPU_NODES (0 by default) and bill from here, when a job needs them. Never
-    shrinks the group (another job may run there). Returns the size asked."""
+    shrinks the group (another job may run there); a cluster without the group is said and left as it is. Returns
+    the size asked (0: no group)."""
     wanted = min(nodes, settings.gpu_nodes_max)
     eks = _client(settings)
     if runner.dry_run:
@@ -339,9 +340,10 @@ def scale_for_job(settings, runner, nodes: int) -> int:
         return wanted
     try:
         current = eks.describe_nodegroup(clusterName=settings.cluster_name, nodegroupName=GPU_GROUP)["nodegroup"]
-    except eks.exceptions.ResourceNotFoundException:
-        raise DoeksError(f"cluster {settings.cluster_name} has no node group {GPU_GROUP} in {settings.aws_region}: "
-                         "`invoke up` makes it") from None
+    except eks.exceptions.ResourceNotFoundException:  # a cluster not made by `up` (its own node groups, Karpenter)
+        ui.say(f"cluster {settings.cluster_name} has no node group {GPU_GROUP} (`invoke up` makes one): doeks grows "
+               f"none; the job's pods wait for {settings.gpu_instance_type} nodes of the cluster's own", style="yellow")
+        return 0
     desired = current["scalingConfig"].get("desiredSize", 0)
     if desired >= wanted:
         ui.say(f"node group {GPU_GROUP}: {desired} nodes asked already (the job needs {wanted})", style="dim")
