@@ -103,15 +103,35 @@ def scan(settings) -> list[Found]:
     images = repository(settings)  # the training image's ECR repository, when this cluster's up made it
     if images is not None:
         found.append(Found("ecr repository", images["repositoryName"], f"{images['images']} images"))
-    iam = client(settings, "iam")
-    prefix = f"doeks-{name}-"
+    found += roles_of(settings, client(settings, "iam"))
+    return found
+
+
+def roles_of(settings, iam) -> list[Found]:
+    """The IAM roles of this cluster in this region (IAM is global: the same cluster name in another region has its
+    own, named and tagged with that region): by name (doeks-<cluster>-<region>-..., a long name's cut ones) or by
+    the tags doeks gives them; and a role named as doeks named them before names carried the region, which no
+    `down` deletes any more."""
     from . import identity
 
+    name, region = settings.cluster_name, settings.aws_region
+    prefix = f"doeks-{name}-{region}-"
     names = {identity.role_name(settings, w) for w in identity.WORKLOADS}  # a long cluster name's are cut
+    legacy = {identity.legacy_role_name(settings, w) for w in identity.WORKLOADS}
+    found = []
     for page in iam.get_paginator("list_roles").paginate():
         for role in page["Roles"]:
-            if role["RoleName"].startswith(prefix) or role["RoleName"] in names or _tags(role.get("Tags")).get(TAG) == name:
-                found.append(Found("iam role", role["RoleName"]))
+            role_name = role["RoleName"]
+            if not role_name.startswith("doeks-"):  # every role doeks makes for a cluster is named so
+                continue
+            # ListRoles leaves tags out on AWS (moto includes them): asked for doeks' roles only
+            tags = _tags(role["Tags"] if "Tags" in role else iam.list_role_tags(RoleName=role_name).get("Tags"))
+            if role_name in legacy and identity.REGION_TAG not in tags:
+                found.append(Found("iam role", role_name, "named without its region (doeks before regional role "
+                                                          "names): delete it once no region's cluster uses it"))
+            elif role_name.startswith(prefix) or role_name in names or \
+                    (tags.get(TAG) == name and tags.get(identity.REGION_TAG) == region):
+                found.append(Found("iam role", role_name))
     return found
 
 

@@ -107,15 +107,31 @@ def instance_cache() -> "Path":
     return cache_dir() / "instance-types.json"
 
 
-def instance_facts(region: str, instance: str) -> tuple[int | None, int | None, str]:
-    """(GPUs, EFA interfaces, where the numbers come from) of an instance type: EC2's answer cached here, else the
-    offline tables, else (None, None, "unknown")."""
+def cached_facts(region: str, instance: str) -> dict | None:
+    """EC2's answer about `instance` in `region` as doeks.instancetypes cached it (gpus, efa; vcpus and memory_mib
+    where cached since they are asked), or None."""
     import json
 
     try:
-        cached = json.loads(instance_cache().read_text()).get(region, {}).get(instance)
+        found = json.loads(instance_cache().read_text()).get(region, {}).get(instance)
     except (OSError, ValueError, AttributeError):
-        cached = None
+        return None
+    return found if isinstance(found, dict) and "gpus" in found else None
+
+
+def offline_facts(instance: str) -> dict:
+    """What the tables below say of one node of `instance` (None where they do not know), for a plan without EC2."""
+    shape = VCPUS_MEMORY.get(instance)
+    known = instance in GPUS or shape is not None  # a type in the tables: what they lack, it does not have
+    return {"gpus": GPUS.get(instance, 0 if known else None), "efa": EFA_ADAPTERS.get(instance, 0 if known else None),
+            "vcpus": shape[0] if shape else None, "memory_mib": shape[1] * 1024 if shape else None,
+            "source": "doeks' offline table (EC2 not asked yet)" if known else "unknown (EC2 not asked yet)"}
+
+
+def instance_facts(region: str, instance: str) -> tuple[int | None, int | None, str]:
+    """(GPUs, EFA interfaces, where the numbers come from) of an instance type: EC2's answer cached here, else the
+    offline tables, else (None, None, "unknown")."""
+    cached = cached_facts(region, instance)
     if cached:
         return cached["gpus"], cached["efa"], "EC2 DescribeInstanceTypes"
     if instance in GPUS:
@@ -123,14 +139,38 @@ def instance_facts(region: str, instance: str) -> tuple[int | None, int | None, 
     return None, None, "unknown (EC2 not asked yet)"
 
 
-# GPUs per instance type (nvidia.com/gpu a node advertises): the offline stand-in for NPROC_PER_NODE=auto on eks
-GPUS = {"p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8, "p4d.24xlarge": 8, "p4de.24xlarge": 8,
-        "p5.48xlarge": 8, "p5e.48xlarge": 8, "p5en.48xlarge": 8, "g4dn.xlarge": 1, "g4dn.12xlarge": 4, "g5.xlarge": 1,
-        "g5.12xlarge": 4, "g5.48xlarge": 8, "g6.48xlarge": 8}
-# EFA interfaces per instance type (vpc.amazonaws.com/efa a node advertises): the offline stand-in for EFA_PER_NODE=auto
-EFA_ADAPTERS = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
-                "p6-b200.48xlarge": 8, "trn1.32xlarge": 8, "trn1n.32xlarge": 16, "g5.48xlarge": 1, "g6.48xlarge": 1,
-                "g4dn.metal": 1, "c5n.18xlarge": 1, "hpc7g.16xlarge": 1}
+# What one node of a type has, as EC2's DescribeInstanceTypes says (copied from its answer, as moto 5 ships it):
+# the offline stand-ins for NPROC_PER_NODE=auto, EFA_PER_NODE=auto, Kueue's quotas and `up`'s vCPU quota check.
+# GPUs per instance type (nvidia.com/gpu a node advertises)
+GPUS = {"g4dn.metal": 8, "g4dn.xlarge": 1, "g4dn.2xlarge": 1, "g4dn.4xlarge": 1, "g4dn.8xlarge": 1,
+        "g4dn.12xlarge": 4, "g4dn.16xlarge": 1, "g5.xlarge": 1, "g5.2xlarge": 1, "g5.4xlarge": 1, "g5.8xlarge": 1,
+        "g5.12xlarge": 4, "g5.16xlarge": 1, "g5.24xlarge": 4, "g5.48xlarge": 8, "g6.xlarge": 1, "g6.2xlarge": 1,
+        "g6.4xlarge": 1, "g6.8xlarge": 1, "g6.12xlarge": 4, "g6.16xlarge": 1, "g6.24xlarge": 4, "g6.48xlarge": 8,
+        "g6e.xlarge": 1, "g6e.2xlarge": 1, "g6e.4xlarge": 1, "g6e.8xlarge": 1, "g6e.12xlarge": 4, "g6e.16xlarge": 1,
+        "g6e.24xlarge": 4, "g6e.48xlarge": 8, "p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8,
+        "p4d.24xlarge": 8, "p4de.24xlarge": 8, "p5.4xlarge": 1, "p5.48xlarge": 8, "p5e.48xlarge": 8,
+        "p5en.48xlarge": 8, "p6-b200.48xlarge": 8}
+# EFA interfaces per instance type (vpc.amazonaws.com/efa a node advertises; NetworkInfo.EfaInfo.MaximumEfaInterfaces)
+EFA_ADAPTERS = {"c5n.18xlarge": 1, "g4dn.metal": 1, "g4dn.8xlarge": 1, "g4dn.12xlarge": 1, "g4dn.16xlarge": 1,
+                "g5.8xlarge": 1, "g5.12xlarge": 1, "g5.16xlarge": 1, "g5.24xlarge": 1, "g5.48xlarge": 1,
+                "g6.8xlarge": 1, "g6.12xlarge": 1, "g6.16xlarge": 1, "g6.24xlarge": 1, "g6.48xlarge": 1,
+                "g6e.8xlarge": 1, "g6e.12xlarge": 1, "g6e.16xlarge": 1, "g6e.24xlarge": 2, "g6e.48xlarge": 4,
+                "hpc7g.16xlarge": 1, "p3dn.24xlarge": 1, "p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.4xlarge": 1,
+                "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16, "p6-b200.48xlarge": 8,
+                "trn1.32xlarge": 8, "trn1n.32xlarge": 16}
+# vCPUs (VCpuInfo.DefaultVCpus) and memory in GiB (MemoryInfo.SizeInMiB / 1024)
+VCPUS_MEMORY = {"c5.2xlarge": (8, 16), "c5.4xlarge": (16, 32), "g4dn.metal": (96, 384), "g4dn.xlarge": (4, 16),
+                "g4dn.2xlarge": (8, 32), "g4dn.4xlarge": (16, 64), "g4dn.8xlarge": (32, 128),
+                "g4dn.12xlarge": (48, 192), "g4dn.16xlarge": (64, 256), "g5.xlarge": (4, 16), "g5.2xlarge": (8, 32),
+                "g5.4xlarge": (16, 64), "g5.8xlarge": (32, 128), "g5.12xlarge": (48, 192), "g5.16xlarge": (64, 256),
+                "g5.24xlarge": (96, 384), "g5.48xlarge": (192, 768), "g6.xlarge": (4, 16), "g6.2xlarge": (8, 32),
+                "g6.4xlarge": (16, 64), "g6.8xlarge": (32, 128), "g6.12xlarge": (48, 192), "g6.16xlarge": (64, 256),
+                "g6.24xlarge": (96, 384), "g6.48xlarge": (192, 768), "g6e.xlarge": (4, 32), "g6e.2xlarge": (8, 64),
+                "g6e.4xlarge": (16, 128), "g6e.8xlarge": (32, 256), "g6e.12xlarge": (48, 384),
+                "g6e.16xlarge": (64, 512), "g6e.24xlarge": (96, 768), "g6e.48xlarge": (192, 1536),
+                "p3dn.24xlarge": (96, 768), "p4d.24xlarge": (96, 1152), "p4de.24xlarge": (96, 1152),
+                "p5.4xlarge": (16, 256), "p5.48xlarge": (192, 2048), "p5e.48xlarge": (192, 2048),
+                "p5en.48xlarge": (192, 2048), "p6-b200.48xlarge": (192, 2048), "trn1.32xlarge": (128, 512)}
 
 # vCPUs, memory (GiB) and the pods EKS lets a node run (the VPC CNI's eni-max-pods, awslabs/amazon-eks-ami) per
 # instance type: what a simulated node of the type has (doeks.cluster.simnodes, KUBE_SIM_NODES)

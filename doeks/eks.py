@@ -105,9 +105,42 @@ from .zones import _ZONES, _zone_count, choose_zones, gpu_zone, zones  # noqa: E
 _ASK = object()
 
 
-def cluster_config(settings, chosen: Any = _ASK) -> dict[str, Any]:
+def reservation_type(settings, runner=None) -> str | None:
+    """CAPACITY_RESERVATION_ID's kind as EC2's DescribeCapacityReservations says: "capacity-block" (a Capacity Block
+    for ML, which eksctl launches into only with the node group's instanceMarketOptions.marketType capacity-block)
+    or "default" (an On-Demand Capacity Reservation); None without a reservation or where EC2 cannot be asked (no
+    credentials: the plan says so). A reservation EC2 does not know is one error line."""
+    from .aws import credentials_configured, lookup
+
+    reservation = settings.capacity_reservation_id
+    if not reservation:
+        return None
+    if not credentials_configured(settings):
+        if runner is not None and runner.dry_run:
+            runner.unknown(f"kind of capacity reservation {reservation} (Capacity Block or not)")
+        return None
+    ec2 = _client(settings, "ec2")
+
+    def read():
+        try:
+            found = ec2.describe_capacity_reservations(CapacityReservationIds=[reservation])["CapacityReservations"]
+        except ec2.exceptions.ClientError as error:
+            if "NotFound" not in error.response.get("Error", {}).get("Code", ""):
+                raise
+            found = []
+        if not found:
+            raise DoeksError(f"CAPACITY_RESERVATION_ID={reservation}: no such capacity reservation in "
+                             f"{settings.aws_region} (`aws ec2 describe-capacity-reservations --region {settings.aws_region}`)")
+        return found[0].get("ReservationType") or "default"
+
+    return lookup(runner, f"kind of capacity reservation {reservation}", read)
+
+
+def cluster_config(settings, chosen: Any = _ASK, reservation: str | None = None) -> dict[str, Any]:
     """The eksctl ClusterConfig (eksctl.io/v1alpha5) for the cluster in `settings`; `chosen` = (cluster zones, GPU
-    zone), by default from `zones()` (EC2's offerings); None = not known (a dry run without credentials)."""
+    zone), by default from `zones()` (EC2's offerings); None = not known (a dry run without credentials).
+    `reservation`: CAPACITY_RESERVATION_ID's kind (reservation_type), "capacity-block" marking the GPU group's
+    market type as eksctl needs it."""
     if chosen is _ASK:
         chosen = zones(settings)
     config: dict[str, Any] = {
@@ -129,10 +162,12 @@ def cluster_config(settings, chosen: Any = _ASK) -> dict[str, Any]:
     if settings.cpu_nodes_max > 0:
         groups.append(_nodegroup(settings, "cpu", settings.cpu_instance_type, settings.cpu_nodes_min,
                                  settings.cpu_nodes, settings.cpu_nodes_max, "cpu"))
-    if settings.gpu_nodes_max > 0:
-        gpu = _nodegroup(settings, "gpu", settings.gpu_instance_type, settings.gpu_nodes_min, settings.gpu_nodes,
+    if settings.gpu_nodes_max > 0:  # GPU_NODES (0 by default): a job's deploy grows the group (scale_for_job)
+        gpu = _nodegroup(settings, GPU_GROUP, settings.gpu_instance_type, settings.gpu_nodes_min, settings.gpu_nodes,
                          settings.gpu_nodes_max, "gpu")
-        gpu["taints"] = [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
+        from .jobspec import GPU_TAINT
+
+        gpu["taints"] = [dict(GPU_TAINT)]
         efa = settings.efa_per_node > 0  # the type has EFA (EC2's DescribeInstanceTypes) and GPU_EFA
         if efa:
             gpu["efaEnabled"] = True
@@ -143,6 +178,8 @@ def cluster_config(settings, chosen: Any = _ASK) -> dict[str, Any]:
             gpu["placement"] = {"groupName": settings.placement_group}
         if settings.capacity_reservation_id:
             gpu["capacityReservation"] = {"capacityReservationTarget": {"capacityReservationID": settings.capacity_reservation_id}}
+            if reservation == "capacity-block":  # eksctl sets the launch template's market type from this field only
+                gpu["instanceMarketOptions"] = {"marketType": "capacity-block"}
         if settings.gpu_spot:
             gpu["spot"] = True
         groups.append(gpu)
@@ -157,7 +194,8 @@ def config_yaml(settings, runner=None) -> str:
         if not path.is_file():
             raise DoeksError(f"EKS_YAML={settings.eks_yaml!r}: no such file")
         return path.read_text()
-    return yaml.safe_dump(cluster_config(settings, zones(settings, runner)), sort_keys=False)
+    return yaml.safe_dump(cluster_config(settings, zones(settings, runner), reservation_type(settings, runner)),
+                          sort_keys=False)
 
 
 def check_version(settings, runner=None) -> str:
@@ -233,6 +271,7 @@ def create(settings, runner) -> None:
     sys.stdout.write(runner.mask(text if text.startswith("---") else "---\n" + text))
     path = config_path(settings)
     if runner.dry_run:
+        require_capacity(settings, runner)
         runner.run(["eksctl", "create", "cluster", "-f", str(path)])
         runner.run(["eksctl", "utils", "write-kubeconfig", "--cluster", settings.cluster_name, "--region", settings.aws_region])
         ensure_addons(settings, runner)
@@ -241,11 +280,20 @@ def create(settings, runner) -> None:
     if describe(settings) is not None:
         ui.say(f"cluster {settings.cluster_name} already exists in {settings.aws_region}: connecting")
     else:
+        require_capacity(settings, runner)  # before eksctl's first CreateStack: nothing bills before it can succeed
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         runner.run([binary, "create", "cluster", "-f", str(path)])
     connect(settings, runner)
     ensure_addons(settings, runner)
+
+
+def require_capacity(settings, runner) -> None:
+    """The account can run the node groups: each EC2 vCPU quota they run under holds what they ask
+    (doeks.preflight.require_quotas); one error line otherwise, before anything is made."""
+    from .preflight import require_quotas
+
+    require_quotas(settings, runner, capacity_block=reservation_type(settings, runner) == "capacity-block")
 
 
 def connect(settings, runner) -> None:
@@ -277,6 +325,37 @@ def scale(settings, runner, nodegroup: str, size: int, low: int | None, high: in
     if nodegroup not in names:
         raise DoeksError(f"node group {nodegroup!r} not found in cluster {settings.cluster_name}: one of {', '.join(names) or 'none'}")
     runner.run([eksctl()] + argv[1:])
+
+
+def scale_for_job(settings, runner, nodes: int) -> int:
+    """The GPU node group grown to `nodes` (a job's REPLICAS, at most GPU_NODES_MAX) with EKS' UpdateNodegroupConfig,
+    when it has fewer: GPU nodes start at GPU_NODES (0 by default) and bill from here, when a job needs them. Never
+    shrinks the group (another job may run there); a cluster without the group is said and left as it is. Returns
+    the size asked (0: no group)."""
+    wanted = min(nodes, settings.gpu_nodes_max)
+    eks = _client(settings)
+    if runner.dry_run:
+        runner.call(eks, "update_nodegroup_config", clusterName=settings.cluster_name, nodegroupName=GPU_GROUP,
+                    scalingConfig={"desiredSize": f"<max(its desired size, {wanted})>"})
+        return wanted
+    try:
+        current = eks.describe_nodegroup(clusterName=settings.cluster_name, nodegroupName=GPU_GROUP)["nodegroup"]
+    except eks.exceptions.ResourceNotFoundException:  # a cluster not made by `up` (its own node groups, Karpenter)
+        ui.say(f"cluster {settings.cluster_name} has no node group {GPU_GROUP} (`invoke up` makes one): doeks grows "
+               f"none; the job's pods wait for {settings.gpu_instance_type} nodes of the cluster's own", style="yellow")
+        return 0
+    desired = current["scalingConfig"].get("desiredSize", 0)
+    if desired >= wanted:
+        ui.say(f"node group {GPU_GROUP}: {desired} nodes asked already (the job needs {wanted})", style="dim")
+        return desired
+    runner.call(eks, "update_nodegroup_config", clusterName=settings.cluster_name, nodegroupName=GPU_GROUP,
+                scalingConfig={"desiredSize": wanted})
+    ui.say(f"node group {GPU_GROUP}: {desired} -> {wanted} {settings.gpu_instance_type} nodes (they start now; "
+           f"`invoke eks.scale --nodegroup {GPU_GROUP} --size 0` when no job needs them)")
+    return wanted
+
+
+GPU_GROUP = "gpu"
 
 
 def delete(settings, runner) -> bool:

@@ -20,6 +20,7 @@ from . import ui
 from .jobpaths import JOB_S3_CALLS, TRAIN_SERVICE_ACCOUNT
 
 TAG = "doeks/cluster"
+REGION_TAG = "doeks/region"
 POD_IDENTITY_TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
                                                               "Action": ["sts:AssumeRole", "sts:TagSession"]}]}
 
@@ -48,7 +49,7 @@ MANAGED = {
 
 @dataclass(frozen=True)
 class Workload:
-    key: str  # role name suffix: doeks-<cluster>-<key>
+    key: str  # role name suffix: doeks-<cluster>-<region>-<key>
     unit: str
     what: str
     namespace: str
@@ -76,8 +77,24 @@ def service_account(settings, workload: Workload) -> dict:
 
 
 def role_name(settings, workload: Workload) -> str:
-    """doeks-<cluster>-<key>; where that passes IAM's 64 characters, the cluster part is cut and a digest of the whole
-    cluster name keeps the roles of two clusters (and the workloads of one) apart."""
+    """doeks-<cluster>-<region>-<key>: IAM is global, so the clusters of one name in two regions have roles of their
+    own (one's `down` would otherwise delete the other's, one's `up` rewrite the other's policies). Where that passes
+    IAM's 64 characters, the cluster part is cut and a digest of the cluster name and region keeps the roles of two
+    clusters (and the workloads of one) apart."""
+    region = settings.aws_region
+    name = f"doeks-{settings.cluster_name}-{region}-{workload.key}"
+    if len(name) <= 64:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(f"{settings.cluster_name}/{region}".encode()).hexdigest()[:8]
+    room = 64 - len(f"doeks--{region}-{digest}-{workload.key}")
+    return f"doeks-{settings.cluster_name[:room].rstrip('-')}-{region}-{digest}-{workload.key}"
+
+
+def legacy_role_name(settings, workload: Workload) -> str:
+    """The name doeks gave the role before names carried the region (one role for every region's cluster of the
+    name): what `invoke audit` still looks for."""
     name = f"doeks-{settings.cluster_name}-{workload.key}"
     if len(name) <= 64:
         return name
@@ -86,6 +103,12 @@ def role_name(settings, workload: Workload) -> str:
     digest = hashlib.sha256(settings.cluster_name.encode()).hexdigest()[:8]
     room = 64 - len(f"doeks--{digest}-{workload.key}")
     return f"doeks-{settings.cluster_name[:room].rstrip('-')}-{digest}-{workload.key}"
+
+
+def role_tags(settings) -> list[dict[str, str]]:
+    """The tags of every role doeks makes for a cluster: its name and its region (`invoke audit` of one region does
+    not count the other's)."""
+    return [{"Key": TAG, "Value": settings.cluster_name}, {"Key": REGION_TAG, "Value": settings.aws_region}]
 
 
 def policy_name(workload: Workload) -> str:
@@ -299,7 +322,7 @@ def ensure_role(settings, runner, workload: Workload) -> str:
         if not (runner.dry_run or type(error).__name__ == "NoSuchEntityException"):
             raise
         created = runner.call(iam, "create_role", RoleName=name, AssumeRolePolicyDocument=json.dumps(POD_IDENTITY_TRUST),
-                              Description=f"doeks: {workload.what}", Tags=[{"Key": TAG, "Value": settings.cluster_name}])
+                              Description=f"doeks: {workload.what}", Tags=role_tags(settings))
         arn = created["Role"]["Arn"] if created else f"arn:aws:iam::<account>:role/{name}"
     for policy in workload.managed:
         runner.call(iam, "attach_role_policy", RoleName=name, PolicyArn=policy)

@@ -11,8 +11,9 @@ from . import ui
 from .catalog import instance_cache
 
 
-def describe(settings, instance: str) -> tuple[int, int] | None:
-    """(GPUs, EFA interfaces) of `instance` as EC2 answers in AWS_REGION; None when EC2 does not know the type."""
+def describe(settings, instance: str) -> dict[str, int] | None:
+    """What one node of `instance` has as EC2 answers in AWS_REGION (gpus, efa interfaces, vcpus, memory in MiB);
+    None when EC2 does not know the type."""
     from .aws import client
 
     ec2 = client(settings, "ec2")
@@ -28,16 +29,17 @@ def describe(settings, instance: str) -> tuple[int, int] | None:
     gpus = sum(g.get("Count", 0) for g in (info.get("GpuInfo") or {}).get("Gpus", []))
     network = info.get("NetworkInfo") or {}
     efa = (network.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0) if network.get("EfaSupported") else 0
-    return gpus, efa
+    return {"gpus": gpus, "efa": efa, "vcpus": (info.get("VCpuInfo") or {}).get("DefaultVCpus"),
+            "memory_mib": (info.get("MemoryInfo") or {}).get("SizeInMiB")}
 
 
-def remember(region: str, instance: str, gpus: int, efa: int) -> None:
+def remember(region: str, instance: str, facts: dict[str, int]) -> None:
     path = instance_cache()
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
-    known.setdefault(region, {})[instance] = {"gpus": gpus, "efa": efa}
+    known.setdefault(region, {})[instance] = dict(facts)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(known, indent=1, sort_keys=True))
@@ -65,7 +67,29 @@ def refresh(settings, runner=None) -> bool:
         return False
     if answer is None:
         raise DoeksError(f"GPU_INSTANCE_TYPE={instance} is not an instance type EC2 knows in {region}")
-    gpus, efa = answer
-    remember(region, instance, gpus, efa)
-    ui.say(f"{instance}: {gpus} GPUs, {efa} EFA interfaces (EC2 DescribeInstanceTypes, cached in {instance_cache()})")
+    remember(region, instance, answer)
+    ui.say(f"{instance}: {answer['gpus']} GPUs, {answer['efa']} EFA interfaces (EC2 DescribeInstanceTypes, cached in "
+           f"{instance_cache()})")
     return True
+
+
+def node_facts(settings, instance: str, runner=None) -> dict:
+    """What one node of `instance` has (gpus, efa, vcpus, memory_mib, and `source`): EC2's answer cached by
+    `refresh`, else EC2 asked now (with credentials; cached), else doeks' offline tables (catalog.offline_facts),
+    whose unknowns are None. What Kueue's quotas and `up`'s quota check are sized by."""
+    from .aws import credentials_configured, lookup
+    from .catalog import cached_facts, offline_facts
+
+    found = cached_facts(settings.aws_region, instance)
+    if found and found.get("vcpus") is not None:
+        return {**found, "source": "EC2 DescribeInstanceTypes"}
+    if credentials_configured(settings):
+        try:
+            answer = lookup(runner, f"{instance} (EC2 DescribeInstanceTypes)", lambda: describe(settings, instance), False)
+        except Exception as error:  # noqa: BLE001 - EC2 out of reach: the offline tables stand in, and say so
+            ui.say(f"{instance}: EC2 not asked ({type(error).__name__}); doeks' offline table stands in", style="dim")
+            answer = False
+        if answer:
+            remember(settings.aws_region, instance, answer)
+            return {**answer, "source": "EC2 DescribeInstanceTypes"}
+    return offline_facts(instance)

@@ -183,9 +183,18 @@ class Placement:
     tolerations: list[dict[str, Any]] = field(default_factory=list)  # taints of the nodes meant for training pods
 
 
+# The taint of EKS' GPU node group (eksctl's, which doeks' ClusterConfig sets: doeks.eks) and its toleration. EKS' own
+# admission adds the toleration to a pod that asks for nvidia.com/gpu, but only when the pod is made: Kueue decides
+# before (a suspended job's pods do not exist yet), and its Topology Aware Scheduling drops every node whose taint the
+# job's pods do not tolerate. So the job carries it, and so does the flavor (doeks.kueue).
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}
+
+
 def node_type_placement(settings) -> Placement:
     """EKS's GPU node group: NPROC_PER_NODE GPUs and EFA_PER_NODE EFA interfaces per pod (auto: all of the type's,
-    as EC2's DescribeInstanceTypes says; none with GPU_EFA=false), on GPU_INSTANCE_TYPE (+ NODE_LABELS). The manifests' default: what the job asks of EKS, also where this
+    as EC2's DescribeInstanceTypes says; none with GPU_EFA=false), on GPU_INSTANCE_TYPE (+ NODE_LABELS), tolerating
+    the group's taint (GPU_TOLERATION). The manifests' default: what the job asks of EKS, also where this
     machine only interprets them."""
     instance = settings.gpu_instance_type
     gpus = settings.nproc_per_node
@@ -195,7 +204,7 @@ def node_type_placement(settings) -> Placement:
             resources[part]["vpc.amazonaws.com/efa"] = settings.efa_per_node
     return Placement(resources, {"node.kubernetes.io/instance-type": instance, **settings.node_labels},
                      node_gpus=settings.node_gpus or settings.nproc_per_node, node_efa=settings.efa_per_node,
-                     cloud=True)
+                     cloud=True, tolerations=[dict(GPU_TOLERATION)])
 
 
 def cluster_placement(settings) -> Placement:

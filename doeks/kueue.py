@@ -158,23 +158,53 @@ class Flavor:
 
     name: str
     labels: dict[str, str]
-    gpus: int = 0
-    efa: int = 0
+    gpus: int | None = 0      # None: not known (the queue's QUEUE_GPUS stands)
+    efa: int | None = 0
     topology: str = ""
     tolerations: list[dict[str, str]] = field(default_factory=list)
     cpu_memory: bool = True   # False: no CPU or memory quota here (simulated nodes: only jobs that ask for none)
+    nodes: int = 0            # > 0: the node group's size; each quota is then what its nodes have (see quotas)
+    vcpus: int | None = None  # one node's, where known
+    memory_mib: int | None = None
+
+    def quotas(self, settings) -> dict[str, Any]:
+        """The ClusterQueue's nominal quota of each resource here: 0 of what the node type does not have; else
+        QUEUE_CPU/MEMORY/GPUS/EFA, whose `auto` is, for a node group of known size (`nodes`), what its nodes have (one
+        node's x nodes, EC2's DescribeInstanceTypes: a larger quota admits jobs whose pods never fit, a smaller one
+        leaves nodes idle), and elsewhere (or where the amount is not known) AUTO_QUOTA's."""
+        def amount(name: str, chosen, per_node):
+            if per_node == 0:
+                return 0
+            if chosen != "auto":
+                return chosen
+            if not self.nodes or per_node is None:
+                return AUTO_QUOTA[name]
+            total = per_node * self.nodes
+            return f"{total}Mi" if name == "memory" else total
+
+        cpu_memory = {"cpu": amount("cpu", settings.queue_cpu, self.vcpus),
+                      "memory": amount("memory", settings.queue_memory, self.memory_mib)}
+        return {**(cpu_memory if self.cpu_memory else {"cpu": 0, "memory": 0}),
+                "nvidia.com/gpu": amount("nvidia.com/gpu", settings.queue_gpus, self.gpus),
+                "vpc.amazonaws.com/efa": amount("vpc.amazonaws.com/efa", settings.queue_efa, self.efa)}
 
 
-def node_type_flavor(instance_type: str, tolerations: list | None = None) -> Flavor:
-    """EKS' nodes of an instance type (their GPUs and EFA from doeks' tables), with EKS' topology labels where the
-    type has them (the GPU and Trainium types EC2's instance topology covers)."""
-    from .catalog import GPUS
-    from .jobspec import EFA_ADAPTERS
+# QUEUE_*=auto where no node group's size is known (doeks' own cluster, a user's): generous, as before auto
+AUTO_QUOTA = {"cpu": "1000", "memory": "8Ti", "nvidia.com/gpu": 64, "vpc.amazonaws.com/efa": 256}
 
-    return Flavor(instance_type, {"node.kubernetes.io/instance-type": instance_type}, GPUS.get(instance_type, 0),
-                  EFA_ADAPTERS.get(instance_type, 0),
+
+def node_type_flavor(instance_type: str, tolerations: list | None = None, facts: dict | None = None,
+                     nodes: int = 0) -> Flavor:
+    """EKS' nodes of an instance type, with EKS' topology labels where the type has them (the GPU and Trainium types
+    EC2's instance topology covers). `facts`: one node's GPUs, EFA, vCPUs and memory (doeks.instancetypes.node_facts:
+    EC2's answer); without them doeks' offline tables. `nodes`: the node group's size, which sizes the quotas."""
+    from .catalog import offline_facts
+
+    facts = facts or offline_facts(instance_type)
+    return Flavor(instance_type, {"node.kubernetes.io/instance-type": instance_type}, facts.get("gpus"), facts.get("efa"),
                   topology=TOPOLOGY if instance_type.split(".")[0] in TOPOLOGY_FAMILIES else "",
-                  tolerations=list(tolerations or []))
+                  tolerations=list(tolerations or []), nodes=nodes, vcpus=facts.get("vcpus"),
+                  memory_mib=facts.get("memory_mib"))
 
 
 TOPOLOGY_FAMILIES = ("p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "trn1", "trn1n", "trn2")
@@ -197,15 +227,11 @@ def queue_manifests(settings, flavors: list[Flavor]) -> list[dict[str, Any]]:
             spec["tolerations"] = [dict(t) for t in flavor.tolerations]
         out.append({"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": flavor.name, "labels": labels},
                     "spec": spec})
-    quota = {"cpu": settings.queue_cpu, "memory": settings.queue_memory}
     out.append({"apiVersion": API, "kind": "ClusterQueue", "metadata": {"name": CLUSTER_QUEUE, "labels": labels},
                 "spec": {"namespaceSelector": {},
                          "resourceGroups": [{"coveredResources": list(RESOURCES), "flavors": [
-                             {"name": f.name, "resources": [
-                                 {"name": "cpu", "nominalQuota": quota["cpu"] if f.cpu_memory else 0},
-                                 {"name": "memory", "nominalQuota": quota["memory"] if f.cpu_memory else 0},
-                                 {"name": "nvidia.com/gpu", "nominalQuota": settings.queue_gpus if f.gpus else 0},
-                                 {"name": "vpc.amazonaws.com/efa", "nominalQuota": settings.queue_efa if f.efa else 0}]}
+                             {"name": f.name, "resources": [{"name": name, "nominalQuota": f.quotas(settings)[name]}
+                                                            for name in RESOURCES]}
                              for f in flavors]}]}})
     out.append({"apiVersion": API, "kind": "LocalQueue",
                 "metadata": {"name": queue_name(settings), "namespace": settings.namespace, "labels": labels},

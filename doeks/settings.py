@@ -270,6 +270,16 @@ def _quantity(raw: str) -> str:
 _QUANTITY = (_quantity, "a number of CPUs such as 64, or millicores such as 500m")
 
 
+def _or_auto(kind):
+    """`kind`, or auto (doeks.kueue.Flavor.quotas: what the node group's nodes have)."""
+    parse, accepted = kind
+
+    def either(raw: str):
+        return "auto" if raw.strip() == "auto" else parse(raw)
+
+    return either, f"auto or {accepted}"
+
+
 def _memory_quota(raw: str) -> str:
     if not re.fullmatch(r"[1-9]\d*(Ki|Mi|Gi|Ti|K|M|G|T)|0", raw):
         raise _Bad("a memory size such as 512Mi or 16Ti")
@@ -367,7 +377,7 @@ KEYS: tuple[Key, ...] = (
     _key("CPU_NODES_MAX", "eks", "2", "CPU node group maximum size", _int(0, 1000)),
     _key("GPU_INSTANCE_TYPE", "eks", "p4d.24xlarge", "Instance type of the GPU node group", _pattern(_INSTANCE_TYPE, "an EC2 instance type such as p4d.24xlarge")),
     _key("GPU_NODES_MIN", "eks", "0", "GPU node group minimum size", _int(0, 1000)),
-    _key("GPU_NODES", "eks", "2", "GPU node group desired size", _int(0, 1000)),
+    _key("GPU_NODES", "eks", "0", "GPU nodes `up` starts (0 = none: a job's deploy grows the GPU node group to its REPLICAS, at most GPU_NODES_MAX, so GPU nodes bill only once a job needs them)", _int(0, 1000)),
     _key("GPU_NODES_MAX", "eks", "4", "GPU node group maximum size", _int(0, 1000)),
     _key("GPU_EFA", "eks", "true", "Enable EFA on the GPU node group (only for EFA-capable instance types)", _bool),
     _key("EKS_REHEARSAL", "eks", "false", "With TARGET=eks: rehearse on this machine (doeks' own cluster as the EKS cluster, its moto server with IAM enforced as AWS, a registry built here as ECR; docs/testing.md)", _bool),
@@ -431,7 +441,7 @@ KEYS: tuple[Key, ...] = (
     # sagemaker / kubeflow
     _key("S3_BUCKET", "sagemaker", "doeks-training", "S3 bucket for code, data, checkpoints and models", _pattern(re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"), "an S3 bucket name: 3-63 lower-case letters, digits, '.', '-'")),
     _key("DATA_S3_PREFIX", "sagemaker", "data/imagenet", "Prefix of the training data in S3_BUCKET (train/ and val/ under it)", _pattern(re.compile(r"[A-Za-z0-9!_.*'()/-]+"), "an S3 key prefix")),
-    _key("SAGEMAKER_ROLE_NAME", "sagemaker", "doeks-sagemaker-execution", "IAM execution role for SageMaker training jobs", _pattern(re.compile(r"[\w+=,.@-]{1,64}"), "an IAM role name")),
+    _key("SAGEMAKER_ROLE_NAME", "sagemaker", "", "IAM execution role for SageMaker training jobs (empty = doeks-sagemaker-execution-<AWS_REGION>: IAM is global, and the role's policy names the region's logs)", _pattern(re.compile(r"[\w+=,.@-]{1,64}"), "an IAM role name", optional=True)),
     _key("SAGEMAKER_IMAGE", "sagemaker", "", f"Training image (empty = the PyTorch Deep Learning Container pytorch-training:{_catalog.SAGEMAKER_DLC_TAG} in AWS_REGION's DLC registry: SageMaker pulls from its own region)", _pattern(_IMAGE_REF, "an image reference", optional=True)),
     _key("SAGEMAKER_INSTANCE_TYPE", "sagemaker", "ml.g5.12xlarge", "Instance type of SageMaker training", _pattern(re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+"), "a SageMaker instance type such as ml.g5.12xlarge")),
     _key("SAGEMAKER_INSTANCE_COUNT", "sagemaker", "2", "Instances in the SageMaker training job", _int(1, 100)),
@@ -448,10 +458,10 @@ KEYS: tuple[Key, ...] = (
     _key("PIPELINE_JOB_KIND", "kubeflow", "trainjob", "What the pipeline's kubernetes branch submits: a Trainer v2 TrainJob or a fixed-size PyTorchJob (training operator v1)", _choice(("trainjob", "pytorchjob"))),
     # kueue (queues, quotas, topology)
     _key("QUEUE", "kueue", "", "Kueue LocalQueue the jobs go to (elasticjob.deploy, kubeflow.trainjob.submit, kubeflow.pytorchjob.submit): they carry the label kueue.x-k8s.io/queue-name and wait until Kueue admits all their pods at once (empty = no queue: they start at once); `invoke kueue.deploy` makes this queue (empty: one named doeks)", _pattern(_DNS1123_LABEL, "a Kubernetes name: lower-case letters, digits and '-'", optional=True)),
-    _key("QUEUE_CPU", "kueue", "1000", "CPUs the queue's ClusterQueue may use on each node type (its nominal quota per ResourceFlavor)", _QUANTITY),
-    _key("QUEUE_MEMORY", "kueue", "8Ti", "Memory the queue's ClusterQueue may use on each node type", _MEMORY_QUOTA),
-    _key("QUEUE_GPUS", "kueue", "64", "nvidia.com/gpu the queue's ClusterQueue may use on each node type that has GPUs (0 on one without)", _int(0, 100000)),
-    _key("QUEUE_EFA", "kueue", "256", "vpc.amazonaws.com/efa adapters the queue's ClusterQueue may use on each node type that has EFA (0 on one without)", _int(0, 100000)),
+    _key("QUEUE_CPU", "kueue", "auto", "CPUs the queue's ClusterQueue may use on each node type (its nominal quota per ResourceFlavor; auto = on eks what GPU_NODES_MAX nodes of GPU_INSTANCE_TYPE have, as EC2's DescribeInstanceTypes says; elsewhere 1000)", _or_auto(_QUANTITY)),
+    _key("QUEUE_MEMORY", "kueue", "auto", "Memory the queue's ClusterQueue may use on each node type (auto = on eks what GPU_NODES_MAX nodes of the type have; elsewhere 8Ti)", _or_auto(_MEMORY_QUOTA)),
+    _key("QUEUE_GPUS", "kueue", "auto", "nvidia.com/gpu the queue's ClusterQueue may use on each node type that has GPUs (0 on one without; auto = on eks what GPU_NODES_MAX nodes of the type have; elsewhere 64)", _auto_int(0, 100000)),
+    _key("QUEUE_EFA", "kueue", "auto", "vpc.amazonaws.com/efa adapters the queue's ClusterQueue may use on each node type that has EFA (0 on one without; auto = on eks what GPU_NODES_MAX nodes of the type have; elsewhere 256)", _auto_int(0, 100000)),
     _key("TOPOLOGY", "kueue", "", "Put all of a queued job's pods in one network block (EKS' topology.k8s.aws/network-node-layer-3): required (wait until one block has room) or preferred (one block when one has room; empty = anywhere)", _TOPOLOGY),
     # secrets (masked in every output)
     _key("AWS_ACCESS_KEY_ID", "secrets", "", "Access key id (empty = default credentials chain)", _text),
@@ -576,7 +586,7 @@ class Settings:
         return [[k.unit, k.name, *shown(k)] for k in KEYS]
 
 
-_DERIVED = {"SAGEMAKER_IMAGE": "from AWS_REGION", "JOB_NAME": "from TRAIN_SCRIPT"}  # empty = derived: `invoke config` shows the value in effect
+_DERIVED = {"SAGEMAKER_IMAGE": "from AWS_REGION", "SAGEMAKER_ROLE_NAME": "from AWS_REGION", "JOB_NAME": "from TRAIN_SCRIPT"}  # empty = derived: `invoke config` shows the value in effect
 _GENERIC_NAMES = {"train", "training", "main", "run", "__main__", "script", "scripts", "src", "code", "app", "entry",
                   "launch", "workload", "examples"}
 BUILTIN_JOB_NAME = "imagenet"
@@ -719,6 +729,8 @@ def _validate(raw: dict[str, str], sources: dict[str, str], lenient: bool = Fals
             values["NPROC_PER_NODE"] = values["KUBE_GPUS"] if values["TARGET"] == "kubernetes" and values["KUBE_GPUS"] else 2
     if not values["JOB_NAME"]:  # derived from the code, shown as such by `invoke config`
         values["JOB_NAME"] = job_name_of(values["TRAIN_SCRIPT"])
+    if not values["SAGEMAKER_ROLE_NAME"]:  # one per region: IAM is global, the role's policy is the region's
+        values["SAGEMAKER_ROLE_NAME"] = f"doeks-sagemaker-execution-{values['AWS_REGION']}"
     if not values["SAGEMAKER_IMAGE"]:  # derived from the region (doeks.catalog), shown as such by `invoke config`
         values["SAGEMAKER_IMAGE"] = _catalog.sagemaker_image(values["AWS_REGION"])
     return Settings(values, raw, sources, problems)

@@ -246,44 +246,6 @@ def delete_addon(settings, runner, name: str, timeout: float = 600) -> None:
     _wait(lambda: not addon_exists(settings, name), f"add-on {name} to go", timeout=timeout)
 
 
-# -- IAM for the CSI drivers (Pod Identity) --------------------------------------------------------------------------
-POD_IDENTITY_TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
-                                                              "Action": ["sts:AssumeRole", "sts:TagSession"]}]}
-
-
-def driver_role_name(settings, driver: str) -> str:
-    return f"doeks-{settings.cluster_name}-{driver}-csi"[:64]
-
-
-def ensure_driver_role(settings, runner, driver: str, managed: list[str] = (), inline: dict | None = None) -> str:
-    iam = _client(settings, "iam")
-    name = driver_role_name(settings, driver)
-    try:
-        arn = iam.get_role(RoleName=name)["Role"]["Arn"]
-    except iam.exceptions.NoSuchEntityException:
-        created = runner.call(iam, "create_role", RoleName=name, AssumeRolePolicyDocument=json.dumps(POD_IDENTITY_TRUST),
-                              Tags=[{"Key": TAG, "Value": settings.cluster_name}])
-        arn = created["Role"]["Arn"] if created else f"arn:aws:iam::<account>:role/{name}"
-    for policy in managed:
-        runner.call(iam, "attach_role_policy", RoleName=name, PolicyArn=policy)
-    if inline:
-        runner.call(iam, "put_role_policy", RoleName=name, PolicyName=f"doeks-{driver}-csi", PolicyDocument=json.dumps(inline))
-    return arn
-
-
-def delete_driver_role(settings, runner, driver: str) -> None:
-    iam = _client(settings, "iam")
-    name = driver_role_name(settings, driver)
-    try:
-        for policy in iam.list_attached_role_policies(RoleName=name)["AttachedPolicies"]:
-            runner.call(iam, "detach_role_policy", RoleName=name, PolicyArn=policy["PolicyArn"])
-        for policy in iam.list_role_policies(RoleName=name)["PolicyNames"]:
-            runner.call(iam, "delete_role_policy", RoleName=name, PolicyName=policy)
-        runner.call(iam, "delete_role", RoleName=name)
-    except iam.exceptions.NoSuchEntityException:
-        ui.say(f"role {name} is gone already")
-
-
 # -- FSx for Lustre -----------------------------------------------------------------------------------------------
 def fsx_policy(settings) -> dict[str, Any]:
     """The FSx CSI driver's policy: defined with the other workloads' policies in doeks.identity."""

@@ -145,6 +145,7 @@ def trainjob_submit(c, replicas=None, fresh=False, dry_run=False):
         ui.say(jobspec.idle_gpus_warning(s), style="yellow")
     job = trainjob.trainjob(s, placement=where.placement())
     _start_over(where, fresh, dry_run)
+    where.grow_nodes(runner(dry_run), job["spec"]["trainer"]["numNodes"])  # EKS: GPU nodes start at 0
     _image_on_the_node(where, {"containers": [{"image": job["spec"]["trainer"]["image"]}]}, dry_run)
     trainjob.apply(runner(dry_run), job)
 

@@ -182,7 +182,7 @@ def test_sagemaker_role_and_stop_dry_runs_without_credentials_plan_the_requests(
     env = {**no_credentials, "TARGET": "sagemaker"}
     role = run_cli("sagemaker.role", "--dry-run", env=env)
     assert role.returncode == 0, role.stderr
-    assert "unknown: IAM role doeks-sagemaker-execution <unknown: no credentials>" in role.stderr
+    assert "unknown: IAM role doeks-sagemaker-execution-us-west-2 <unknown: no credentials>" in role.stderr
     assert "would call: iam.create_role" in role.stderr and "would call: iam.put_role_policy" in role.stderr
     gone = run_cli("sagemaker.role-delete", "--dry-run", env=env)
     assert gone.returncode == 0, gone.stderr

@@ -111,7 +111,7 @@ def test_fsx_deploy_then_delete_reverses_everything(cloud, state_dir):
     assert len(group) == 1 and storage_class["parameters"]["securityGroupIds"] == group[0]["GroupId"]
     ports = sorted((p["FromPort"], p["ToPort"]) for p in group[0]["IpPermissions"])
     assert (988, 988) in ports and (1018, 1023) in ports
-    policy = iam.get_role_policy(RoleName="doeks-doeks-fsx-csi", PolicyName="doeks-fsx-csi")["PolicyDocument"]
+    policy = iam.get_role_policy(RoleName="doeks-doeks-us-west-2-fsx-csi", PolicyName="doeks-fsx-csi")["PolicyDocument"]
     assert not any(a in ("*", "fsx:*") for st in policy["Statement"] for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"]))
 
     unsure = invoke("csi.fsx.delete", env=env)  # no cluster API here: it cannot tell whether the PVC is bound
@@ -121,7 +121,7 @@ def test_fsx_deploy_then_delete_reverses_everything(cloud, state_dir):
         assert gone.returncode == 0, gone.stderr
     assert not ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["doeks-fsx-doeks"]}])["SecurityGroups"]
     with pytest.raises(iam.exceptions.NoSuchEntityException):
-        iam.get_role(RoleName="doeks-doeks-fsx-csi")
+        iam.get_role(RoleName="doeks-doeks-us-west-2-fsx-csi")
     deleted = [d["kind"] for c in recorded(cloud) if c["tool"] == "kubectl" and "delete" in c["argv"] for d in yaml.safe_load_all(c["stdin"]) if d]
     assert "PersistentVolumeClaim" in deleted and "StorageClass" in deleted
 

@@ -58,7 +58,7 @@ def test_eks_dry_run_shows_the_pods_identity_and_s3_and_none_where_nothing_is_in
     assert values["DOEKS_CHECKPOINT_URI"] == "s3://teardown-data/doeks/checkpoints/imagenet" and values["AWS_REGION"] == "us-west-2"
     assert "AWS_ACCESS_KEY_ID" not in values and "envFrom" not in container  # on EKS the Pod Identity Agent gives it
     planned = [line for line in dry.stderr.splitlines() if "the job's own AWS identity" in line]
-    assert len(planned) == 1 and "role doeks-doeks-train" in planned[0], dry.stderr[-3000:]
+    assert len(planned) == 1 and "role doeks-doeks-us-west-2-train" in planned[0], dry.stderr[-3000:]
     assert "arn:aws:s3:::teardown-data/doeks/checkpoints/*" in planned[0] and "default/doeks-train" in planned[0]
     assert not boto3.client("iam", **account["kw"]).list_roles()["Roles"]  # a dry run makes nothing
     volume = invoke("elasticjob.deploy", "--dry-run", env={**env, "CHECKPOINT_URI": "/fsx-shared/ck", "MODEL_URI": "/fsx-shared/m"})
@@ -156,7 +156,7 @@ def test_save_model_on_eks_copies_what_is_on_the_claim_and_down_then_goes_on(acc
     assert command[5].startswith("s3://teardown-data/doeks/saved/imagenet/") and command[5].endswith("/model")
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "fsx-pvc"
     assert pod["containers"][0]["volumeMounts"][0] == {"name": "shared", "mountPath": "/fsx-shared", "readOnly": True}
-    assert '"RoleName": "doeks-doeks-save-model"' in dry.stderr and "wait for Job default/imagenet-save-model" in dry.stderr
+    assert '"RoleName": "doeks-doeks-us-west-2-save-model"' in dry.stderr and "wait for Job default/imagenet-save-model" in dry.stderr
     assert not boto3.client("iam", **account["kw"]).list_roles()["Roles"]  # a dry run makes nothing
 
     in_s3 = invoke("csi.data.save-model", "--dry-run", env=account["env"])  # eks' default: both in S3 already

@@ -87,8 +87,8 @@ def test_fsx_deploy_associates_the_controller_service_account_with_its_role(clou
     assert dry.returncode == 0, dry.stderr
     planned = planned_calls(dry.stderr, "create_pod_identity_association")
     assert [(p["namespace"], p["serviceAccount"]) for p in planned] == [("kube-system", "fsx-csi-controller-sa")]
-    assert planned[0]["roleArn"].endswith("role/doeks-doeks-fsx-csi")
-    assert "identity: kube-system/fsx-csi-controller-sa -> role doeks-doeks-fsx-csi" in dry.stderr
+    assert planned[0]["roleArn"].endswith("role/doeks-doeks-us-west-2-fsx-csi")
+    assert "identity: kube-system/fsx-csi-controller-sa -> role doeks-doeks-us-west-2-fsx-csi" in dry.stderr
 
     result = invoke("csi.fsx.deploy", env=env)
     assert result.returncode == 0, result.stderr
@@ -99,12 +99,12 @@ def test_fsx_deploy_associates_the_controller_service_account_with_its_role(clou
                                                serviceAccount="fsx-csi-controller-sa")["associations"]
     assert len(found) == 1
     association = eks.describe_pod_identity_association(clusterName="doeks", associationId=found[0]["associationId"])["association"]
-    role = iam.get_role(RoleName="doeks-doeks-fsx-csi")["Role"]
+    role = iam.get_role(RoleName="doeks-doeks-us-west-2-fsx-csi")["Role"]
     assert association["roleArn"] == role["Arn"]
     trust = role["AssumeRolePolicyDocument"]
     trust = json.loads(trust) if isinstance(trust, str) else trust
     assert trust["Statement"][0]["Principal"] == {"Service": "pods.eks.amazonaws.com"}
-    policy = iam.get_role_policy(RoleName="doeks-doeks-fsx-csi", PolicyName="doeks-fsx-csi")["PolicyDocument"]
+    policy = iam.get_role_policy(RoleName="doeks-doeks-us-west-2-fsx-csi", PolicyName="doeks-fsx-csi")["PolicyDocument"]
     assert identity.allows([policy], "fsx:CreateFileSystem") and identity.allows([policy], "fsx:DeleteFileSystem")
     # the driver tags what it creates, so teardown can wait for it and audit can find it
     applied = [d for c in recorded(cloud) if c["tool"] == "kubectl" for d in yaml.safe_load_all(c["stdin"]) if d]
@@ -122,7 +122,7 @@ def test_gpu_metrics_deploy_shows_each_identity(cloud, state_dir):  # noqa: F811
     created = planned_calls(addon.stderr, "create_addon")
     assert [c["addonName"] for c in created] == ["amazon-cloudwatch-observability"]
     assert created[0]["podIdentityAssociations"][0]["serviceAccount"] == "cloudwatch-agent"
-    assert "identity: amazon-cloudwatch/cloudwatch-agent -> role doeks-doeks-cloudwatch-observability" in addon.stderr
+    assert "identity: amazon-cloudwatch/cloudwatch-agent -> role doeks-doeks-us-west-2-cloudwatch-observability" in addon.stderr
     agent = invoke("gpu-metrics.deploy", "--agent", "--dry-run", env=env)
     assert agent.returncode == 0, agent.stderr
     planned = planned_calls(agent.stderr, "create_pod_identity_association")
@@ -219,7 +219,7 @@ def test_cluster_gets_the_ebs_driver_with_identity_and_a_default_gp3_class(cloud
     created = planned_calls(result.stderr, "create_addon")
     assert [c["addonName"] for c in created] == ["aws-ebs-csi-driver"]
     assert created[0]["podIdentityAssociations"][0]["serviceAccount"] == "ebs-csi-controller-sa"
-    assert created[0]["podIdentityAssociations"][0]["roleArn"].endswith("role/doeks-doeks-ebs-csi")
+    assert created[0]["podIdentityAssociations"][0]["roleArn"].endswith("role/doeks-doeks-us-west-2-ebs-csi")
     classes = [d for d in yaml.safe_load_all(result.stdout) if d and d.get("kind") == "StorageClass"]
     defaults = [c for c in classes if c["metadata"].get("annotations", {}).get("storageclass.kubernetes.io/is-default-class") == "true"]
     assert len(defaults) == 1 and defaults[0]["provisioner"] == "ebs.csi.aws.com" and defaults[0]["parameters"]["type"] == "gp3"
@@ -314,3 +314,55 @@ def test_no_doeks_policy_deletes_on_every_resource_and_the_fsx_driver_only_its_c
     for action in ("fsx:DeleteFileSystem", "fsx:UpdateFileSystem"):
         assert not _allowed(docs, action, resource_tags=others) and not _allowed(docs, action, resource_tags={})
     assert not _allowed(docs, "fsx:CreateFileSystem", request_tags={"CSIVolumeName": "pvc-1"})
+
+
+# -- IAM is global: one cluster name in two regions (issue 55, 3) ---------------------------------------------------
+def test_the_up_plans_of_one_cluster_name_in_two_regions_share_no_role(state_dir, tmp_path):
+    """The roles of CLUSTER_NAME in us-west-2 and in eu-central-1 are different roles: with one name, the second
+    region's `up` would rewrite the first's policies and its `down` delete roles the first cluster's pods run as."""
+    offline = {"TARGET": "eks", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent",
+               "DOEKS_CACHE": str(tmp_path / "cache")}
+    roles = {}
+    for region in ("us-west-2", "eu-central-1"):
+        plan = invoke("up", "--dry-run", env={**offline, "AWS_REGION": region, "CLUSTER_NAME": "team"})
+        assert plan.returncode == 0, plan.stderr[-3000:]
+        roles[region] = {call["RoleName"] for call in planned_calls(plan.stderr, "create_role")}
+    assert {"team-us-west-2-ebs-csi", "team-us-west-2-fsx-csi", "team-us-west-2-cloudwatch-observability",
+            "team-us-west-2-data-stage"} <= {r.removeprefix("doeks-") for r in roles["us-west-2"]}, roles
+    assert len(roles["eu-central-1"]) == len(roles["us-west-2"]) >= 4
+    assert not roles["us-west-2"] & roles["eu-central-1"], roles
+    long = {region: {identity.role_name(S.load(environ={"AWS_REGION": region, "CLUSTER_NAME": "c" * 60}), w)
+                     for w in identity.WORKLOADS} for region in ("us-west-2", "ap-southeast-2")}
+    assert not long["us-west-2"] & long["ap-southeast-2"]
+    assert all(len(name) <= 64 for names in long.values() for name in names)
+    assert len(long["us-west-2"]) == len(identity.WORKLOADS)
+    # and the SageMaker execution role (its policy names the region's logs), unless SAGEMAKER_ROLE_NAME names one
+    execution = {region: S.load(environ={"AWS_REGION": region}).sagemaker_role_name for region in ("us-west-2", "eu-central-1")}
+    assert execution == {"us-west-2": "doeks-sagemaker-execution-us-west-2",
+                         "eu-central-1": "doeks-sagemaker-execution-eu-central-1"}
+    assert S.load(environ={"AWS_REGION": "eu-central-1", "SAGEMAKER_ROLE_NAME": "mine"}).sagemaker_role_name == "mine"
+
+
+def test_down_and_audit_of_one_region_leave_the_other_regions_roles_alone(cloud, state_dir, monkeypatch):  # noqa: F811
+    from doeks import audit
+    from doeks.runner import Runner
+
+    here = settings_for(cloud["env"], monkeypatch)
+    there = here.with_overrides(aws_region="eu-central-1")
+    for s in (here, there):
+        for key in ("ebs-csi", "data-stage"):
+            identity.ensure_role(s, Runner(echo=False), identity.get(key))
+    iam = boto3.client("iam", **cloud["kw"])
+    legacy = identity.legacy_role_name(here, identity.get("fsx-csi"))  # as doeks named it before (no region)
+    iam.create_role(RoleName=legacy, AssumeRolePolicyDocument="{}", Tags=[{"Key": identity.TAG, "Value": "doeks"}])
+
+    def audited(s):
+        return {f.ident: f.detail for f in audit.roles_of(s, iam)}
+
+    assert set(audited(here)) == {identity.role_name(here, identity.get(k)) for k in ("ebs-csi", "data-stage")} | {legacy}
+    assert "without its region" in audited(here)[legacy]
+    assert set(audited(there)) == {identity.role_name(there, identity.get(k)) for k in ("ebs-csi", "data-stage")} | {legacy}
+    for key in ("ebs-csi", "data-stage"):
+        identity.remove(here, Runner(echo=False), identity.get(key))
+    assert set(audited(here)) == {legacy}
+    assert set(audited(there)) == {identity.role_name(there, identity.get(k)) for k in ("ebs-csi", "data-stage")} | {legacy}

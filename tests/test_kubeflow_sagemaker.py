@@ -91,7 +91,7 @@ def test_role_train_status_stop_against_moto(moto_env, state_dir):
     assert boto(moto_env, "sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
     created = invoke("sagemaker.role", env=moto_env)
     assert created.returncode == 0, created.stderr
-    policy = boto(moto_env, "iam").get_role_policy(RoleName="doeks-sagemaker-execution", PolicyName="doeks-training")
+    policy = boto(moto_env, "iam").get_role_policy(RoleName="doeks-sagemaker-execution-us-west-2", PolicyName="doeks-training")
     actions = [a for st in policy["PolicyDocument"]["Statement"] for a in st["Action"]]
     assert not any(a in ("*", "s3:*", "sagemaker:*") for a in actions)
     assert invoke("sagemaker.role", env=moto_env).returncode == 0  # idempotent
@@ -104,7 +104,7 @@ def test_role_train_status_stop_against_moto(moto_env, state_dir):
     job = sm.describe_training_job(TrainingJobName=name)
     assert job["ResourceConfig"]["InstanceType"] == "ml.g5.12xlarge" and job["ResourceConfig"]["InstanceCount"] == 2
     assert job["HyperParameters"]["max-steps"] == "7" and job["HyperParameters"]["arch"] == "resnet18"
-    assert job["RoleArn"].endswith(":role/doeks-sagemaker-execution")
+    assert job["RoleArn"].endswith(":role/doeks-sagemaker-execution-us-west-2")
     source = job["HyperParameters"]["sagemaker_submit_directory"]
     body = boto(moto_env, "s3").get_object(Bucket="doeks-training", Key=source.split("doeks-training/", 1)[1])["Body"].read()
     import io
@@ -159,4 +159,4 @@ def test_pipeline_local_branch_trains_and_sagemaker_branch_submits(moto_env, sta
     assert job["HyperParameters"]["max-steps"] == "4"
     assert job["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == "s3://doeks-training/data/imagenet/"
     assert job["AlgorithmSpecification"]["TrainingImage"].endswith("-sagemaker")
-    assert job["RoleArn"] == boto(moto_env, "iam").get_role(RoleName="doeks-sagemaker-execution")["Role"]["Arn"]
+    assert job["RoleArn"] == boto(moto_env, "iam").get_role(RoleName="doeks-sagemaker-execution-us-west-2")["Role"]["Arn"]

@@ -87,7 +87,7 @@ def test_eks_plan_is_the_release_with_doeks_configuration_and_the_gpu_type_queue
         "topology.k8s.aws/network-node-layer-1", "topology.k8s.aws/network-node-layer-2",
         "topology.k8s.aws/network-node-layer-3", "kubernetes.io/hostname"]
     assert docs[3]["spec"] == {"nodeLabels": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
-                               "topologyName": "eks-network"}
+                               "topologyName": "eks-network", "tolerations": [jobspec.GPU_TOLERATION]}
     quota = {r["name"]: r["nominalQuota"] for r in docs[4]["spec"]["resourceGroups"][0]["flavors"][0]["resources"]}
     assert quota == {"cpu": "1500", "memory": "16Ti", "nvidia.com/gpu": 128, "vpc.amazonaws.com/efa": 512}
     assert docs[5]["metadata"] == {"name": "team-a", "namespace": "ml", "labels": {"app.kubernetes.io/part-of": "doeks"}}
@@ -104,9 +104,8 @@ def test_a_gpu_type_without_eks_topology_gets_no_topology(state_dir):
     assert "topologyName" not in flavor["spec"]
     quota = {r["name"]: r["nominalQuota"] for r in next(d for d in docs if d["kind"] == "ClusterQueue")["spec"][
         "resourceGroups"][0]["flavors"][0]["resources"]}
-    # g5.12xlarge has no EFA adapter: no EFA quota; its 4 GPUs get the queue's (QUEUE_GPUS' default) all the same
-    # (a GPU type without EFA given none would never admit a job)
-    assert quota == {"cpu": "1000", "memory": "8Ti", "nvidia.com/gpu": 64, "vpc.amazonaws.com/efa": 0}
+    assert quota["vpc.amazonaws.com/efa"] == 4  # g5.12xlarge has one EFA interface (EC2): GPU_NODES_MAX=4 of them
+    assert quota["nvidia.com/gpu"] == 16
 
 
 def test_kueue_comes_after_the_operators_and_before_the_job(state_dir):

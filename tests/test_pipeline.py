@@ -79,7 +79,7 @@ def test_compile_refuses_an_image_it_cannot_name(state_dir, tmp_path):
 
 
 def test_compile_reads_the_execution_role_arn_from_iam(moto_env, state_dir, tmp_path):  # noqa: F811
-    arn = boto(moto_env, "iam").create_role(RoleName="doeks-sagemaker-execution", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    arn = boto(moto_env, "iam").create_role(RoleName="doeks-sagemaker-execution-us-west-2", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
     out = tmp_path / "p.yaml"
     result = invoke("kubeflow.pipeline.compile", "--runtime", "sagemaker", "--out", str(out), env=moto_env)
     assert result.returncode == 0, result.stderr
@@ -261,7 +261,7 @@ def test_pipeline_deploy_dry_run_shows_rbac_and_the_association(cloud, state_dir
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "team-runner", "namespace": "team-a"}]
     planned = planned_calls(result.stderr, "create_pod_identity_association")
     assert [(p["namespace"], p["serviceAccount"]) for p in planned] == [("team-a", "team-runner")]
-    assert planned[0]["roleArn"].endswith("role/doeks-doeks-pipeline-runner")
+    assert planned[0]["roleArn"].endswith("role/doeks-doeks-us-west-2-pipeline-runner")
     assert not [r for r in boto3.client("iam", **cloud["kw"]).list_roles()["Roles"] if r["RoleName"].startswith("doeks-")]
 
 
@@ -346,9 +346,9 @@ def test_pipeline_deploy_then_delete_twice_leaves_no_role_or_association(cloud, 
     eks, iam = boto3.client("eks", **cloud["kw"]), boto3.client("iam", **cloud["kw"])
     found = eks.list_pod_identity_associations(clusterName="doeks", namespace="team-a", serviceAccount="team-runner")["associations"]
     assert len(found) == 1
-    role = iam.get_role(RoleName="doeks-doeks-pipeline-runner")["Role"]
+    role = iam.get_role(RoleName="doeks-doeks-us-west-2-pipeline-runner")["Role"]
     assert eks.describe_pod_identity_association(clusterName="doeks", associationId=found[0]["associationId"])["association"]["roleArn"] == role["Arn"]
-    policy = iam.get_role_policy(RoleName="doeks-doeks-pipeline-runner", PolicyName="doeks-pipeline-runner")["PolicyDocument"]
+    policy = iam.get_role_policy(RoleName="doeks-doeks-us-west-2-pipeline-runner", PolicyName="doeks-pipeline-runner")["PolicyDocument"]
     assert identity.allows([policy], "sagemaker:CreateTrainingJob", "arn:aws:sagemaker:us-west-2:123456789012:training-job/imagenet-0")
     applied = [d["kind"] for c in recorded(cloud) if c["tool"] == "kubectl" and "apply" in c["argv"]
                for d in yaml.safe_load_all(c["stdin"]) if d]
@@ -357,7 +357,7 @@ def test_pipeline_deploy_then_delete_twice_leaves_no_role_or_association(cloud, 
         result = invoke("kubeflow.pipeline.delete", env=env)
         assert result.returncode == 0, result.stderr
     assert not eks.list_pod_identity_associations(clusterName="doeks")["associations"]
-    assert "doeks-doeks-pipeline-runner" not in [r["RoleName"] for r in iam.list_roles()["Roles"]]
+    assert "doeks-doeks-us-west-2-pipeline-runner" not in [r["RoleName"] for r in iam.list_roles()["Roles"]]
     deleted = [d["kind"] for c in recorded(cloud) if c["tool"] == "kubectl" and "delete" in c["argv"]
                for d in yaml.safe_load_all(c["stdin"]) if d]
     # the profile namespace's claim on the shared file system (and its volume: Retain, the data stays), then the RBAC

@@ -188,10 +188,10 @@ def test_a_service_account_token_from_the_api_server_buys_its_roles_credentials(
         kubectl("create", "serviceaccount", "doeks-stage", "-n", "default")
         token = rehearsal.service_account_token("default", "doeks-stage", kubectl_argv())
         creds = rehearsal.pod_credentials(endpoint, "us-west-2", "doeks", token, admin)
-        assert "/doeks-doeks-data-stage/" in creds["role"] and creds["subject"] == "default/doeks-stage"
+        assert "/doeks-doeks-us-west-2-data-stage/" in creds["role"] and creds["subject"] == "default/doeks-stage"
         sts = boto3.client("sts", region_name="us-west-2", endpoint_url=endpoint,
                            **{k: creds[k] for k in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")})
-        assert ":assumed-role/doeks-doeks-data-stage/" in sts.get_caller_identity()["Arn"]
+        assert ":assumed-role/doeks-doeks-us-west-2-data-stage/" in sts.get_caller_identity()["Arn"]
         default = rehearsal.service_account_token("default", "default", kubectl_argv())
         with pytest.raises(Exception, match="no pod identity association for default/default"):
             rehearsal.pod_credentials(endpoint, "us-west-2", "doeks", default, admin)

@@ -120,7 +120,7 @@ def test_up_killed_midway_then_down_leaves_nothing(account):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # kill it as soon as the cluster exists and csi has made its role
         roles = [r["RoleName"] for r in boto3.client("iam", **account["kw"]).list_roles()["Roles"]]
-        if eks.list_clusters()["clusters"] and any(r.startswith("doeks-doeks-") for r in roles):
+        if eks.list_clusters()["clusters"] and any(r.startswith("doeks-doeks-us-west-2-") for r in roles):
             break
         time.sleep(0.2)
     process.kill()
@@ -148,7 +148,7 @@ def test_down_dry_run_prints_every_deletion_in_reverse_dependency_order(account)
              first("FSx file systems tagged doeks/cluster=doeks"),
              first("helm uninstall aws-fsx-csi-driver"),
              first('delete_pod_identity_association {"associationId": "<kube-system/fsx-csi-controller-sa>"'),
-             first('delete_role {"RoleName": "doeks-doeks-fsx-csi"}'),
+             first('delete_role {"RoleName": "doeks-doeks-us-west-2-fsx-csi"}'),
              first("doeks-fsx-doeks"),
              first("delete StorageClass efs-sc"),  # the account has no EFS: its file system is not planned (see below)
              first("ec2.delete_vpc_endpoints"),
@@ -178,12 +178,12 @@ def test_fsx_delete_keeps_role_and_group_until_the_driver_deleted_its_file_syste
     with pytest.raises(DoeksError, match="timed out"):
         storage.fsx_delete(s, Runner(echo=False), force=True)
     iam, ec2 = boto3.client("iam", **kw), boto3.client("ec2", **kw)
-    assert iam.get_role(RoleName="doeks-doeks-fsx-csi")  # the controller keeps its identity while its volume exists
+    assert iam.get_role(RoleName="doeks-doeks-us-west-2-fsx-csi")  # the controller keeps its identity while its volume exists
     assert ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["doeks-fsx-doeks"]}])["SecurityGroups"]
     boto3.client("fsx", **kw).delete_file_system(FileSystemId=fs)  # the driver's DeleteVolume
     storage.fsx_delete(s, Runner(echo=False), force=True)
     with pytest.raises(iam.exceptions.NoSuchEntityException):
-        iam.get_role(RoleName="doeks-doeks-fsx-csi")
+        iam.get_role(RoleName="doeks-doeks-us-west-2-fsx-csi")
     assert not ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["doeks-fsx-doeks"]}])["SecurityGroups"]
 
 

@@ -293,6 +293,10 @@ class Target:
         """Run `step(settings, runner)` on the target's cluster; a target without one says `here` instead."""
         self.nothing(here)
 
+    def grow_nodes(self, runner, nodes: int) -> None:
+        """Make room for a job of `nodes` nodes where nodes are started for jobs (EKS' GPU node group); nothing here."""
+        return None
+
     def require_cluster(self, what: str, hint: str) -> None:
         """Raise when `what` (TrainJobs, PyTorchJobs) cannot run on this target: it has no Kubernetes cluster."""
         raise DoeksError(f"TARGET={self.name}: {what} run on a cluster (TARGET=kubernetes or eks); here {hint}")

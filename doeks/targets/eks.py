@@ -130,7 +130,16 @@ class OnAws:
         if jobspec.idle_gpus_warning(s):  # the test uses every GPU of a node; the job would not
             self.say(jobspec.idle_gpus_warning(s) + "; efa.test measures all of them", style="yellow")
         job = efa.nccl_mpijob(s, nodes, end=end or efa.default_end(placement), placement=placement)
+        self.grow_nodes(runner, nodes or max(2, s.gpu_nodes))  # efa.nccl_mpijob's node count
         efa.run_test(s, runner, job, placement.cpu)
+
+    def grow_nodes(self, runner, nodes: int) -> None:
+        """The GPU node group grown to `nodes` where it has fewer (eks.scale_for_job): GPU nodes start at GPU_NODES (0)
+        and bill once a job needs them."""
+        from .. import eks
+
+        if self.settings.gpu_nodes_max > 0 and not self.settings.eks_yaml:
+            eks.scale_for_job(self.settings, runner, nodes)
 
     # gpu-metrics
     def metrics_deploy(self, runner, interval: int, agent: bool) -> None:
@@ -171,11 +180,22 @@ class OnAws:
     # kueue
     def queue_deploy(self, runner) -> None:
         """Kueue's release manifests (v0.19.2, with doeks' Configuration) and the queue: a ResourceFlavor of the GPU
-        node group's type (EKS' network-topology labels where the type has them), the ClusterQueue's quotas."""
+        node group's type (EKS' network-topology labels where the type has them; the group's taint tolerated), the
+        ClusterQueue's quotas sized by what GPU_NODES_MAX nodes of the type have (EC2's DescribeInstanceTypes)."""
         from .. import kueue
 
+        kueue.deploy(self.settings, runner, kueue.RELEASE_MANIFESTS, [self.gpu_flavor(runner)], own=False)
+
+    def gpu_flavor(self, runner=None):
+        """The GPU node group as a Kueue flavor: its type's GPUs, EFA, vCPUs and memory (EC2's answer; offline, doeks'
+        tables), GPU_NODES_MAX nodes, the toleration of its taint."""
+        from .. import instancetypes, kueue
+        from ..jobspec import GPU_TOLERATION
+
         s = self.settings
-        kueue.deploy(s, runner, kueue.RELEASE_MANIFESTS, [kueue.node_type_flavor(s.gpu_instance_type)], own=False)
+        facts = instancetypes.node_facts(s, s.gpu_instance_type, runner)
+        return kueue.node_type_flavor(s.gpu_instance_type, tolerations=[dict(GPU_TOLERATION)], facts=facts,
+                                      nodes=s.gpu_nodes_max)
 
     def queue_delete(self, runner) -> None:
         from .. import kueue
@@ -466,11 +486,33 @@ class EksTarget(OnAws, KubernetesTarget):
         raise DoeksError(f"the model of job {job}{more} is only on the shared volume that `down` deletes ({model}): copy "
                          f"it to S3 first with `invoke csi.data.save-model --job-name {job}`, or pass --force to delete it")
 
+    def gpu_nodes_step(self, job):
+        """The plan's step growing the GPU node group to the job's REPLICAS (eks.scale_for_job): GPU nodes start at
+        GPU_NODES (0) and bill once a job needs them; None without a GPU group (GPU_NODES_MAX=0) or with EKS_YAML."""
+        from .. import eks
+        from ..runner import Runner
+        from .base import Step
+
+        s = job.settings
+        if s.gpu_nodes_max <= 0 or s.eks_yaml:
+            return None
+        nodes = min(s.replicas, s.gpu_nodes_max)
+        if s.replicas > s.gpu_nodes_max:
+            job_warning = (f"warning: REPLICAS={s.replicas} > GPU_NODES_MAX={s.gpu_nodes_max}: the GPU node group "
+                           f"grows to {s.gpu_nodes_max} nodes; the job trains on those (MIN_REPLICAS={s.min_replicas})")
+            self.say(job_warning, style="yellow")
+        return Step(f"grow node group {eks.GPU_GROUP} of cluster {s.cluster_name} to {nodes} {s.gpu_instance_type} "
+                    f"nodes where it has fewer (EKS UpdateNodegroupConfig; GPU nodes bill from here)",
+                    lambda: eks.scale_for_job(s, Runner(secrets=s.secrets()), nodes))
+
     def plan(self, job):
         plan = super().plan(job)
         step = self.job_identity_step(job)
         if step is not None:  # before the manifests are applied (the last step)
             plan.steps.insert(len(plan.steps) - 1, step)
+        grow = self.gpu_nodes_step(job)
+        if grow is not None:
+            plan.steps.insert(len(plan.steps) - 1, grow)
         from .. import jobpaths
 
         checkpoints = jobpaths.checkpoint_uri(job.settings)
