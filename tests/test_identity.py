@@ -324,7 +324,7 @@ def test_the_up_plans_of_one_cluster_name_in_two_regions_share_no_role(state_dir
                "DOEKS_CACHE": str(tmp_path / "cache")}
     roles = {}
     for region in ("us-west-2", "eu-central-1"):
-        plan = invoke("up", "--dry-run", env={**offline, "AWS_REGION": region, "CLUSTER_NAME": "team"})
+        plan = invoke("up", "--dry-run", "--full", env={**offline, "AWS_REGION": region, "CLUSTER_NAME": "team"})
         assert plan.returncode == 0, plan.stderr[-3000:]
         roles[region] = {call["RoleName"] for call in planned_calls(plan.stderr, "create_role")}
     assert {"team-us-west-2-ebs-csi", "team-us-west-2-fsx-csi", "team-us-west-2-cloudwatch-observability",
