@@ -237,3 +237,16 @@ def test_bad_replicas_and_missing_image_are_one_line(world):
     assert out.returncode == 1 and "REPLICAS" in out.stderr and "Traceback" not in out.stderr
     absent = invoke("elasticjob.deploy", env={"TARGET": "docker", "DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     assert absent.returncode == 1 and absent.stderr.strip().splitlines()[-1].startswith("error: no docker daemon reachable")
+
+
+def test_sagemakers_cluster_stages_data_as_eks_does(state_dir, monkeypatch, capsys):
+    """TARGET=sagemaker's `up` stages the data onto its EKS cluster's claim, as eks does: its pods get their AWS
+    session from EKS Pod Identity (no Secret). The staging step ended in AttributeError: pod_session was eks' alone."""
+    monkeypatch.setenv("TARGET", "sagemaker")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secretexample")
+    target = targets.get(S.load())
+    assert target.pod_session(Runner(dry_run=True), None) is None
+    target.stage_data(Runner(dry_run=True), "s3://doeks-training/data/imagenet/", False)
+    out = capsys.readouterr()
+    assert "Job default/imagenet-stage" in out.out + out.err and "pod identity association" in out.out + out.err

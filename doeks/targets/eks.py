@@ -95,6 +95,11 @@ class OnAws:
 
         storage.stage_on_cluster(self.settings, runner, source, relayout_val, session=self.pod_session)
 
+    def pod_session(self, runner, workload) -> str | None:
+        """The Secret a workload's pods read their AWS session from (envFrom), or None where EKS Pod Identity's agent
+        gives it to them (EKS itself: the eks target, and sagemaker's cluster)."""
+        return None
+
     # efa
     def efa_deploy(self, runner) -> None:
         """The EFA device plugin DaemonSet (EFA instance types only) and the MPI operator (server-side apply). One
@@ -360,11 +365,6 @@ class EksTarget(OnAws, KubernetesTarget):
                     kube.delete(runner, [identity.service_account(s, workload)], wait=False)
                 except DoeksError as error:  # the cluster may be out of reach; it goes with the cluster
                     self.say(f"service account {workload.ns(s)}/{workload.sa(s)}: {error}", style="yellow")
-
-    def pod_session(self, runner, workload) -> str | None:
-        """The Secret a workload's pods read their AWS session from (envFrom), or None where EKS Pod Identity's agent
-        gives it to them (EKS itself)."""
-        return None
 
     # -- csi.data.save-model: a job's model and checkpoints on the claim, copied to S3 by a Job -------------------------
     SAVE_TIMEOUT = 3 * 3600  # a model and its checkpoints of hundreds of GB through one pod
