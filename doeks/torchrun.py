@@ -519,7 +519,7 @@ def wait_for_rendezvous(argv: list[str], limit_s: float = RDZV_WAIT_S, say=_say)
         time.sleep(min(0.5, max(0.0, limit_s - (time.monotonic() - started))))
 
 
-def check_torch(say=None) -> bool:
+def check_torch() -> bool:
     """True where the running torch has every private name doeks' patches use (doeks.torchcompat); else says why in
     one line, before anything is patched (a traceback inside a patch in every pod, otherwise)."""
     from . import torchcompat
@@ -527,7 +527,7 @@ def check_torch(say=None) -> bool:
     try:
         torchcompat.check(("agent", "rendezvous"))
     except torchcompat.TorchMismatch as error:
-        (say or _say)(f"doeks: {error}")
+        _say(f"doeks: {error}")
         return False
     return True
 
