@@ -275,7 +275,11 @@ def main(argv=None) -> int:
     amp = args.amp == "bf16" or (args.amp == "auto" and use_cuda)
     distributed = world > 1 or "MASTER_ADDR" in os.environ
     if distributed:
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        # device_id binds NCCL to this rank's GPU: barrier() needs no guess (torch warns at every barrier without it)
+        if use_cuda:
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
     host = os.environ.get("SM_CURRENT_HOST", socket.gethostname())
     log(f"start host={host} world_size={world} local_rank={local_rank} device={device} workers={args.workers} "
         f"crop={args.crop_size} amp={'bf16' if amp else 'off'} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
