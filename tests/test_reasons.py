@@ -85,6 +85,14 @@ def test_a_cuda_out_of_memory_error_is_transient():
     assert (raised.code, raised.permanent) == ("oom", False)
 
 
+def test_a_real_gpus_out_of_memory_under_torchrun_is_out_of_memory():
+    """Captured on an H200 (torch 2.11.0+cu130): a user's script asks cudaMalloc for 400 GiB under torchrun; the log
+    holds the script's traceback, torch's OutOfMemoryError and torchrun's own ChildFailedError after it."""
+    found = reasons.from_lines(log("cuda-oom-under-torchrun"), roots=["/tmp/capture"])
+    assert (found.code, found.permanent, found.fix) == ("oom", False, reasons.OOM_FIX)
+    assert found.text.startswith("out of memory: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 400.00 GiB")
+
+
 def test_the_cuda_runtimes_own_out_of_memory_is_out_of_memory_too():
     """`CUDA error: out of memory` is the CUDA runtime's wording (a kernel launch or cudaMalloc outside torch's
     allocator: NCCL's buffers, a library's workspace): memory as well, with the batch-size fix."""
@@ -432,7 +440,8 @@ def test_the_logs_here_are_what_the_programs_write_now(tmp_path):
     capture = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(capture)
     fresh = capture.cases(tmp_path)
-    assert set(fresh) == {p.stem for p in LOGS.glob("*.log")} - {"etcd-lost-mid-job"}
+    # not made again here: an etcd killed mid-job (a cluster), a real GPU's out of memory (captured on an H200)
+    assert set(fresh) == {p.stem for p in LOGS.glob("*.log")} - {"etcd-lost-mid-job", "cuda-oom-under-torchrun"}
     for name, text in fresh.items():
         now = reasons.from_lines(text.splitlines())
         assert now == reasons.from_lines(log(name)), name
