@@ -37,7 +37,7 @@ CHECKPOINT_TESTS = ["tests/test_checkpoint_decode.py", "tests/test_checkpoints_d
 
 # name -> (file, the mutant names to run (mutmut's: module.x_function / module.xǁClassǁmethod), tests that cover it)
 MODULES = {
-    "reasons": ("doeks/targets/reasons.py", "doeks.targets.reasons.*",
+    "reasons": ("doeks/pod/reasons.py", "doeks.pod.reasons.*",
                 ["tests/test_reasons.py", "tests/test_status_local.py::test_taxonomy_decides_permanent_or_transient",
                  "tests/test_your_own_script.py::test_an_exception_is_the_scripts_reason_only_when_its_own_code_raised_it"]),
     "sampler": ("doeks/workload/train.py", "doeks.workload.train.xǁResumableSamplerǁ*", ["tests/test_sampler.py"]),
@@ -52,12 +52,12 @@ MODULES = {
     "checkpoints": ("doeks/workload/checkpoints.py", "doeks.workload.checkpoints.*", CHECKPOINT_TESTS),
     "checkpoint-read": ("doeks/workload/checkpoint_read.py", "doeks.workload.checkpoint_read.*", CHECKPOINT_TESTS),
     "checkpoint-s3": ("doeks/workload/checkpoint_s3.py", "doeks.workload.checkpoint_s3.*", CHECKPOINT_TESTS),
-    "torchrun": ("doeks/torchrun.py", "doeks.torchrun.*",
+    "torchrun": ("doeks/pod/torchrun.py", "doeks.pod.torchrun.*",
                  ["tests/test_rendezvous_wait.py"] + [f"tests/test_script_errors.py::test_{name}" for name in (
                      "an_agent_that_finds_its_runs_rendezvous_closed_ends_in_a_pod_only_after_a_while",
                      "an_agent_that_ended_for_good_keeps_its_container_a_while_in_a_pod",
                      "the_jobs_manifest_tells_its_containers_to_wait_before_they_end_for_good")]),
-    "watchdog": ("doeks/watchdog.py", "doeks.watchdog.*", ["tests/test_watchdog_local.py"]),
+    "watchdog": ("doeks/pod/watchdog.py", "doeks.pod.watchdog.*", ["tests/test_watchdog_local.py"]),
     "kueue": ("doeks/kueue.py", "doeks.kueue.*", [f"tests/test_kueue.py::test_{name}" for name in (
         "queue_label_and_one_block_on_both_job_kinds", "without_a_queue_jobs_carry_nothing_of_kueue",
         "bad_queue_settings_name_the_key", "doctor_rule_for_kueue_and_trainer",

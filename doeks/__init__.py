@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 _last_report: list[float] = []
-_beat: list[float] = []  # when this process last told its node's watchdog (doeks.watchdog) about its progress
+_beat: list[float] = []  # when this process last told its node's watchdog (doeks.pod.watchdog) about its progress
 
 
 def checkpoints(uri: str | None = None, keep: int | None = None):
@@ -80,7 +80,7 @@ def report(step: int, loss: float | None = None, samples: int | None = None, tot
 
 
 def _heartbeat(step: int) -> None:
-    """DOEKS_PROGRESS_DIR/<rank>: `step wall-time`, at most once a second (what doeks.watchdog reads)."""
+    """DOEKS_PROGRESS_DIR/<rank>: `step wall-time`, at most once a second (what doeks.pod.watchdog reads)."""
     import os
     import time
 

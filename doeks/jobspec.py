@@ -111,7 +111,7 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
 
 
 def watchdog_env(settings) -> list[dict[str, Any]]:
-    """What each replica's hang watchdog (doeks.watchdog, in the image's torchrun) reads: the timeout, each rung's
+    """What each replica's hang watchdog (doeks.pod.watchdog, in the image's torchrun) reads: the timeout, each rung's
     bound, and (on a cluster) the job, pod and node it acts on."""
     values = {"DOEKS_HANG_TIMEOUT": settings.hang_timeout, "DOEKS_HANG_RESTARTS": settings.hang_restarts,
               "DOEKS_HANG_REPLACEMENTS": settings.hang_replacements, "DOEKS_HANG_MOVES": settings.hang_moves,
@@ -249,7 +249,7 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
     if settings.rdzv_backend.startswith("etcd"):
         elastic.update(rdzvHost=etcd_name(settings), rdzvPort=ETCD_PORT)
     from .code import CODE_DIR, contract, env_list, host_names, resolve
-    from .torchrun import CLOSED_WAIT_S, END_WAIT_ENV
+    from .pod.torchrun import CLOSED_WAIT_S, END_WAIT_ENV
 
     code = code or resolve(settings)
     hosts = host_names(settings.job_name, settings.replicas)
@@ -263,7 +263,7 @@ def pytorchjob(settings, extra_args: list[str] | None = None, run: str | None = 
         "env": [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
                 {"name": "NCCL_DEBUG", "value": "INFO"},
-                # after an error no restart cures the container stays this long (doeks.torchrun.run_quietly), so the
+                # after an error no restart cures the container stays this long (doeks.pod.torchrun.run_quietly), so the
                 # follow reads why and ends the job before the kubelet or docker restarts it
                 {"name": END_WAIT_ENV, "value": str(CLOSED_WAIT_S)}]
         + env_list(contract(settings, settings.shared_mount, f"{settings.job_name}-{run}", hosts))

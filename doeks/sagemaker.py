@@ -24,7 +24,7 @@ from .errors import DoeksError
 from .settings import PROJECT_ROOT
 
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
-TORCHCOMPAT = PROJECT_ROOT / "doeks" / "torchcompat.py"  # beside checkpoints.py in the sourcedir
+TORCHCOMPAT = PROJECT_ROOT / "doeks" / "pod" / "torchcompat.py"  # beside checkpoints.py in the sourcedir
 TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"},
                                                  "Action": "sts:AssumeRole"}]}
 

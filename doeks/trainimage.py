@@ -37,22 +37,21 @@ DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile"
 BASE_DOCKERFILE = PROJECT_ROOT / "elasticjob" / "Dockerfile.torch-cpu"
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
 # At /opt/doeks-stage: the stager, for the cluster's staging Job (`python -m doeks.datastage`, standard library only),
-# the image's torchrun (`python3 -m doeks.torchrun`: torch's, with its etcd rendezvous fixed, preloaded workers
-# (doeks.zygote) and the hang watchdog (doeks.watchdog)), each worker run by doeks.worker (`python -u -m doeks.worker
-# script.py`, or doeks.worker.run in a zygote's fork), its default command (`doeks-launch`: doeks.launch, the job under
+# the image's torchrun (`python3 -m doeks.pod.torchrun`: torch's, with its etcd rendezvous fixed, preloaded workers
+# (doeks.pod.zygote) and the hang watchdog (doeks.pod.watchdog)), each worker run by doeks.pod.worker (`python -u -m doeks.pod.worker
+# script.py`, or doeks.pod.worker.run in a zygote's fork), its default command (`doeks-launch`: doeks.pod.launch, the job under
 # torchrun with whatever started the container's settings), doeks.checkpoints() for a user's script
-# (doeks/workload/checkpoints.py: torch, s3fs, s3torchconnector), and doeks.targets.reasons, by which the image's
+# (doeks/workload/checkpoints.py: torch, s3fs, s3torchconnector), and doeks.pod.reasons, by which the image's
 # torchrun tells the script's own exception (no restart) from a lost peer's.
-# py-spy in the image: the hang watchdog's stack dumps (doeks.watchdog), of a stopped rank too. Its wheel (one static
+# py-spy in the image: the hang watchdog's stack dumps (doeks.pod.watchdog), of a stopped rank too. Its wheel (one static
 # binary, any Python, x86_64) is fetched by pip on this machine and installed from the build context, as the CPU
 # base's torch wheels are: the image's own pip may not reach an index (behind a TLS-inspecting proxy it has no CA).
 PY_SPY = "py-spy==0.4.3"
-STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in ("__init__.py", "errors.py", "datastage.py", "torchrun.py",
-                                                           "worker.py", "zygote.py", "watchdog.py", "launch.py", "torchcompat.py",
-                                                           "workload/__init__.py", "workload/checkpoints.py",
-                                                           "workload/checkpoint_read.py", "workload/checkpoint_s3.py",
-                                                           "targets/__init__.py", "targets/base.py",
-                                                           "targets/reasons.py")]
+STAGE_FILES = [PROJECT_ROOT / "doeks" / name for name in (
+    "__init__.py", "errors.py", "datastage.py",
+    "pod/__init__.py", "pod/torchrun.py", "pod/worker.py", "pod/zygote.py", "pod/watchdog.py", "pod/launch.py",
+    "pod/torchcompat.py", "pod/reasons.py",
+    "workload/__init__.py", "workload/checkpoints.py", "workload/checkpoint_read.py", "workload/checkpoint_s3.py")]
 
 
 def _cpu_base() -> str:

@@ -125,12 +125,12 @@ def selector(name: str) -> str:
 
 
 def diagnose(settings, name: str | None = None):
-    """Why the TrainJob is not training (a doeks.targets.reasons.Reason), or None: read through the API server from
+    """Why the TrainJob is not training (a doeks.pod.reasons.Reason), or None: read through the API server from
     its conditions, its JobSet's events (JobSet records `JobCreationFailed` with the API server's refusal when the pod
     template it was given is invalid: sigs.k8s.io/jobset pkg/constants, `JobCreationFailedReason`), its pods' container
     states and their events."""
     from . import kube
-    from .targets import reasons
+    from .pod import reasons
 
     name = name or settings.job_name
     job = kube.get_json(["trainjob", name, "-n", settings.namespace])

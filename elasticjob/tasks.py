@@ -310,7 +310,7 @@ def _errors(s, target, lines, run):
     import sys
 
     from doeks import ui
-    from doeks.targets import reasons
+    from doeks.pod import reasons
 
     blocks = reasons.error_blocks(lines)
     if not blocks:

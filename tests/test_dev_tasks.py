@@ -26,8 +26,8 @@ def test_dry_run_names_the_files_the_tests_and_the_commands():
     result = invoke("dev.mutate", "--dry-run", "--modules", "checkpoints,watchdog", timeout=120)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
-    assert "would mutate: doeks/watchdog.py, doeks/workload/checkpoints.py" in out, out
-    assert "python -m mutmut run doeks.workload.checkpoints.* doeks.watchdog.*" in out, out
+    assert "would mutate: doeks/pod/watchdog.py, doeks/workload/checkpoints.py" in out, out
+    assert "python -m mutmut run doeks.workload.checkpoints.* doeks.pod.watchdog.*" in out, out
     refused = invoke("dev.mutate", "--modules", "watchdog,nope", timeout=120)
     assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1].startswith(
         "error: --modules 'watchdog,nope': nope not among reasons,"), refused.stderr

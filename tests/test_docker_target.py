@@ -18,7 +18,7 @@ from doeks import jobspec
 from doeks import settings as S
 from doeks import trainimage
 from doeks.runner import to_yaml_stream
-from doeks.targets import reasons
+from doeks.pod import reasons
 
 from .conftest import ROOT, invoke, training_processes, wait_for
 
@@ -102,7 +102,7 @@ def test_build_then_train_in_containers_of_the_clusters_manifest(client, job_env
 
 
 def test_a_healthy_run_logs_no_traceback(client, job_env, state_dir, monkeypatch):
-    """The image's torchrun is torch's with the etcd run directory fixed (doeks.torchrun): stock torch renews that
+    """The image's torchrun is torch's with the etcd run directory fixed (doeks.pod.torchrun): stock torch renews that
     directory as if it were a key, etcd refuses, and every node's log of a healthy run held the lease thread's traceback
     (issue 21); the directory was never renewed either, so it lapsed 2 h into the job."""
     from urllib.request import urlopen

@@ -108,7 +108,7 @@ def psutil_like_alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_a_healthy_run_logs_no_traceback(state_dir, monkeypatch):
-    """doeks' agent fixes torch's etcd run directory as the image's torchrun does (doeks.torchrun): without it, every
+    """doeks' agent fixes torch's etcd run directory as the image's torchrun does (doeks.pod.torchrun): without it, every
     node's log of a healthy run held the traceback of torch's lease thread (issue 21)."""
     s = job_settings({**SMALL, "DATA_TRAIN_PER_CLASS": "40", "DATA_VAL_PER_CLASS": "8", "EPOCHS": "1"}, monkeypatch)
     deploy(s, ["--max-steps", "2"])

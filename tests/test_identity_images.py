@@ -59,9 +59,9 @@ def dockerfile_installs() -> set[str]:
 
 def imported_modules() -> dict[str, set[str]]:
     """Top-level third-party module -> files importing it (function-level imports included)."""
-    # doeks/torchrun.py and what it starts (doeks/worker.py, doeks/zygote.py, doeks/watchdog.py) run only in the
-    # training image (its torchrun, its workers) and under the local agent, doeks/launch.py only in the training image
-    # (its default command), doeks/torchcompat.py beside them (and beside checkpoints.py): never a task's import
+    # doeks/pod/torchrun.py and what it starts (doeks/pod/worker.py, doeks/pod/zygote.py, doeks/pod/watchdog.py) run only in the
+    # training image (its torchrun, its workers) and under the local agent, doeks/pod/launch.py only in the training image
+    # (its default command), doeks/pod/torchcompat.py beside them (and beside checkpoints.py): never a task's import
     agent_side = ("torchrun.py", "worker.py", "zygote.py", "watchdog.py", "launch.py", "torchcompat.py")
     files = [ROOT / f for f in TASK_FILES] + [p for p in (ROOT / "doeks").glob("*.py") if p.name not in agent_side]
     found: dict[str, set[str]] = {}

@@ -159,7 +159,7 @@ def test_a_stopped_rank_is_named_within_the_hang_timeout_and_the_job_succeeds(en
     wait_for(lambda: stopped.search(status(env)), HANG_TIMEOUT + 15, "status naming the stopped rank", poll=1)
     print(f"rank of {pod} stopped: named in status after {time.monotonic() - began:.0f} s")
     # the ladder acted on it (rung 1 kills it, rung 2 where the node loss spent rung 1 replaces its pod): it is gone
-    from doeks.watchdog import process_state
+    from doeks.pod.watchdog import process_state
 
     wait_for(lambda: process_state(victim) in ("", "Z"), 60, f"the stopped rank (pid {victim} here) ended by the watchdog")
     assert re.search(rf"watchdog: replica {pod}: .* \(rung [12] of 4, ", status(env)), status(env)

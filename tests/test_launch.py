@@ -1,4 +1,4 @@
-"""The training image's default command (doeks.launch, `doeks-launch`): what it runs for each launcher's environment,
+"""The training image's default command (doeks.pod.launch, `doeks-launch`): what it runs for each launcher's environment,
 read with torch's own torchrun parser. The image runs it for real in tests/test_your_own_script_docker.py (torchrun
 flags, SageMaker's `train` on two hosts) and tests/test_kubernetes_sdk.py (Kubeflow Trainer's and the training
 operator's pods)."""
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from doeks import launch
+from doeks.pod import launch
 
 from .conftest import ROOT
 
@@ -115,7 +115,7 @@ def test_doeks_names_for_sagemakers_folders_are_the_submit_paths():
     (["--nnodes"], IMAGE, "torchrun's --nnodes needs a value"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, env, said):
-    result = subprocess.run([sys.executable, "-m", "doeks.launch", *args], capture_output=True, text=True, env=env,
+    result = subprocess.run([sys.executable, "-m", "doeks.pod.launch", *args], capture_output=True, text=True, env=env,
                             cwd=ROOT, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"doeks-launch: error: {said}") and result.stderr.count("\n") == 1

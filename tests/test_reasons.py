@@ -1,4 +1,4 @@
-"""Every reason rule (doeks/targets/reasons.py) and the places reasons are derived, fast: no cluster, no job.
+"""Every reason rule (doeks/pod/reasons.py) and the places reasons are derived, fast: no cluster, no job.
 
 The log lines are what real programs wrote (tests/fixtures/reasons/*.log, made by its capture.py: doeks' training
 script, Python's own errors, torchrun, torchrun's etcd rendezvous, the kernel refusing memory). The pods and events
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from doeks.targets import reasons
+from doeks.pod import reasons
+from doeks.targets.base import check_train_args
 
 from .test_targets import STANDIN, TINY, settings_for
 
@@ -451,13 +452,13 @@ def test_training_arguments_are_checked_with_the_scripts_own_parser():
     """check_train_args, what every target's plan runs before anything starts (through the CLI: test_status_local)."""
     from doeks.errors import DoeksError
 
-    assert reasons.check_train_args([]) is None and reasons.check_train_args(["--epochs", "3", "--lr", "0.1"]) is None
+    assert check_train_args([]) is None and check_train_args(["--epochs", "3", "--lr", "0.1"]) is None
     with pytest.raises(DoeksError) as bad:
-        reasons.check_train_args(["--bogus", "1"])
+        check_train_args(["--bogus", "1"])
     assert str(bad.value) == ("--train-args '--bogus 1': train.py: error: unrecognized arguments: --bogus 1 "
                               "(`python doeks/workload/train.py --help` lists its arguments)")
     with pytest.raises(DoeksError, match=r"^--train-args '--epochs lots': train.py: error: argument --epochs: invalid int"):
-        reasons.check_train_args(["--epochs", "lots"])
+        check_train_args(["--epochs", "lots"])
     with pytest.raises(DoeksError) as helped:
-        reasons.check_train_args(["--epochs", "1", "--help"])
+        check_train_args(["--epochs", "1", "--help"])
     assert str(helped.value) == "--train-args '--epochs 1 --help': not a training run (--help exits)"

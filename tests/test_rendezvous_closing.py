@@ -5,7 +5,7 @@ makes the run one nobody can join again: every node after it meets RendezvousClo
 (doeks' cluster, CI 2026-11-28: the etcd pod made again, a node that failed in the new etcd closed the round the
 restarted one had opened, and that one crash-looped while the other trained alone). A run that ended (its workers
 succeeded, or failed with no restart left) still closes it: that is how the other nodes learn it is over.
-Real etcd, real torchrun (the image's, doeks.torchrun), real processes."""
+Real etcd, real torchrun (the image's, doeks.pod.torchrun), real processes."""
 from __future__ import annotations
 
 import os
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 def torchrun(port: int, run: str, script, nodes: str, timeout_s: int) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "doeks.torchrun", "--nnodes", nodes, "--nproc-per-node", "1", "--rdzv-backend",
+    argv = [sys.executable, "-m", "doeks.pod.torchrun", "--nnodes", nodes, "--nproc-per-node", "1", "--rdzv-backend",
             "etcd", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run,
             "--rdzv-conf", f"last_call_timeout=1,timeout={timeout_s}", "--max-restarts", "0", str(script)]
     return subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",

@@ -1,4 +1,4 @@
-"""The image's torchrun waits, bounded, for its etcd rendezvous server before it starts (doeks.torchrun.
+"""The image's torchrun waits, bounded, for its etcd rendezvous server before it starts (doeks.pod.torchrun.
 wait_for_rendezvous): a job's pods and its etcd are made together, and a pod that started before the etcd Service's
 name resolved ended at once (torch's EtcdException, "Temporary failure in name resolution"), to be restarted by the
 kubelet after 10 s, then 20 s. On doeks' cluster that made a job of the script's own exception end "after 4 restarts"
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from doeks import torchrun
+from doeks.pod import torchrun
 from doeks.local import services
 
 from .conftest import ROOT
@@ -81,7 +81,7 @@ def test_the_images_torchrun_started_before_its_etcd_runs_the_job_once_etcd_is_u
     script = tmp_path / "world.py"
     script.write_text("import os\nprint('WORLD', os.environ['WORLD_SIZE'], flush=True)\n")
     port = services.free_port()
-    argv = [sys.executable, "-m", "doeks.torchrun", "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
+    argv = [sys.executable, "-m", "doeks.pod.torchrun", "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"late-{os.getpid()}-{time.time_ns()}",
             "--rdzv-conf", "last_call_timeout=1,timeout=120", "--max-restarts", "0", str(script)]
     node = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},

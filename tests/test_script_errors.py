@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from doeks.targets import reasons
+from doeks.pod import reasons
 
 # node-0's log of a real run of a script that raises RuntimeError at step 2 (two ranks, the same line), then the line
 # doeks' torchrun says when it restarts the workers, then the same again
@@ -113,7 +113,7 @@ def test_frames_of_doeks_and_installed_packages_are_not_the_scripts():
     assert reasons.user_code("/tmp/me/fit.py") and reasons.user_code("/workspace/train.py")
     assert reasons.user_code(str(PROJECT_ROOT / "doeks" / "workload" / "train.py"))  # the built-in job is a script
     assert reasons.user_code(str(PROJECT_ROOT / "examples" / "ddp-plain" / "train.py"))
-    for path in (str(PROJECT_ROOT / "doeks" / "zygote.py"), "/opt/doeks-stage/doeks/torchrun.py",
+    for path in (str(PROJECT_ROOT / "doeks" / "zygote.py"), "/opt/doeks-stage/doeks/pod/torchrun.py",
                  "<frozen runpy>", "/usr/lib/python3.11/json/decoder.py",
                  "/home/me/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py"):
         assert not reasons.user_code(path), path
@@ -126,7 +126,7 @@ def test_an_agent_that_finds_its_runs_rendezvous_closed_ends_in_a_pod_only_after
     still names RendezvousClosedError, which is what reasons reads; on this machine (no pod) it ends at once."""
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
-    from doeks import torchrun
+    from doeks.pod import torchrun
 
     def closed():
         raise RendezvousClosedError
@@ -149,7 +149,7 @@ def _torchrun(folder, script: str, *args: str, restarts: int = 2):
     import sys
 
     (folder / "fit.py").write_text(script)
-    return subprocess.run([sys.executable, "-m", "doeks.torchrun", "--standalone", "--nproc-per-node", "2",
+    return subprocess.run([sys.executable, "-m", "doeks.pod.torchrun", "--standalone", "--nproc-per-node", "2",
                            "--max-restarts", str(restarts), "fit.py", *args], cwd=folder, capture_output=True,
                           text=True, timeout=180)
 
@@ -175,7 +175,7 @@ def test_an_agent_that_ended_for_good_keeps_its_container_a_while_in_a_pod(monke
     agent out of restarts for a transient error ends at once (the kubelet's restart may help)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from doeks import torchrun
+    from doeks.pod import torchrun
 
     def failed():
         raise ChildFailedError("fit.py", {0: ProcessFailure(0, 1, 1, "")})
@@ -204,7 +204,8 @@ def test_the_jobs_manifest_tells_its_containers_to_wait_before_they_end_for_good
     """Every container of the job's PyTorchJob (a pod, or docker's container made from it) has DOEKS_END_WAIT_S: on
     docker, where nothing set it, the script's own error ended the agent at once and docker's on-failure policy
     restarted the container before `--follow` ended the job ("Failed after 1 restarts", CI)."""
-    from doeks import jobspec, settings, torchrun
+    from doeks import jobspec, settings
+    from doeks.pod import torchrun
     from doeks.settings import PROJECT_ROOT
 
     s = settings.load(environ={}, path=PROJECT_ROOT / ".env")
@@ -214,8 +215,8 @@ def test_the_jobs_manifest_tells_its_containers_to_wait_before_they_end_for_good
 
 
 def test_the_images_stage_reads_tracebacks_with_nothing_else_of_doeks(tmp_path):
-    """The image's torchrun reads its workers' tracebacks with doeks.targets.reasons, staged beside it
-    (trainimage.STAGE_FILES): those files alone import (no settings, no invoke)."""
+    """The image stages doeks.pod, the pod-side package (trainimage.STAGE_FILES): each of its modules imports from
+    those files alone (no settings, no invoke, no targets)."""
     import shutil
     import subprocess
     import sys
@@ -227,10 +228,11 @@ def test_the_images_stage_reads_tracebacks_with_nothing_else_of_doeks(tmp_path):
         target = tmp_path / "doeks" / path.relative_to(PROJECT_ROOT / "doeks")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
-    probe = subprocess.run([sys.executable, "-S", "-c", "import doeks.torchrun, doeks.worker, doeks.targets.reasons as r; "
+    probe = subprocess.run([sys.executable, "-S", "-c", "import doeks.pod.torchrun, doeks.pod.worker, doeks.pod.zygote, "
+                            "doeks.pod.watchdog, doeks.pod.launch, doeks.pod.torchcompat, doeks.pod.reasons as r; "
                             "print(r.__file__)"], env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path, capture_output=True,
                            text=True)
-    assert probe.returncode == 0 and probe.stdout.strip() == str(tmp_path / "doeks" / "targets" / "reasons.py"), probe
+    assert probe.returncode == 0 and probe.stdout.strip() == str(tmp_path / "doeks" / "pod" / "reasons.py"), probe
 
 
 def test_a_worker_killed_outright_takes_its_own_children_and_is_restarted_at_once(tmp_path):

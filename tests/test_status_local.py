@@ -1,5 +1,5 @@
 """Status that explains itself and runs, on the local target for real (torchrun agents, a real etcd): the error
-taxonomy (doeks.targets.reasons), permanent errors that end the job without restarts, restarts counted right, a run
+taxonomy (doeks.pod.reasons), permanent errors that end the job without restarts, restarts counted right, a run
 per deploy with its own logs, `elasticjob.history`, `elasticjob.describe`, the root `invoke status`."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 
 from doeks import elastic, targets
 from doeks.local import jobs, services
-from doeks.targets import reasons, runs
+from doeks.pod import reasons
+from doeks.targets import runs
 
 from .conftest import invoke, job_settings, training_processes, wait_for
 from .test_elasticjob_local import leftover_processes

@@ -1,5 +1,5 @@
 """One torch everywhere: the torch of every image is the one the suite runs, and every private torch name doeks uses
-is listed in doeks.torchcompat and checked before use (one line, never a traceback in a pod)."""
+is listed in doeks.pod.torchcompat and checked before use (one line, never a traceback in a pod)."""
 from __future__ import annotations
 
 import re
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from doeks import torchcompat
+from doeks.pod import torchcompat
 
 from .conftest import ROOT
 
@@ -40,7 +40,7 @@ def test_every_image_runs_the_tested_torch():
     dockerfile = (ROOT / "elasticjob" / "Dockerfile").read_text()
     assert re.search(r"^ARG TORCH_VERSION=(\S+)$", dockerfile, re.M).group(1) == trainimage.TORCH_VERSION
     assert re.search(r"^ARG TORCHVISION_VERSION=(\S+)$", dockerfile, re.M).group(1) == trainimage.TORCHVISION_VERSION
-    assert "python3 -m doeks.torchcompat" in dockerfile  # the build itself refuses a torch that lacks a name
+    assert "python3 -m doeks.pod.torchcompat" in dockerfile  # the build itself refuses a torch that lacks a name
     assert versions.TORCH_RUNTIME_IMAGE.split(":")[1].split("-")[0] in tested
     assert f"torch=={trainimage.TORCH_VERSION}" in sagemaker.torch_requirements()
     locked = re.search(r"^torch==(\S+)", (ROOT / "constraints.txt").read_text(), re.M).group(1)
@@ -63,9 +63,9 @@ def test_every_private_torch_module_doeks_imports_is_listed():
     assert found, "the scan found nothing: it no longer reads doeks' imports"
     for where, module, name in sorted(found, key=str):
         if name is None:
-            assert module in listed_modules, f"{where} imports {module}, not in doeks.torchcompat.NAMES"
+            assert module in listed_modules, f"{where} imports {module}, not in doeks.pod.torchcompat.NAMES"
         else:
-            assert (module, name) in listed, f"{where} imports {module}.{name}, not in doeks.torchcompat.NAMES"
+            assert (module, name) in listed, f"{where} imports {module}.{name}, not in doeks.pod.torchcompat.NAMES"
 
 
 def test_a_torch_without_a_patched_name_ends_torchrun_in_one_line():
@@ -75,7 +75,7 @@ def test_a_torch_without_a_patched_name_ends_torchrun_in_one_line():
              "from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler as m\n"
              "del m.SubprocessHandler._popen\n"
              "sys.argv = ['torchrun', '--help']\n"
-             "from doeks import torchrun\n"
+             "from doeks.pod import torchrun\n"
              "sys.exit(torchrun.main())\n")
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     out = result.stdout + result.stderr
@@ -96,7 +96,7 @@ def test_a_checkpoint_store_on_such_a_torch_says_it_in_one_line(monkeypatch, tmp
 
 
 def test_the_module_says_the_running_torch_in_one_line():
-    result = subprocess.run([sys.executable, "-m", "doeks.torchcompat"], cwd=ROOT, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "doeks.pod.torchcompat"], cwd=ROOT, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"doeks: torch {torch.__version__} has every private name doeks uses"

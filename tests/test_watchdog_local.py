@@ -1,4 +1,4 @@
-"""The hang watchdog (doeks.watchdog) on the local target, for real: torchrun agents with a real etcd, a rank stopped
+"""The hang watchdog (doeks.pod.watchdog) on the local target, for real: torchrun agents with a real etcd, a rank stopped
 with SIGSTOP (as a stuck collective or a deadlocked loader holds a job: alive, making no progress). The replica's
 watchdog names the rank in `status` within HANG_TIMEOUT + 15 s and restarts its processes (rung 1); the same rank
 stopped again soon after is past HANG_RESTARTS=1, so its node is replaced (rung 2: the agent exits 75, the supervisor
@@ -97,7 +97,7 @@ def test_a_rank_waiting_in_a_collective_is_told_from_one_outside_by_its_real_py_
     import subprocess
     import sys
 
-    from doeks import watchdog
+    from doeks.pod import watchdog
 
     script = """import threading, time
 def all_gather():
@@ -141,7 +141,7 @@ def test_a_replica_with_no_local_suspect_takes_its_own_ranks_only_at_twice_the_t
     import sys
     from types import SimpleNamespace
 
-    from doeks import watchdog
+    from doeks.pod import watchdog
 
     timeout = 3.0
     (tmp_path / "rank.py").write_text(WAITING_RANK)

@@ -275,7 +275,7 @@ def test_the_pipelines_kubernetes_and_sagemaker_branches_run_the_users_script(us
 
 
 def test_an_exception_is_the_scripts_reason_only_when_its_own_code_raised_it():
-    from doeks.targets import reasons
+    from doeks.pod import reasons
 
     mine = ["Traceback (most recent call last):", '  File "/workspace/fit.py", line 9, in <module>', "ValueError: boom"]
     assert reasons.from_lines(mine).text == "the script raised ValueError: boom (fit.py, line 9, in <module>)"

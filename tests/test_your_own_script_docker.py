@@ -114,7 +114,7 @@ def test_a_script_that_raises_ends_failed_with_its_exception_on_docker_and_sagem
 
 
 def test_the_image_runs_with_no_command_named_as_torchrun_and_sagemaker_start_it(client, job_env, tmp_path):
-    """The image's default command (doeks.launch): given torchrun's flags and the script's arguments, as `docker run`
+    """The image's default command (doeks.pod.launch): given torchrun's flags and the script's arguments, as `docker run`
     or `kubectl run` would; and as SageMaker runs a bring-your-own container (`train`), on two hosts whose names
     resolve to this machine, with /opt/ml/input/config as SageMaker writes it: hyperparameters become the script's
     arguments, the first host is the master, the model lands in /opt/ml/model. (Kubeflow's launchers run it on the

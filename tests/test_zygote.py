@@ -1,4 +1,4 @@
-"""Workers forked from a preloaded zygote behave like `python -u script.py` started by torchrun (doeks.zygote)."""
+"""Workers forked from a preloaded zygote behave like `python -u script.py` started by torchrun (doeks.pod.zygote)."""
 from __future__ import annotations
 
 import json

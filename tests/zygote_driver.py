@@ -1,4 +1,4 @@
-"""Drives doeks.zygote as the agent does (tests/test_zygote.py): `python zygote_driver.py SCENARIO FOLDER`."""
+"""Drives doeks.pod.zygote as the agent does (tests/test_zygote.py): `python zygote_driver.py SCENARIO FOLDER`."""
 import json
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from doeks import zygote
+from doeks.pod import zygote
 
 scenario, folder = sys.argv[1], Path(sys.argv[2])
 z = zygote.start()  # in a worker this runs the script and exits
@@ -42,7 +42,7 @@ elif scenario == "reaped-unreported":
     # a loaded machine opens for milliseconds stays open
     from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
 
-    from doeks import torchrun
+    from doeks.pod import torchrun
 
     torchrun.patch_worker_start(z)
     handler = SubprocessHandler(sys.executable, ("-u", str(folder / "ok.py")), {}, None, None, 0, None)

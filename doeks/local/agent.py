@@ -3,21 +3,21 @@
 Exactly torch.distributed.run (same arguments, same rendezvous protocol, same worker environment), with changes that
 only make sense when every node is a process on this machine:
 
-- workers are forks of a zygote that has imported torch and torchvision once (doeks.zygote), so a start or a
+- workers are forks of a zygote that has imported torch and torchvision once (doeks.pod.zygote), so a start or a
   restart does not pay for those imports again;
 - etcd rendezvous: an agent that leaves a round deletes its own keep-alive key instead of letting it lapse, so the
   others see at once that the round is over, and an agent whose round was replaced by a newer one joins it at its next
   health check instead of waiting for its own workers to fail; the keep-alive lease is 3 s instead of 10 s for an agent
-  that died (these three are doeks.torchrun's, which the training image runs too);
+  that died (these three are doeks.pod.torchrun's, which the training image runs too);
 - etcd rendezvous: the join window ("last call") stays open until every node the local supervisor runs has joined
   (up to JOIN_WAIT s), then closes at once: torch closes it 1 s after the first node, so a node slower than that to
   start rendezvoused the others without it, and they re-rendezvoused when it came;
-- as the training image's torchrun (doeks.torchrun): a restart of the workers is said in the log, a worker that exits
+- as the training image's torchrun (doeks.pod.torchrun): a restart of the workers is said in the log, a worker that exits
   with 2 (the training script's code for a permanent error) is not restarted, and a stop or the end of the restarts is
   one line, not a traceback; the supervisor (doeks.local.jobs) fails the job with the reason it reads from the log;
 - the run's etcd directory lives 7 days instead of 2 h, and nobody tries to renew it: torch renews it as if it were
   a file, which etcd refuses (a traceback in every log and no renewal at all); the same fix as the training image's
-  torchrun (doeks.torchrun). The local etcd and its run ids are the toolkit's own: a new deploy makes a new run id,
+  torchrun (doeks.pod.torchrun). The local etcd and its run ids are the toolkit's own: a new deploy makes a new run id,
   and `down` stops the server.
 """
 from __future__ import annotations
@@ -30,9 +30,9 @@ import time
 from torch.distributed.elastic.rendezvous import etcd_rendezvous
 from torch.distributed.run import main
 
-from .. import zygote as zygote_module
-from ..torchrun import patch_rendezvous as patch_torchrun
-from ..torchrun import patch_restarts, patch_whole_lines, patch_worker_start, run_quietly
+from ..pod import zygote as zygote_module
+from ..pod.torchrun import patch_rendezvous as patch_torchrun
+from ..pod.torchrun import patch_restarts, patch_whole_lines, patch_worker_start, run_quietly
 
 LAST_CALL_POLL = 0.2
 JOIN_WAIT = 120  # longest the join window waits for a node the supervisor runs (its start: importing torch)
@@ -51,7 +51,7 @@ def expected_nodes() -> int | None:
 
 
 def patch_rendezvous() -> None:
-    """The image's fixes (doeks.torchrun: run directory, 3 s keep-alive, leaving a round at once, joining a newer
+    """The image's fixes (doeks.pod.torchrun: run directory, 3 s keep-alive, leaving a round at once, joining a newer
     round), then the local supervisor's join window."""
     patch_torchrun()
     rendezvous = etcd_rendezvous.EtcdRendezvous
@@ -89,7 +89,7 @@ def patch_rendezvous() -> None:
 
 
 if __name__ == "__main__":
-    from ..torchrun import check_torch
+    from ..pod.torchrun import check_torch
 
     if not check_torch():
         sys.exit(2)
@@ -98,7 +98,7 @@ if __name__ == "__main__":
         patch_worker_start(zygote_module.start())  # in a worker, start() runs the script and exits
     patch_rendezvous()
     patch_restarts()
-    from .. import watchdog
+    from ..pod import watchdog
 
     watchdog.patch_agent()  # after patch_restarts: it wraps the monitor loop that one changed
     sys.exit(run_quietly(main, end_wait_s=0))  # the supervisor reads why itself (the manifest's wait is a container's)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import watchdog
+from ..pod import watchdog
 from ..errors import DoeksError
 from .services import kill_group, pid_alive, reap_exited
 
@@ -87,7 +87,7 @@ def replica_command(job: dict[str, Any], volumes_dir: Path, rdzv_endpoint: str,
     container (the code's folder, the shared volume) become this machine's folders, in the arguments and the
     environment alike.
 
-    `preload`: workers are forks of a process that has imported torch and torchvision (doeks.zygote)."""
+    `preload`: workers are forks of a process that has imported torch and torchvision (doeks.pod.zygote)."""
     from ..jobspec import pet_env, worker_pod
 
     container = worker_pod(job)["containers"][0]
@@ -272,14 +272,14 @@ def kill_tree(pid: int, grace: float = 5.0) -> None:
 
 
 # -- reading what the replicas log -------------------------------------------------------------------------------
-# Restarts of a node's workers by torchrun (doeks.torchrun says each one), and of the node by the supervisor: the
-# taxonomy's markers (doeks.targets.reasons). torch/distributed/elastic/multiprocessing/api.py (PContext wait, torch 2.13)
+# Restarts of a node's workers by torchrun (doeks.pod.torchrun says each one), and of the node by the supervisor: the
+# taxonomy's markers (doeks.pod.reasons). torch/distributed/elastic/multiprocessing/api.py (PContext wait, torch 2.13)
 # logs, at ERROR, one line per failed worker group: "failed (exitcode: -9) local_rank: 0 (pid: 123) of binary: ..."
-from ..targets import reasons  # noqa: E402
-from ..targets.reasons import NODE_RESTART, WORKER_RESTART, WORKER_RESTARTED  # noqa: E402
+from ..pod import reasons  # noqa: E402
+from ..pod.reasons import NODE_RESTART, WORKER_RESTART, WORKER_RESTARTED  # noqa: E402
 
 GROUP_FAILED = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: \d+\)")
-# the hang watchdog's steps (doeks.watchdog.say): what `status` and `history` show; its stack dumps and notes are not
+# the hang watchdog's steps (doeks.pod.watchdog.say): what `status` and `history` show; its stack dumps and notes are not
 WATCHDOG_LINE = re.compile(r"^doeks: watchdog: (hang: |replica \S+: (?!no progress)|node \S+ cordoned|every rung)")
 
 
@@ -308,7 +308,7 @@ class LogScanner:
         self.roots = tuple(roots)
         self.tracebacks = reasons.Tracebacks()
         self.permanent = None
-        self.watchdog: list[str] = []  # the hang watchdog's lines (doeks.watchdog): what it named and did
+        self.watchdog: list[str] = []  # the hang watchdog's lines (doeks.pod.watchdog): what it named and did
 
     def scan(self, key: str, log: Path) -> None:
         from ..targets.follow import new_lines
@@ -363,7 +363,7 @@ def reason_record(reason) -> dict[str, Any] | None:
 class Supervisor:
     """Kubernetes and the training operator for the job's "pods": start each replica's agent, restart one that failed
     (restartPolicy OnFailure, up to runPolicy.backoffLimit for the job), follow `scale` requests, end the job when a
-    reason is permanent (doeks.targets.reasons) or a node has used its MAX_RESTARTS (elasticPolicy.maxRestarts: the
+    reason is permanent (doeks.pod.reasons) or a node has used its MAX_RESTARTS (elasticPolicy.maxRestarts: the
     node's restarts, torchrun's of its workers and the supervisor's of its agent together: each agent gets what is left
     as its --max-restarts)."""
 

@@ -162,11 +162,11 @@ class JobStatus:
     replicas: list[ReplicaStatus] = field(default_factory=list)
     desired: int | None = None
     restarts: int = 0
-    reason: str = ""       # why it is not training (doeks.targets.reasons), "" when nothing is wrong
+    reason: str = ""       # why it is not training (doeks.pod.reasons), "" when nothing is wrong
     fix: str = ""          # what to do about it
     permanent: bool = False  # a restart cannot help (bad arguments, missing data, import error)
     queue: str = ""        # a queued job: its queue and admission, as Kueue says (doeks.kueue.Admission.line)
-    # what the job went through, one line each, oldest first: the hang watchdog's steps (doeks.watchdog), a lost node
+    # what the job went through, one line each, oldest first: the hang watchdog's steps (doeks.pod.watchdog), a lost node
     notes: list[str] = field(default_factory=list)
     ended: float | None = None  # when a final job ended (time.time()), where the target tells
 
@@ -453,7 +453,6 @@ class Target:
         """A plan's start for the targets that run the manifests (eks) or interpret them (local, docker): the training
         arguments checked against the script's own parser, the manifests, and the image their workers run."""
         from .. import jobspec
-        from .reasons import check_train_args
 
         if job.code.builtin:  # a user's script parses its own arguments
             check_train_args(job.train_args)
@@ -545,3 +544,29 @@ class Target:
         if not where or "://" in where:
             raise NotSupported(self.name, verb, hint.format(where=where or "the job"))
         return Path(where)
+
+
+class TrainArgsError(Exception):
+    pass
+
+
+def check_train_args(train_args: list[str]) -> None:
+    """Refuse arguments the training script would refuse, before anything starts: parse them with the script's own
+    parser (doeks/workload/train.py is the file every target runs). Raises DoeksError with argparse's message."""
+    from ..workload import train
+
+    if not train_args:
+        return
+    parser = train.build_parser()
+
+    def refuse(message):
+        raise TrainArgsError(message)
+
+    parser.error = refuse  # argparse would print usage and exit 2
+    try:
+        train.parse_args(list(train_args), parser)
+    except TrainArgsError as error:
+        raise DoeksError(f"--train-args {' '.join(train_args)!r}: train.py: error: {error} "
+                         "(`python doeks/workload/train.py --help` lists its arguments)") from None
+    except SystemExit:  # --help / --version
+        raise DoeksError(f"--train-args {' '.join(train_args)!r}: not a training run (--help exits)") from None

@@ -27,7 +27,7 @@ from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job
                    Step, Target)
 from .follow import ContainerCursor, wait_with_progress
 from .local import start_rendezvous
-from . import reasons
+from ..pod import reasons
 
 from ..local.containers import JOB, PART_OF, REPLICA, RUN, STATE, TARGET, client, remove_all, state_label  # noqa: F401
 

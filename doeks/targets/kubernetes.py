@@ -16,7 +16,7 @@ from ..local.jobs import parse_progress, restarting
 from ..errors import DoeksError
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
                    Step, Target)
-from . import reasons
+from ..pod import reasons
 
 _CONDITIONS = {"Created": PENDING, "Running": RUNNING, "Restarting": RESTARTING, "Succeeded": SUCCEEDED,
                "Failed": FAILED, "Suspended": STOPPED}
@@ -785,7 +785,7 @@ def _replaced(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
 
 
 def _watchdog_notes(events: list[dict[str, Any]], by_pod: dict[str, list[str]]) -> list[str]:
-    """The hang watchdog's steps (doeks.watchdog): its Events (they outlive a replaced pod), then its lines in the
+    """The hang watchdog's steps (doeks.pod.watchdog): its Events (they outlive a replaced pod), then its lines in the
     pods' logs (an Event the pod could not record), once each, prefixed `watchdog: `."""
     from ..local.jobs import WATCHDOG_LINE
 

@@ -14,7 +14,7 @@ from ..local import runtime
 from ..local.services import etcd, free_port
 from .base import FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus, Step, Target
 from .follow import FileCursor, follow_until_done
-from .reasons import Reason
+from ..pod.reasons import Reason
 
 
 class OnThisMachine:

@@ -27,8 +27,8 @@ from .eks import OnAws
 from .base import (FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, NotSupported, Plan, ReplicaStatus,
                    Step, Target)
 from .follow import ContainerCursor, follow_until_done, wait_with_progress
-from . import reasons
-from .reasons import check_train_args
+from ..pod import reasons
+from .base import check_train_args
 
 _STATES = {"InProgress": RUNNING, "Completed": SUCCEEDED, "Failed": FAILED, "Stopping": RUNNING, "Stopped": STOPPED}
 LABEL = "doeks/target"

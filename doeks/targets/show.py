@@ -40,7 +40,7 @@ def status(target) -> JobStatus:
 
 def fix_of(target, st: JobStatus) -> str:
     """The status' fix with the job's own folders in it (a reason names the checkpoint folder as CHECKPOINTS)."""
-    from .reasons import CHECKPOINTS
+    from ..pod.reasons import CHECKPOINTS
 
     if CHECKPOINTS not in st.fix:
         return st.fix

@@ -171,13 +171,13 @@ _TORCH_CHECKED = False
 
 
 def _check_torch() -> None:
-    """CheckpointError, in one line, where the running torch lacks a private name this module reads (doeks.torchcompat:
+    """CheckpointError, in one line, where the running torch lacks a private name this module reads (doeks.pod.torchcompat:
     staged beside it in the training image; a copy of this file alone skips the check)."""
     global _TORCH_CHECKED
     if _TORCH_CHECKED:
         return
     try:
-        from doeks import torchcompat
+        from doeks.pod import torchcompat
     except ImportError:
         try:  # a SageMaker sourcedir: beside this file (doeks.sagemaker.source_archive)
             import torchcompat  # type: ignore[no-redef]

@@ -101,7 +101,7 @@ def parse_args(argv=None, p: argparse.ArgumentParser | None = None) -> argparse.
 
 
 class Heartbeat:
-    """This rank's progress for its node's watchdog (doeks.watchdog, in the agent that started it): its last step and
+    """This rank's progress for its node's watchdog (doeks.pod.watchdog, in the agent that started it): its last step and
     when, written to DOEKS_PROGRESS_DIR/<rank> at most once a second; and its stacks on SIGUSR1 (faulthandler), which
     the watchdog asks for when the rank made no progress. Nothing without DOEKS_PROGRESS_DIR (plain torchrun)."""
 

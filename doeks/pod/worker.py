@@ -2,8 +2,8 @@
 arguments, sys.path[0], `__main__`, `__file__`, its traceback and exit code; sys.argv[0] is the script's absolute path),
 with the end of torch's process groups made safe.
 
-torchrun starts each worker as `python -u script.py`; the training image's torchrun (doeks.torchrun) starts
-`python -u -m doeks.worker script.py` instead, and doeks.zygote (the local agent's and the image's torchrun's
+torchrun starts each worker as `python -u script.py`; the training image's torchrun (doeks.pod.torchrun) starts
+`python -u -m doeks.pod.worker script.py` instead, and doeks.pod.zygote (the local agent's and the image's torchrun's
 preloaded workers) runs `run()` in each fork.
 
 Why: a script that ends as PyTorch's DDP tutorial ends (`dist.destroy_process_group()` while its DistributedDataParallel
@@ -19,7 +19,7 @@ interpreter's end can abort with gloo's threads alive (`terminate called without
 job's work done, its pod failed and restarted). An NCCL group left open is left to torch.
 
 Standard library, and torch.distributed where torch is installed (imported before the script: it imports torch
-anyway): staged into the training image beside doeks.torchrun.
+anyway): staged into the training image beside doeks.pod.torchrun.
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ def runnable(args) -> bool:
 
 
 def command(args) -> list[str]:
-    """torchrun's `python -u script.py args` as `python -u -m doeks.worker script.py args` (others unchanged)."""
+    """torchrun's `python -u script.py args` as `python -u -m doeks.pod.worker script.py args` (others unchanged)."""
     args = list(args)
-    return [args[0], "-u", "-m", "doeks.worker", *args[2:]] if runnable(args) else args
+    return [args[0], "-u", "-m", "doeks.pod.worker", *args[2:]] if runnable(args) else args
 
 
 def hold_process_groups() -> None:
@@ -109,7 +109,7 @@ def run(script: str, args: list[str]) -> None:
 
 def main() -> None:
     if len(sys.argv) < 2:
-        print("usage: python -m doeks.worker script.py [args...]", file=sys.stderr)
+        print("usage: python -m doeks.pod.worker script.py [args...]", file=sys.stderr)
         sys.exit(2)
     run(sys.argv[1], sys.argv[2:])
 

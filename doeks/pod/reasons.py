@@ -5,7 +5,7 @@ Each rule reads what every target has (log lines, exit codes, Kubernetes events 
 arguments, missing data or file, an import error) or *transient* (a restart may help: the rendezvous server was
 unreachable, out of memory, a crash loop). Permanent errors end the job at once, without restarts: the local
 supervisor stops every node when a log shows one, the follow loop cancels a job on the other targets, and bad
-training arguments are refused before anything starts (`check_train_args`, against the script's own parser).
+training arguments are refused before anything starts (doeks.targets.base.check_train_args).
 
 The split follows kopf's `PermanentError` / `TemporaryError` (nolar/kopf, kopf/_core/actions/execution.py, main 07cab46):
 a handler's error is either retried after a delay or ends the handling for good, decided by its type, not by how
@@ -94,7 +94,7 @@ _EVENT_RULES = {
 
 
 LOGS_FIX = "`invoke elasticjob.logs --errors` shows its traceback"
-# What doeks' torchrun (doeks.torchrun, in the image and on the local agent) says when it restarts a node's workers, and
+# What doeks' torchrun (doeks.pod.torchrun, in the image and on the local agent) says when it restarts a node's workers, and
 # when they run again; torch's own INFO line for the first, where its logging shows INFO; the local supervisor's line
 # when it starts a node again (doeks.local.jobs). Each restart starts a new attempt: a traceback after it is a new one.
 WORKER_RESTART = re.compile(r"Worker group (FAILED|UNHEALTHY)\. \d+/\d+ attempts left|^doeks: worker group failed ")
@@ -383,30 +383,3 @@ def error_blocks(lines: Iterable[str]) -> list[tuple[Raised, int, list[str]]]:
         first, streams = found.setdefault(key, (raised, []))
         streams.append(raised.stream)
     return [(first, len(streams), sorted(set(streams))) for first, streams in found.values()]
-
-
-class TrainArgsError(Exception):
-    pass
-
-
-def check_train_args(train_args: list[str]) -> None:
-    """Refuse arguments the training script would refuse, before anything starts: parse them with the script's own
-    parser (doeks/workload/train.py is the file every target runs). Raises DoeksError with argparse's message."""
-    from ..errors import DoeksError
-    from ..workload import train
-
-    if not train_args:
-        return
-    parser = train.build_parser()
-
-    def refuse(message):
-        raise TrainArgsError(message)
-
-    parser.error = refuse  # argparse would print usage and exit 2
-    try:
-        train.parse_args(list(train_args), parser)
-    except TrainArgsError as error:
-        raise DoeksError(f"--train-args {' '.join(train_args)!r}: train.py: error: {error} "
-                         "(`python doeks/workload/train.py --help` lists its arguments)") from None
-    except SystemExit:  # --help / --version
-        raise DoeksError(f"--train-args {' '.join(train_args)!r}: not a training run (--help exits)") from None

@@ -1,5 +1,5 @@
 """torchrun as the training image runs it: torch.distributed.run itself, with its etcd rendezvous fixed. The image's
-`torchrun` is `python3 -m doeks.torchrun` (elasticjob/Dockerfile); doeks' local agent applies the same fixes.
+`torchrun` is `python3 -m doeks.pod.torchrun` (elasticjob/Dockerfile); doeks' local agent applies the same fixes.
 
 Recovery (measured by bench/cluster_target.py): an agent that leaves a round (its workers failed, or it is told to
 restart) deletes its own keep-alive key instead of letting it lapse, so the others see at once that the round is over;
@@ -14,20 +14,20 @@ the directory is never renewed: 2 h after the job started it lapses with the ren
 fails after that cannot rendezvous again ("Unexpected state of EtcdRendezvousHandler, worker needs to die"). Here the
 directory lives 7 days and nobody tries to renew it: each deploy makes a new run id, and the job's etcd goes with it.
 
-Preloaded workers (doeks.zygote): the agent forks, right after its own `import torch`, a process that imports
+Preloaded workers (doeks.pod.zygote): the agent forks, right after its own `import torch`, a process that imports
 torchvision and the rest once; every worker (start and restart) is a fork of it instead of a new interpreter
 importing them again: a replaced pod's first step and a restarted container's come seconds sooner. A fork runs the
-script through doeks.worker.run, as a new interpreter's `python -u -m doeks.worker script.py` does. DOEKS_PRELOAD=0
+script through doeks.pod.worker.run, as a new interpreter's `python -u -m doeks.pod.worker script.py` does. DOEKS_PRELOAD=0
 in the pod's environment starts workers the usual way (that command).
 
-The hang watchdog (doeks.watchdog) runs in the agent's monitor loop when DOEKS_HANG_TIMEOUT is set.
+The hang watchdog (doeks.pod.watchdog) runs in the agent's monitor loop when DOEKS_HANG_TIMEOUT is set.
 
 Before it starts, it waits (at most RDZV_WAIT_S) for its etcd rendezvous server to take a connection: a job's pods and
 its etcd are made together, and an agent that started before the etcd Service's name resolved ended at once, its
 container restarted by the kubelet after 10 s, then 20 s (see wait_for_rendezvous).
 
-Standard library and torch only, doeks.targets.reasons (standard library: how doeks reads a traceback), doeks.worker
-(how a worker runs the script), doeks.zygote and doeks.watchdog, staged beside it: in the image it runs without the
+Standard library and torch only, doeks.pod.reasons (standard library: how doeks reads a traceback), doeks.pod.worker
+(how a worker runs the script), doeks.pod.zygote and doeks.pod.watchdog, staged beside it: in the image it runs without the
 rest of doeks.
 """
 from __future__ import annotations
@@ -198,7 +198,7 @@ def patch_worker_start(zygote) -> None:
 PERMANENT_EXIT = 2  # the training script's (and argparse's) exit code for an error no restart can fix
 # What the agent says in its log (stderr, in order with the workers' tracebacks): a restart of the node's workers after
 # a failure, once the failed workers are stopped and before the next rendezvous, and when they run again. doeks reads
-# them (doeks.targets.reasons: RESTART_SAID, RESTARTED_SAID) to count restarts and to tell one attempt from the next.
+# them (doeks.pod.reasons: RESTART_SAID, RESTARTED_SAID) to count restarts and to tell one attempt from the next.
 RESTART_SAID = "doeks: worker group failed"
 RESTARTED_SAID = "doeks: worker group restarted"
 
@@ -263,7 +263,7 @@ def patch_restarts() -> None:
 
 _RELAYS: list[threading.Thread] = []
 _WRITE = threading.Lock()
-# What the workers of this attempt raised: one reading per worker stream (doeks.targets.reasons.Tracebacks), so two
+# What the workers of this attempt raised: one reading per worker stream (doeks.pod.reasons.Tracebacks), so two
 # workers' tracebacks written at once are read apart
 _SEEN: list = []
 # The agent stopped because no restart could help (a permanent exit code, the script's own exception)
@@ -304,7 +304,7 @@ def _script_error(wait: float = 5.0) -> str:
 def _reader():
     """A reader of one worker stream's tracebacks for this attempt (None where doeks' reader is not staged)."""
     try:
-        from .targets.reasons import Tracebacks
+        from .reasons import Tracebacks
     except ImportError:
         return None
     reading = Tracebacks()
@@ -329,8 +329,8 @@ def drain_relays(timeout: float = 5.0, ended_only: bool = False) -> None:
 
 
 def _worker_command(args):
-    """`python -u script.py` as `python -u -m doeks.worker script.py` (doeks.worker: the script's process groups end
-    without the hang at exit of gloo's DDP), where doeks.worker is staged beside this module."""
+    """`python -u script.py` as `python -u -m doeks.pod.worker script.py` (doeks.pod.worker: the script's process groups end
+    without the hang at exit of gloo's DDP), where doeks.pod.worker is staged beside this module."""
     try:
         from .worker import command
     except ImportError:
@@ -520,7 +520,7 @@ def wait_for_rendezvous(argv: list[str], limit_s: float = RDZV_WAIT_S, say=_say)
 
 
 def check_torch() -> bool:
-    """True where the running torch has every private name doeks' patches use (doeks.torchcompat); else says why in
+    """True where the running torch has every private name doeks' patches use (doeks.pod.torchcompat); else says why in
     one line, before anything is patched (a traceback inside a patch in every pod, otherwise)."""
     from . import torchcompat
 

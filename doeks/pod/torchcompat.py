@@ -1,12 +1,12 @@
 """Every private torch name doeks relies on, in one list, checked against the running torch before doeks uses it.
 
-doeks patches torch's elastic agent and etcd rendezvous (doeks.torchrun, doeks.watchdog, doeks.local.agent) and reads
+doeks patches torch's elastic agent and etcd rendezvous (doeks.pod.torchrun, doeks.pod.watchdog, doeks.local.agent) and reads
 checkpoints through DCP's reader internals (doeks/workload/checkpoints.py). A name torch moves or renames would
 otherwise break every pod of a job with a traceback deep inside a patch; `check()` says it in one line, naming the
 torch version and the names, before anything is patched. TESTED is the torch every image and the test suite run
 (tests/test_torchcompat.py holds the images to it).
 
-Standard library and torch only: it is staged into the training image beside doeks.torchrun.
+Standard library and torch only: it is staged into the training image beside doeks.pod.torchrun.
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def check(users: tuple[str, ...] | None = None) -> None:
 
 
 def main() -> int:
-    """`python3 -m doeks.torchcompat`: one line, the running torch and whether doeks can patch and read it."""
+    """`python3 -m doeks.pod.torchcompat`: one line, the running torch and whether doeks can patch and read it."""
     import sys
 
     try:

@@ -1,4 +1,4 @@
-"""The hang watchdog: one per replica, in its torchrun agent (the training image's `doeks.torchrun`, the local target's
+"""The hang watchdog: one per replica, in its torchrun agent (the training image's `doeks.pod.torchrun`, the local target's
 `doeks.local.agent`), on every target that runs torchrun (local, docker, kubernetes, eks).
 
 It knows when each of its ranks last made progress: a rank writes `<step> <time>` to DOEKS_PROGRESS_DIR/<rank>

@@ -4,13 +4,13 @@ torchrun starts every worker as a new interpreter, which spends seconds importin
 first step, at every start and every restart (a pod that recovers pays it twice: the agent's import, then each
 worker's). The agent forks a zygote right after its own `import torch` (before any thread exists); the zygote imports
 the rest once and then forks one process per worker, which takes the argv, environment, new session and output files
-torchrun asked for and runs the script (doeks.worker.run, as `python -u -m doeks.worker script.py` would). Anything
+torchrun asked for and runs the script (doeks.pod.worker.run, as `python -u -m doeks.pod.worker script.py` would). Anything
 else (`--no-python`, `-m`, a wrapped command) is started by torchrun the usual way. Nothing CUDA is touched before
-the fork: a worker initialises its GPU itself, as a fresh interpreter would. The local agent (doeks.local.agent) and the training image's torchrun (doeks.torchrun) both use it.
+the fork: a worker initialises its GPU itself, as a fresh interpreter would. The local agent (doeks.local.agent) and the training image's torchrun (doeks.pod.torchrun) both use it.
 
 If the agent dies the zygote sees its socket close, kills its workers and exits: like a pod's containers, nothing
-outlives the node. Standard library only (and what it preloads) and doeks.worker, so the training image carries it
-with doeks.worker beside it.
+outlives the node. Standard library only (and what it preloads) and doeks.pod.worker, so the training image carries it
+with doeks.pod.worker beside it.
 """
 from __future__ import annotations
 
