@@ -18,7 +18,7 @@ def endpoint_url(settings, start: bool = True) -> str | None:
         return settings.aws_endpoint_url
     if not settings.on_this_machine:
         return None
-    from .local.services import moto
+    from .services import moto
 
     service = moto(settings.state_dir)
     if service.endpoint() is None:

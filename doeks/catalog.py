@@ -101,8 +101,8 @@ def sagemaker_image(region: str, tag: str = SAGEMAKER_DLC_TAG) -> str:
 # MaximumEfaInterfaces): asked once per region and type by doeks.instancetypes and kept in the user cache folder, so
 # NPROC_PER_NODE=auto and EFA_PER_NODE=auto follow the type. The tables below only stand in for an offline plan (a
 # dry run without credentials), and say so: EC2 is asked before anything is created.
-def instance_cache() -> "Path":
-    from .cluster.versions import cache_dir
+def instance_cache():
+    from .cachedirs import cache_dir
 
     return cache_dir() / "instance-types.json"
 

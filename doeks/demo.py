@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import elastic, plots, preflight, targets, ui
 from .errors import DoeksError
-from .local import services
+from . import services
 from .runner import Runner
 
 

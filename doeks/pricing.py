@@ -35,7 +35,7 @@ class Item:
 
 
 def cache_path() -> Path:
-    from .cluster.versions import cache_dir
+    from .cachedirs import cache_dir
 
     return cache_dir() / "prices.json"
 

@@ -549,7 +549,7 @@ class Settings:
         """TARGET=kubernetes on doeks' own cluster (KUBECONFIG empty, or its own kubeconfig): it runs here."""
         if self.target != "kubernetes":
             return False
-        from .cluster.versions import kubeconfig
+        from .cachedirs import kubeconfig
 
         return not self.kubeconfig or Path(self.kubeconfig).resolve() == kubeconfig().resolve()
 

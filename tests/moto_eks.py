@@ -5,6 +5,6 @@ from __future__ import annotations
 
 
 def server(state_dir, **kwargs):
-    from doeks.local import services
+    from doeks import services
 
     return services.moto_eks(state_dir, **kwargs)

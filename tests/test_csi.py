@@ -13,7 +13,7 @@ import yaml
 
 from doeks import datastage, storage
 from doeks import settings as S
-from doeks.local import services
+from doeks import services
 
 from . import moto_eks
 from .conftest import ROOT, invoke

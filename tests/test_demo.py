@@ -68,7 +68,7 @@ def test_tensorboard_serves_the_event_files(state_dir):
     import time
     import urllib.request
 
-    from doeks.local.services import free_port
+    from doeks.services import free_port
 
     from .conftest import ROOT
 

@@ -107,7 +107,7 @@ def test_a_healthy_run_logs_no_traceback(client, job_env, state_dir, monkeypatch
     (issue 21); the directory was never renewed either, so it lapsed 2 h into the job."""
     from urllib.request import urlopen
 
-    from doeks.local import services
+    from doeks import services
 
     monkeypatch.setenv("JOB_NAME", "cleanlog")
     assert invoke("elasticjob.build", timeout=1800).returncode == 0

@@ -18,7 +18,7 @@ import yaml
 
 from doeks import preflight
 from doeks import settings as S
-from doeks.local import services
+from doeks import services
 
 from .conftest import ROOT
 

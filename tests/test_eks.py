@@ -14,7 +14,7 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from doeks import eks
 from doeks import settings as S
-from doeks.local import services
+from doeks import services
 
 from . import moto_eks
 from .conftest import ROOT, invoke, schema_path

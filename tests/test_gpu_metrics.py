@@ -8,7 +8,7 @@ import pytest
 
 from doeks import gpumetrics
 from doeks import settings as S
-from doeks.local import services
+from doeks import services
 
 from .conftest import ROOT, invoke, wait_for
 from .test_jobspec import k8s_validate

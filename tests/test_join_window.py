@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from doeks.local import services
+from doeks import services
 
 from .conftest import ROOT
 

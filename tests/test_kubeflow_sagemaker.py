@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from doeks import settings as S
-from doeks.local import services
+from doeks import services
 from doeks.runner import Runner
 
 from .conftest import ROOT, invoke

@@ -147,7 +147,7 @@ def test_a_build_with_default_settings_and_no_registry_falls_back_to_the_local_b
 
     from doeks import container, preflight
     from doeks import settings as S
-    from doeks.local.services import free_port
+    from doeks.services import free_port
 
     try:
         docker_client.images.get(preflight.BASE_IMAGE)

@@ -126,7 +126,7 @@ def test_up_then_down_on_local_for_real_leaves_nothing_running(state_dir):
 
 
 def test_login_and_push_dry_run_use_ecr_and_never_show_the_token(state_dir):
-    from doeks.local import services
+    from doeks import services
 
     server = services.moto(state_dir)
     server.start()

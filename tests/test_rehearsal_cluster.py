@@ -169,7 +169,7 @@ def test_a_service_account_token_from_the_api_server_buys_its_roles_credentials(
     from doeks import identity, rehearsal
     from doeks import settings as S
     from doeks.cluster import pki
-    from doeks.local import services
+    from doeks import services
     from doeks.runner import Runner
 
     server = services.moto_eks(tmp_path, env={"DOEKS_SA_PUBLIC_KEY": str(pki.pki_dir() / "sa.pub")})

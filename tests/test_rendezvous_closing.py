@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from doeks.local import services
+from doeks import services
 
 from .conftest import ROOT
 

@@ -64,7 +64,7 @@ def world(state_dir, tmp_path, monkeypatch):
         {"match": ["logs"], "stdout": "[pod/imagenet-worker-0/pytorch] step=1 epoch=0 loss=1.0 acc=0.5 samples/s=9.0 world=1\n"},
         {"match": ["apply"]}, {"match": ["delete"]}, {"match": ["patch"]},
     ]))
-    from doeks.local import services
+    from doeks import services
 
     moto = services.moto(state_dir)
     moto.start()

@@ -119,7 +119,7 @@ def test_the_image_runs_with_no_command_named_as_torchrun_and_sagemaker_start_it
     resolve to this machine, with /opt/ml/input/config as SageMaker writes it: hyperparameters become the script's
     arguments, the first host is the master, the model lands in /opt/ml/model. (Kubeflow's launchers run it on the
     cluster: tests/test_kubernetes_sdk.py.)"""
-    from doeks.local.services import free_port
+    from doeks.services import free_port
 
     built = invoke("elasticjob.build", timeout=1800)
     assert built.returncode == 0, built.stderr[-3000:]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from doeks.local.services import pid_alive
+from doeks.services import pid_alive
 
 DRIVER = Path(__file__).with_name("zygote_driver.py")
 ROOT = DRIVER.parent.parent

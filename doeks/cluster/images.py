@@ -239,7 +239,7 @@ def copy_to_node(ref: str, where: "node.Node") -> None:
 
 
 def etcd_job_image(settings) -> None:
-    from ..local.services import etcd_binary
+    from ..services import etcd_binary
 
     if not has_docker_image(settings.etcd_image):
         build_scratch_image(settings.etcd_image, Path(etcd_binary()), "/usr/local/bin/etcd",

@@ -133,7 +133,7 @@ def start(runner=None, timeout: float = 30) -> str:
         raise MissingTool(f"the registry is not built: run `invoke setup --kubernetes` (builds {MODULE} {VERSION} once)")
     import yaml
 
-    from ..local.services import free_port
+    from ..services import free_port
 
     port = free_port()
     folder = state_dir()
@@ -162,7 +162,7 @@ def stop() -> bool:
     (state_dir() / "registry.json").unlink(missing_ok=True)
     if info is None:
         return False
-    from ..local.services import kill_group
+    from ..services import kill_group
 
     kill_group(info["pid"])
     try:

@@ -12,8 +12,9 @@ the Go module proxy does not serve as a module; v1.14.7 is the newest 1.14 it se
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from ..cachedirs import cache_dir, cluster_dir, kubeconfig  # noqa: F401 (the cluster's code reads them here)
 
 KUBERNETES = "1.35.4"
 ETCD = "3.6.16"
@@ -85,28 +86,9 @@ def node_netns(index: int) -> str | None:
     return None if index == 0 else f"{NODE_NETNS_PREFIX}{index}"
 
 
-def cache_dir() -> Path:
-    """Where builds are kept between runs, outside any checkout: $DOEKS_CACHE, else the user cache folder."""
-    base = os.environ.get("DOEKS_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
-                                                          "doeks")
-    return Path(base)
-
-
 def build_dir() -> Path:
     return cache_dir() / f"kubernetes-v{KUBERNETES}"
 
 
 def bin_dir() -> Path:
     return build_dir() / "bin"
-
-
-def cluster_dir() -> Path:
-    """The running cluster's state (certificates, kubeconfigs, etcd data, logs): one cluster per machine."""
-    base = os.environ.get("DOEKS_CLUSTER_DIR")
-    if base:
-        return Path(base)
-    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "doeks" / "cluster"
-
-
-def kubeconfig() -> Path:
-    return cluster_dir() / "admin.kubeconfig"

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..pod import watchdog
 from ..errors import DoeksError
-from .services import kill_group, pid_alive, reap_exited
+from ..services import kill_group, pid_alive, reap_exited
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = PROJECT_ROOT / "doeks" / "workload"
@@ -36,6 +36,16 @@ RESTART_DELAY = 1.0
 SCAN_EVERY = 0.5
 FINISH_GRACE = 30.0
 
+
+def new_lines(path: Path, offsets: dict[Path, int]) -> list[str]:
+    """The complete lines appended to `path` since the offset kept in `offsets` (a partial last line waits for the
+    next call); advances the offset. OSError (a file not there yet) is the caller's to handle."""
+    with open(path, "rb") as f:
+        f.seek(offsets.get(path, 0))
+        chunk = f.read()
+    complete = chunk.rfind(b"\n") + 1
+    offsets[path] = offsets.get(path, 0) + complete
+    return chunk[:complete].decode(errors="replace").splitlines()
 
 def job_home(state_dir: Path, name: str) -> Path:
     return state_dir / "jobs" / name
@@ -311,8 +321,6 @@ class LogScanner:
         self.watchdog: list[str] = []  # the hang watchdog's lines (doeks.pod.watchdog): what it named and did
 
     def scan(self, key: str, log: Path) -> None:
-        from ..targets.follow import new_lines
-
         try:
             lines = new_lines(log, self.offsets)
         except OSError:

@@ -2,7 +2,7 @@
 Auth's AssumeRoleForPodIdentity (what the EKS Pod Identity Agent calls to get a pod its role's credentials).
 
 Run as `python -m doeks.local.motoserver -H HOST -p PORT` (same flags as `python -m moto.server`), a process of its
-own (doeks.local.services.moto_eks): importing this module changes moto's EKS responses. Requests are parsed and
+own (doeks.services.moto_eks): importing this module changes moto's EKS responses. Requests are parsed and
 responses serialized by moto against botocore's service models (so a wrong parameter or a wrong response shape fails
 as it would against AWS); the state is kept in this server process, so several `invoke` processes see it. Deleting a
 cluster deletes its associations and add-ons (as EKS does).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import services
+from .. import services
 from .jobs import job_home, stop as stop_job
 
 

@@ -20,7 +20,7 @@ from .. import elastic, jobpaths, jobspec, trainimage
 from ..errors import DoeksError
 from ..local import runtime
 from ..local.jobs import GROUP_FAILED, parse_progress, restarting
-from ..local.services import etcd, free_port
+from ..services import etcd, free_port
 from ..runner import to_yaml_stream
 from .local import OnThisMachine
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,

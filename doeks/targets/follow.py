@@ -9,17 +9,7 @@ from typing import Callable, Iterator
 
 from .. import ui
 from ..errors import DoeksError
-
-
-def new_lines(path: Path, offsets: dict[Path, int]) -> list[str]:
-    """The complete lines appended to `path` since the offset kept in `offsets` (a partial last line waits for the
-    next call); advances the offset. OSError (a file not there yet) is the caller's to handle."""
-    with open(path, "rb") as f:
-        f.seek(offsets.get(path, 0))
-        chunk = f.read()
-    complete = chunk.rfind(b"\n") + 1
-    offsets[path] = offsets.get(path, 0) + complete
-    return chunk[:complete].decode(errors="replace").splitlines()
+from ..local.jobs import new_lines
 
 
 class FileCursor:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .. import jobspec, kube, trainimage
+from ..cluster import volume as own
 from ..local.jobs import parse_progress, restarting
 from ..errors import DoeksError
 from .base import (FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus,
@@ -50,7 +51,7 @@ class KubernetesTarget(Target):
             print(f"export KUBECONFIG={kube.kubeconfig_path(self.settings)}")
 
     def cluster_running(self) -> bool:
-        return not kube.own_cluster_stopped(self.settings)
+        return not own.stopped(self.settings)
 
     def cluster_create(self, runner) -> None:
         """doeks' own cluster started (KUBECONFIG empty), or the user's cluster checked; the KUBECONFIG line to export."""
@@ -124,7 +125,7 @@ class KubernetesTarget(Target):
             runner.step(f"create shared volume folder {folder}", folder.mkdir, parents=True, exist_ok=True)
         kube.use(s)
         claim = kube.shared_claim(s)
-        kube.move_volume(runner, s, claim)
+        own.move_volume(runner, s, claim)
         kube.apply(runner, claim)
 
     def volume_delete(self, runner, force: bool = False) -> None:
@@ -134,7 +135,7 @@ class KubernetesTarget(Target):
 
         s = self.settings
         kube.use(s)
-        if not runner.dry_run and kube.own_cluster_stopped(s):
+        if not runner.dry_run and own.stopped(s):
             self.say(f"doeks' cluster is not running: no claim on it; keeping {runtime.shared_volume(s)}")
             return
         # the claim first (claim protection: it goes once no pod uses it), then its volume; the folder stays
@@ -390,12 +391,12 @@ class KubernetesTarget(Target):
         job of the same name still running without --fresh."""
         if not plan.context.get("builds"):
             self.refuse_image(plan.image)
-        if kube.own_cluster_stopped(self.settings):
+        if own.stopped(self.settings):
             raise DoeksError("doeks' cluster is not running: `TARGET=kubernetes invoke up` starts it")
         from .. import kueue
 
         kueue.require_local_queue(self.settings)
-        elsewhere = kube.volume_elsewhere(self.settings)
+        elsewhere = own.volume_elsewhere(self.settings)
         if elsewhere:
             raise DoeksError(f"doeks' cluster keeps its shared volume on {elsewhere} (it was brought up with another "
                              f"STATE_DIR), not under this STATE_DIR ({self.settings.state_dir}): the job would read and "
@@ -689,7 +690,7 @@ class KubernetesTarget(Target):
         s = self.settings
         if not runner.dry_run:
             runs.forget_end(s)  # a failed run's kept status goes with the job (its logs stay for `logs --run`)
-        if not runner.dry_run and kube.own_cluster_stopped(s):
+        if not runner.dry_run and own.stopped(s):
             from .. import ui
 
             ui.say(f"doeks' cluster is not running: job {s.job_name} is not on it")

@@ -11,7 +11,7 @@ from .. import elastic, jobpaths, ui
 from ..errors import DoeksError
 from ..local import jobs as local_jobs
 from ..local import runtime
-from ..local.services import etcd, free_port
+from ..services import etcd, free_port
 from .base import FAILED, PENDING, RESTARTING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, Plan, ReplicaStatus, Step, Target
 from .follow import FileCursor, follow_until_done
 from ..pod.reasons import Reason
@@ -109,7 +109,7 @@ class OnThisMachine:
     def metrics_deploy(self, runner, interval: int, agent: bool) -> None:
         """The local sampler: nvidia-smi when present, else CPU and memory, put to the AWS-API endpoint."""
         from .. import aws, gpumetrics
-        from ..local import services
+        from .. import services
 
         s = self.settings
         endpoint = "AWS_ENDPOINT_URL" if runner.dry_run else aws.endpoint_url(s)
@@ -121,7 +121,7 @@ class OnThisMachine:
                     sampler.start)
 
     def metrics_delete(self, runner) -> None:
-        from ..local import services
+        from .. import services
 
         sampler = services.gpu_sampler(self.settings.state_dir)
         if sampler.info() is None:
@@ -130,7 +130,7 @@ class OnThisMachine:
         runner.step("stop local GPU-metrics sampler", sampler.stop)
 
     def metrics_status(self) -> None:
-        from ..local import services
+        from .. import services
 
         info = services.gpu_sampler(self.settings.state_dir).info()
         ui.table("gpu-metrics (local)", ["sampler", "pid"], [["running" if info else "stopped", info["pid"] if info else ""]])

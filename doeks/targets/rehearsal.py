@@ -33,7 +33,7 @@ class RehearsalTarget(EksTarget):
     # -- AWS and the cluster for this process ----------------------------------------------------------------------
     def moto(self):
         from ..cluster import pki
-        from ..local import services
+        from .. import services
 
         return services.moto_eks(self.settings.state_dir, env={"DOEKS_SA_PUBLIC_KEY": str(pki.pki_dir() / "sa.pub")})
 
@@ -41,7 +41,7 @@ class RehearsalTarget(EksTarget):
         import sys
 
         from ..cluster import versions
-        from ..local import services
+        from .. import services
 
         return services.Service("moto-bridge", self.settings.state_dir,
                                 lambda listen, data: [sys.executable, "-m", "doeks.local.forward", versions.NODE_IP,

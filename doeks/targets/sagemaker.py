@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 from .. import elastic, sagemaker, trainimage
 from ..errors import DoeksError
-from ..local.services import free_port
+from ..services import free_port
 from .eks import OnAws
 from .base import (FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, Job, JobStatus, NotSupported, Plan, ReplicaStatus,
                    Step, Target)

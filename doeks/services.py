@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import DoeksError, MissingTool, Retryable
+from .errors import DoeksError, MissingTool, Retryable
 
 
 def free_port() -> int:
@@ -208,7 +208,7 @@ def moto_eks(state_dir: Path, host: str = "127.0.0.1", env: dict | None = None) 
     def command(port: int, data: Path) -> list[str]:
         return [sys.executable, "-m", "doeks.local.motoserver", "-H", host, "-p", str(port)]
 
-    from ..settings import PROJECT_ROOT
+    from .settings import PROJECT_ROOT
 
     return Service("moto", state_dir, command, lambda port: _http_ok(f"http://{host}:{port}/moto-api/"), host=host,
                    env={"PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
