@@ -230,9 +230,9 @@ def _settings_problems(s) -> None:
             "dry_run": "print what would be installed and built"})
 def setup(c, docker=False, kubernetes=False, kueue=False, dry_run=False):
     """Install what pip cannot (torchvision CPU shim, etcd check, optional docker daemon, optional cluster); idempotent."""
-    from doeks import preflight
+    from doeks import machine
 
-    preflight.setup(runner(dry_run), docker=docker or kubernetes or kueue, kubernetes=kubernetes or kueue, kueue=kueue)
+    machine.setup(runner(dry_run), docker=docker or kubernetes or kueue, kubernetes=kubernetes or kueue, kueue=kueue)
 
 
 @task

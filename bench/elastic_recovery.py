@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from doeks.local import jobs, services  # noqa: E402
+from doeks import services  # noqa: E402
+from doeks.local import jobs  # noqa: E402
 
 STEP = re.compile(rb"\[rank \d+\] step=(\d+) ")
 TRAIN_ARGS = ["--arch", "resnet18", "--epochs", "50", "--batch-size", "16", "--checkpoint-every", "5", "--log-every", "1"]

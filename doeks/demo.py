@@ -2,7 +2,7 @@
 plot, and a teardown that leaves no process behind. It goes through the local target like `elasticjob.deploy`."""
 from __future__ import annotations
 
-from . import elastic, plots, preflight, targets, ui
+from . import elastic, machine, plots, targets, ui
 from .errors import DoeksError
 from . import services
 from .runner import Runner
@@ -19,7 +19,7 @@ def run(base, keep: bool = False, dry_run: bool = False, verbose: bool = False) 
         target.plan(target.job(fresh=True, dry_run=True)).show(runner)
         runner.step("follow the job to the end, write the plot, stop the job and etcd", lambda: None)
         return {}
-    preflight.require_training()
+    machine.require_training()
     runner = Runner(secrets=s.secrets())
     ui.say(f"doeks demo: {s.arch} on synthetic data, {s.replicas} nodes x {s.nproc_per_node} processes, "
            f"rendezvous {s.rdzv_backend}, state in {s.state_dir}", style="bold")

@@ -290,8 +290,8 @@ def create(settings, runner) -> None:
 
 def require_capacity(settings, runner) -> None:
     """The account can run the node groups: each EC2 vCPU quota they run under holds what they ask
-    (doeks.preflight.require_quotas); one error line otherwise, before anything is made."""
-    from .preflight import require_quotas
+    (doeks.quotas.require_quotas); one error line otherwise, before anything is made."""
+    from .quotas import require_quotas
 
     require_quotas(settings, runner, capacity_block=reservation_type(settings, runner) == "capacity-block")
 

@@ -154,9 +154,9 @@ def job_settings(values: dict[str, str], monkeypatch):
 def docker_client():
     """The local docker daemon with the base image `invoke setup --docker` makes (what every image here builds on).
     CI always has both: there a missing one fails the test; elsewhere it is skipped."""
-    from doeks import preflight
+    from doeks import machine
 
-    if not preflight.docker_reachable():
+    if not machine.docker_reachable():
         if os.environ.get("CI"):
             pytest.fail("CI must have a docker daemon: `invoke setup --docker` should have started one")
         pytest.skip("no docker daemon reachable (invoke setup --docker)")
@@ -164,11 +164,11 @@ def docker_client():
 
     client = docker.from_env(timeout=600)  # removing an image on vfs storage takes a while
     try:
-        client.images.get(preflight.BASE_IMAGE)
+        client.images.get(machine.BASE_IMAGE)
     except docker.errors.ImageNotFound:
         if os.environ.get("CI"):
-            pytest.fail(f"base image {preflight.BASE_IMAGE} missing: `invoke setup --docker` makes it")
-        pytest.skip(f"base image {preflight.BASE_IMAGE} missing (invoke setup --docker)")
+            pytest.fail(f"base image {machine.BASE_IMAGE} missing: `invoke setup --docker` makes it")
+        pytest.skip(f"base image {machine.BASE_IMAGE} missing (invoke setup --docker)")
     return client
 
 
@@ -202,7 +202,8 @@ def state_dir(tmp_path, monkeypatch):
 
     settings.reset()
     yield folder
-    from doeks.local import jobs, services
+    from doeks import services
+    from doeks.local import jobs
 
     for home in (folder / "jobs").glob("*") if (folder / "jobs").exists() else []:
         jobs.stop(home)

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from doeks import elastic, targets
-from doeks.local import jobs, services
+from doeks import services
+from doeks.local import jobs
 from doeks.runner import Runner
 from doeks.workload import checkpoints, train
 

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from doeks import container, preflight
+from doeks import container, machine
 
 from .conftest import ROOT, invoke
 
@@ -30,7 +30,7 @@ def docker_env(docker_client):
     for image in client.images.list(name="doeks-test"):  # older contexts' images: only the current one is kept
         for stale in [t for t in image.tags if t != f"doeks-test:{tag}"]:
             client.images.remove(stale, force=True)
-    env = {"BASE_IMAGE": preflight.BASE_IMAGE, "CONTAINER_DOWNLOADS": "false", "IMAGE_NAME": "doeks-test",
+    env = {"BASE_IMAGE": machine.BASE_IMAGE, "CONTAINER_DOWNLOADS": "false", "IMAGE_NAME": "doeks-test",
            "IMAGE_TAG": tag, "DOEKS_CONTAINER_NAME": name}
     yield env
     for running in client.containers.list(all=True, filters={"name": name}):
@@ -118,8 +118,8 @@ def test_the_setup_dry_run_plans_the_base_image_only_where_docker_lacks_it(docke
     from doeks.runner import Runner
 
     runner = Runner(dry_run=True)
-    preflight.ensure_base_image(runner)
-    assert f"base image {preflight.BASE_IMAGE}: present" in capsys.readouterr().err and runner.planned == []
-    preflight.ensure_base_image(runner, name="doeks-no-such-base:none")
+    machine.ensure_base_image(runner)
+    assert f"base image {machine.BASE_IMAGE}: present" in capsys.readouterr().err and runner.planned == []
+    machine.ensure_base_image(runner, name="doeks-no-such-base:none")
     assert runner.planned == ["run: debootstrap --variant=minbase bookworm ROOTFS http://deb.debian.org/debian",
                               "run: docker import - doeks-no-such-base:none"]

@@ -8,7 +8,8 @@ import signal
 import pytest
 
 from doeks import elastic, targets
-from doeks.local import jobs, services
+from doeks import services
+from doeks.local import jobs
 from doeks.runner import Runner
 
 from .conftest import invoke, job_settings, training_processes, wait_for

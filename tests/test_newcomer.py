@@ -145,14 +145,14 @@ def test_ctrl_c_while_following_says_the_job_still_runs_and_a_second_deploy_refu
 def test_a_build_with_default_settings_and_no_registry_falls_back_to_the_local_base(docker_client, state_dir, monkeypatch):
     import dataclasses
 
-    from doeks import container, preflight
+    from doeks import container, machine
     from doeks import settings as S
     from doeks.services import free_port
 
     try:
-        docker_client.images.get(preflight.BASE_IMAGE)
+        docker_client.images.get(machine.BASE_IMAGE)
     except Exception:  # noqa: BLE001
-        pytest.skip(f"no {preflight.BASE_IMAGE} (`invoke setup --docker` makes it)")
+        pytest.skip(f"no {machine.BASE_IMAGE} (`invoke setup --docker` makes it)")
     dry = invoke("build", "--dry-run", env={"BASE_IMAGE": "debian:bookworm-slim", "CONTAINER_DOWNLOADS": "true"})
     assert dry.returncode == 0, dry.stderr
     assert "if debian:bookworm-slim cannot be pulled: --build-arg BASE_IMAGE=doeks-base:bookworm --build-arg DOWNLOADS=false" in dry.stderr

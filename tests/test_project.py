@@ -112,7 +112,8 @@ def test_up_then_down_on_local_for_real_leaves_nothing_running(state_dir):
     env = {"DATA_TRAIN_PER_CLASS": "20", "DATA_VAL_PER_CLASS": "5"}
     up = invoke("up", env=env, timeout=300)
     assert up.returncode == 0, up.stderr[-2000:]
-    from doeks.local import jobs, services
+    from doeks import services
+    from doeks.local import jobs
 
     assert services.etcd(state_dir).info() and services.moto(state_dir).info() and services.gpu_sampler(state_dir).info()
     assert jobs.is_active(state_dir / "jobs" / "imagenet")

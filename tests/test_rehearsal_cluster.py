@@ -96,13 +96,13 @@ def events(name: str) -> str:
 
 
 def test_the_node_pulls_an_ecr_named_image_from_the_registry_built_here(cluster):
-    from doeks import preflight
+    from doeks import machine
     from doeks.cluster import guard
 
     endpoint = registry.start()
     try:
         registry.map_host(ECR, endpoint)
-        registry.push(preflight.BASE_IMAGE, "doeks-train", "rehearsal-probe")
+        registry.push(machine.BASE_IMAGE, "doeks-train", "rehearsal-probe")
         kubectl("delete", "pod", "pulled", "-n", "default", "--ignore-not-found", "--wait=true")
         created = kubectl("apply", "-f", "-", input=pod("pulled", f"{ECR}/doeks-train:rehearsal-probe"))
         assert created.returncode == 0, created.stderr
@@ -111,7 +111,7 @@ def test_the_node_pulls_an_ecr_named_image_from_the_registry_built_here(cluster)
         assert f'Successfully pulled image "{ECR}/doeks-train:rehearsal-probe"' in said, said
         assert "ran here" in kubectl("logs", "pulled", "-n", "default").stdout
         # the rehearsal's own push (registry.store: docker's layers uncompressed, as an OCI manifest) pulls the same way
-        registry.store(preflight.BASE_IMAGE, "doeks-train", "rehearsal-stored")
+        registry.store(machine.BASE_IMAGE, "doeks-train", "rehearsal-stored")
         kubectl("apply", "-f", "-", input=pod("stored", f"{ECR}/doeks-train:rehearsal-stored"))
         wait_for(lambda: phase("stored") == "Succeeded", 180, f"pod stored to succeed ({events('stored')})")
         assert f'Successfully pulled image "{ECR}/doeks-train:rehearsal-stored"' in events("stored")

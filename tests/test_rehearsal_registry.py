@@ -23,14 +23,14 @@ def running_registry(tmp_path, monkeypatch, docker_client):
 
 
 def test_the_registry_listens_on_loopback_only_and_serves_what_docker_pushed(running_registry):
-    from doeks import preflight
+    from doeks import machine
 
     host, port = running_registry.split(":")
     assert host == "127.0.0.1"
     assert registry.start() == running_registry  # a running one is kept
     with open(registry.state_dir() / "config.yml") as f:
         assert f"addr: 127.0.0.1:{port}" in f.read()
-    media, text = registry.push(preflight.BASE_IMAGE, "doeks-probe", "t1")
+    media, text = registry.push(machine.BASE_IMAGE, "doeks-probe", "t1")
     assert media == "application/vnd.docker.distribution.manifest.v2+json" and '"layers"' in text
     assert registry.manifest("doeks-probe", "t2") is None
     with urllib.request.urlopen(f"http://{running_registry}/v2/doeks-probe/tags/list") as answer:
@@ -60,11 +60,11 @@ def test_a_stored_image_is_served_by_the_registry_as_docker_has_it(running_regis
     import json
     import subprocess
 
-    from doeks import preflight
+    from doeks import machine
 
-    media, text = registry.store(preflight.BASE_IMAGE, "doeks-stored", "t1")
+    media, text = registry.store(machine.BASE_IMAGE, "doeks-stored", "t1")
     document = json.loads(text)
-    image = docker_client.images.get(preflight.BASE_IMAGE)
+    image = docker_client.images.get(machine.BASE_IMAGE)
     assert media == registry.OCI_MANIFEST == document["mediaType"]
     # docker's own config and layers, unchanged: the image ID is the config's digest, each layer's digest its diff ID
     assert document["config"]["digest"] == image.id
@@ -83,10 +83,10 @@ def test_a_stored_image_is_served_by_the_registry_as_docker_has_it(running_regis
 
     with monkeypatch.context() as patched:
         patched.setattr(registry, "_save_blobs", no_save)
-        assert registry.store(preflight.BASE_IMAGE, "doeks-stored", "t2") == (media, text)  # a second tag: links only
+        assert registry.store(machine.BASE_IMAGE, "doeks-stored", "t2") == (media, text)  # a second tag: links only
 
     # a code edit: one new layer on the same base; the base's layers are hashed from `docker save`, not written
-    (tmp_path / "Dockerfile").write_text(f"FROM {preflight.BASE_IMAGE}\nRUN echo edited > /edited\n")
+    (tmp_path / "Dockerfile").write_text(f"FROM {machine.BASE_IMAGE}\nRUN echo edited > /edited\n")
     edited = "doeks-stored-edit:t3"
     built = subprocess.run(["docker", "build", "-q", "-t", edited, str(tmp_path)], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
@@ -117,7 +117,7 @@ def test_a_store_removes_old_blobs_that_nothing_names_and_keeps_the_cache(runnin
     import os
     import time
 
-    from doeks import preflight
+    from doeks import machine
 
     def blob(content: bytes, age_s: float) -> str:
         digest = f"sha256:{hashlib.sha256(content).hexdigest()}"
@@ -132,10 +132,10 @@ def test_a_store_removes_old_blobs_that_nothing_names_and_keeps_the_cache(runnin
     registry._link(registry._v2() / "repositories" / "doeks-gc" / "_layers" / "sha256" / named.split(":")[1] / "link",
                    named)
     try:
-        _, text = registry.store(preflight.BASE_IMAGE, "doeks-stored-gc", "t1")
+        _, text = registry.store(machine.BASE_IMAGE, "doeks-stored-gc", "t1")
         assert not registry._blob(orphan).exists(), "an old blob nothing names was kept"
         assert registry._blob(fresh).exists() and registry._blob(named).exists()
-        image = docker_client.images.get(preflight.BASE_IMAGE)
+        image = docker_client.images.get(machine.BASE_IMAGE)
         for digest in [image.id, *image.attrs["RootFS"]["Layers"]]:
             assert registry._blob(digest).exists(), digest
         registry.delete_repository("doeks-stored-gc")

@@ -93,7 +93,7 @@ def test_the_base_image_made_in_the_background_fails_setup_in_one_line_naming_it
                                                                                         capsys):
     """debootstrap failing (here a stand-in on PATH; nothing reaches docker): setup's end is one error line naming the
     step, debootstrap's last words and the log; the stand-in image after it in the chain is not attempted."""
-    from doeks import preflight
+    from doeks import machine
     from doeks.runner import Runner
 
     bin_dir = tmp_path / "bin"
@@ -103,18 +103,18 @@ def test_the_base_image_made_in_the_background_fails_setup_in_one_line_naming_it
                                          "bookworm/Release' >&2\nexit 1\n")
     (bin_dir / "debootstrap").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setattr(preflight, "_base_image_present", lambda runner, name: False)
+    monkeypatch.setattr(machine, "_base_image_present", lambda runner, name: False)
     from doeks.cluster import images
 
     monkeypatch.setattr(images, "recipe_built", lambda ref, folder: False)
-    bg = preflight.start_images(Runner())
-    assert f"in the background, beside the Go builds: base image {preflight.BASE_IMAGE} (debootstrap, docker import); " \
+    bg = machine.start_images(Runner())
+    assert f"in the background, beside the Go builds: base image {machine.BASE_IMAGE} (debootstrap, docker import); " \
            "then the nccl-tests stand-in image (docker build nccl-tests/: Open MPI, OpenSSH)" in capsys.readouterr().err
     with pytest.raises(DoeksError) as raised:
-        preflight.finish_images(bg)
+        machine.finish_images(bg)
     said = str(raised.value)
-    assert len(said.splitlines()) == 1 and said.startswith(f"base image {preflight.BASE_IMAGE} (setup's images) failed: "
+    assert len(said.splitlines()) == 1 and said.startswith(f"base image {machine.BASE_IMAGE} (setup's images) failed: "
                                                            "'debootstrap --variant=minbase bookworm' failed with exit code 1: "
                                                            "E: Failed getting release file"), said
     assert said.endswith(f"see {cache / 'setup-images.log'}")
-    assert bg.failed["the nccl-tests stand-in image"] == f"not run: base image {preflight.BASE_IMAGE} failed"
+    assert bg.failed["the nccl-tests stand-in image"] == f"not run: base image {machine.BASE_IMAGE} failed"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from doeks import preflight
+from doeks import machine
 from doeks.runner import Runner
 from doeks.workload import jpegcrop_build
 
@@ -45,7 +45,7 @@ def test_setup_builds_the_loaders_region_decode_here_and_says_so(without_module)
 
 def test_setup_says_why_it_cannot_build_it(without_module, monkeypatch, capsys):
     monkeypatch.setattr(jpegcrop_build, "compiler", lambda: ["doeks-no-such-cc"])
-    assert preflight.ensure_jpegcrop(Runner(echo=False)) == "no C compiler (doeks-no-such-cc)"
+    assert machine.ensure_jpegcrop(Runner(echo=False)) == "no C compiler (doeks-no-such-cc)"
     assert not without_module.exists()
     assert "loader: _jpegcrop not built (no C compiler (doeks-no-such-cc)): simplejpeg decodes whole images" in \
         capsys.readouterr().err.replace("\n", " ")

@@ -10,7 +10,8 @@ import signal
 import pytest
 
 from doeks import elastic, targets
-from doeks.local import jobs, services
+from doeks import services
+from doeks.local import jobs
 from doeks.pod import reasons
 from doeks.targets import runs
 
