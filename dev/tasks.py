@@ -42,6 +42,7 @@ MODULES = {
                  "tests/test_your_own_script.py::test_an_exception_is_the_scripts_reason_only_when_its_own_code_raised_it"]),
     "sampler": ("doeks/workload/train.py", "doeks.workload.train.xǁResumableSamplerǁ*", ["tests/test_sampler.py"]),
     "settings": ("doeks/settings.py", "doeks.settings.*", ["tests/test_settings.py", "tests/test_config.py"]),
+    "keys": ("doeks/keys.py", "doeks.keys.*", ["tests/test_settings.py", "tests/test_config.py"]),
     "stager": ("doeks/datastage.py", "doeks.datastage.*", ["tests/test_stage.py"]),
     "manifests": ("doeks/jobspec.py", "doeks.jobspec.*", ["tests/test_jobspec.py", "tests/test_kubeflow_pytorchjob.py"]),
     "audit": ("doeks/audit.py", "doeks.audit.*", ["tests/test_first_run.py"]),

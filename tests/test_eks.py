@@ -12,7 +12,7 @@ import pytest
 import yaml
 from hypothesis import given, settings as hsettings, strategies as st
 
-from doeks import eks
+from doeks import eks, keys
 from doeks import settings as S
 from doeks import services
 
@@ -70,7 +70,7 @@ def test_schema_rejects_an_unknown_field():
 @hsettings(max_examples=60, deadline=None)
 @given(gpu=st.sampled_from(["p4d.24xlarge", "p5.48xlarge", "g5.xlarge", "p3.8xlarge", "trn1.32xlarge"]),
        efa=st.booleans(), spot=st.booleans(), low=st.integers(0, 3), extra=st.integers(0, 3), volume=st.integers(20, 2000),
-       version=st.sampled_from(S.EKS_VERSIONS), private=st.booleans())
+       version=st.sampled_from(keys.EKS_VERSIONS), private=st.booleans())
 def test_many_env_combinations_validate(gpu, efa, spot, low, extra, volume, version, private):
     validate(render(GPU_INSTANCE_TYPE=gpu, GPU_EFA=efa, GPU_SPOT=spot, GPU_NODES_MIN=low, GPU_NODES=low + extra,
                     GPU_NODES_MAX=low + 2 * extra + 1, NODE_VOLUME_SIZE=volume, EKS_VERSION=version,

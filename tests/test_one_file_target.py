@@ -105,14 +105,14 @@ def test_the_built_in_targets_table_names_every_target_class():
     import inspect
     import pkgutil
 
-    from doeks import settings, targets
+    from doeks import keys, targets
     from doeks.targets.base import Target
 
     assert targets.names() == ("local", "docker", "kubernetes", "eks", "sagemaker")
-    for name, (module, cls) in {**settings.BUILTIN_TARGETS, "eks (rehearsal)": settings.REHEARSAL_TARGET}.items():
+    for name, (module, cls) in {**keys.BUILTIN_TARGETS, "eks (rehearsal)": keys.REHEARSAL_TARGET}.items():
         found = getattr(importlib.import_module(module), cls)
         assert issubclass(found, Target) and found.name == name.split()[0], (name, module, cls)
-    listed = set(settings.BUILTIN_TARGETS.values()) | {settings.REHEARSAL_TARGET}
+    listed = set(keys.BUILTIN_TARGETS.values()) | {keys.REHEARSAL_TARGET}
     for info in pkgutil.iter_modules(targets.__path__):
         module = importlib.import_module(f"doeks.targets.{info.name}")
         for cls in vars(module).values():

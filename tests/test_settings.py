@@ -112,7 +112,7 @@ def test_integer_keys_accept_only_integers_in_range(value):
         try:
             parsed = spec.parse(value)
         except Exception as error:  # noqa: BLE001
-            assert type(error).__name__ == "_Bad"
+            assert type(error).__name__ == "BadValue"
         else:
             assert isinstance(parsed, int) and str(parsed) == value.strip().lstrip("+").lstrip("0").rjust(1, "0")
 

@@ -8,7 +8,7 @@
 
 This package and `doeks.settings` are the only places that branch on TARGET. A place to run is one file here (or a
 module named in DOEKS_TARGETS): a class deriving from `Target` (or one of these) with a `name`, answering the job's
-verbs and the units' (see `base.Target`), listed in doeks.settings.BUILTIN_TARGETS (or DOEKS_TARGETS for one of yours).
+verbs and the units' (see `base.Target`), listed in doeks.keys.BUILTIN_TARGETS (or DOEKS_TARGETS for one of yours).
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ VERBS = ("checks", "plan", "submit", "describe", "logs", "scale", "cancel", "art
 
 
 def names() -> tuple[str, ...]:
-    """Every TARGET value: doeks.settings.BUILTIN_TARGETS, then DOEKS_TARGETS' modules'."""
-    from ..settings import target_names
+    """Every TARGET value: doeks.keys.BUILTIN_TARGETS, then DOEKS_TARGETS' modules'."""
+    from ..keys import target_names
 
     return target_names()
 
@@ -30,7 +30,7 @@ def _class(settings, name: str | None = None) -> type:
     import importlib
 
     from ..errors import DoeksError
-    from ..settings import REHEARSAL_TARGET, target_classes
+    from ..keys import REHEARSAL_TARGET, target_classes
 
     name = name or settings.target
     found = target_classes()
@@ -52,7 +52,7 @@ def settled(settings, cls: type | None = None):
 
 
 def get(settings, name: str | None = None) -> Target:
-    """The target for TARGET (or `name`): its class found by doeks.settings.target_classes, constructed once, with
+    """The target for TARGET (or `name`): its class found by doeks.keys.target_classes, constructed once, with
     the settings as it fills them (`settled`)."""
     cls = _class(settings, name)
     return cls(settled(settings, cls))
