@@ -1,4 +1,4 @@
-"""The cluster's network namespaces survive anyone's first `ip netns add` (doeks.cluster.node.make_netns_dir).
+"""The cluster's network namespaces survive anyone's first `ip netns add` (doeks.cluster.hostnet.make_netns_dir).
 
 On a fresh machine /run/netns is a plain folder; containerd bind-mounts each pod's network namespace there. The first
 `ip netns add` after that (an extra node's, tests/test_network_guard.py's, anyone's) makes the folder a mount point of
@@ -30,7 +30,7 @@ trap 'ip netns del "$b" 2>/dev/null; umount -l "$a" 2>/dev/null; mountpoint -q /
       umount -l "$a" 2>/dev/null; rm -f "$a"' EXIT
 mkdir -p /run/netns
 if mountpoint -q /run/netns; then umount -l /run/netns; fi     # a fresh machine: a plain folder
-[ "$FIXED" = 1 ] && { "$PYTHON" -c 'from doeks.cluster import node; node.make_netns_dir()' || exit 3; }
+[ "$FIXED" = 1 ] && { "$PYTHON" -c 'from doeks.cluster import hostnet; hostnet.make_netns_dir()' || exit 3; }
 touch "$a" && unshare --net="$a" true || exit 4                # a pod's namespace, kept as containerd keeps it
 ip netns add "$b" || exit 5                                   # anyone's first `ip netns add`
 umount "$a" || exit 6                                         # the pod's teardown, as containerd does it
@@ -67,9 +67,9 @@ def test_without_it_the_pods_namespace_cannot_be_removed():
 def test_making_the_folder_twice_mounts_it_once(tmp_path):
     result = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", sys.executable, "-c",
-         "from pathlib import Path; from doeks.cluster import node\n"
+         "from pathlib import Path; from doeks.cluster import hostnet\n"
          f"p = Path({str(tmp_path / 'netns')!r})\n"
-         "node.make_netns_dir(p); node.make_netns_dir(p)\n"
+         "hostnet.make_netns_dir(p); hostnet.make_netns_dir(p)\n"
          "lines = [l.split() for l in Path('/proc/self/mountinfo').read_text().splitlines()]\n"
          "mine = [l for l in lines if l[4] == str(p)]\n"
          "print(len(mine), any(f.startswith('shared:') for f in mine[0][6:mine[0].index('-')]))"],

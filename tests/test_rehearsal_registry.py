@@ -47,9 +47,9 @@ def test_the_node_maps_an_ecr_name_to_the_registry_and_nothing_else(tmp_path, mo
     assert path.parent.name == "123456789012.dkr.ecr.us-west-2.amazonaws.com"
     # the server is the mirror too: no fallback to the ECR name, which would be looked up outside this machine
     assert 'server = "http://127.0.0.1:5999"' in text and '[host."http://127.0.0.1:5999"]' in text
-    from doeks.cluster import node
+    from doeks.cluster import nodeconfig
 
-    assert f'config_path = "{registry.hosts_dir()}"' in node.containerd_config()
+    assert f'config_path = "{registry.hosts_dir()}"' in nodeconfig.containerd_config()
     registry.unmap_all()
     assert not registry.hosts_dir().exists()
 

@@ -23,337 +23,17 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import ui
 from ..errors import DoeksError, MissingTool
 from . import build, guard, pki, versions
+from .hostnet import (bridge_exists, ip, make_bridge, make_cgroups, make_node_network, prepare_host, remove_node_network,
+                      unplug)
+from .nodeconfig import argv, kube_proxy_health_address, kubelet_health_address, write_configs
+from .nodedef import (CGROUP_ROOT, CNI_BIN, COMPONENTS, CONTAINERD_SOCKET, NODE0, NODE_COMPONENTS, RUN_DIR, SERVER,  # noqa: F401
+                      Node, bin_path, d, host_tools_missing, log_file, mounts_under, node_named, pid, pid_file)
 
-RUN_DIR = Path("/run/doeks")
-CONTAINERD_SOCKET = RUN_DIR / "containerd" / "containerd.sock"  # node 0's (Node.socket)
-CGROUP_ROOT = "/doeks"
-SERVER = f"https://{versions.NODE_IP}:{versions.API_PORT}"
-# Start order; stop is the reverse (etcd last but one, containerd last).
-COMPONENTS = ("containerd", "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
-NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy")  # what an extra node runs (the control plane is node 0's)
-APT_PACKAGES = {"containerd": "containerd", "runc": "runc", "ctr": "containerd", "iptables": "iptables",
-                "ip": "iproute2", "conntrack": "conntrack", "busybox": "busybox-static"}
-CNI_BIN = Path("/usr/lib/cni")
-
-
-def d() -> Path:
-    return versions.cluster_dir()
-
-
-@dataclass(frozen=True)
-class Node:
-    """One node of doeks' cluster: 0 is the host's (control plane, bridge, node address 10.244.0.1); i >= 1 runs in a
-    network namespace of its own (see the module's docstring)."""
-
-    index: int = 0
-
-    @property
-    def name(self) -> str:
-        return versions.node_name(self.index)
-
-    @property
-    def ip(self) -> str:
-        return versions.node_ip(self.index)
-
-    @property
-    def pod_cidr(self) -> str:
-        return versions.pod_cidr(self.index)
-
-    @property
-    def gateway(self) -> str:
-        """The pods' gateway: the bridge's address on node 0, the node's own pod bridge elsewhere."""
-        return versions.NODE_IP if self.index == 0 else f"10.244.{self.index}.1"
-
-    @property
-    def netns(self) -> str | None:
-        return None if self.index == 0 else f"doeks-node-{self.index}"
-
-    @property
-    def veth(self) -> str:
-        """The host's end of the node's veth pair (on the bridge); the node's end is its eth0."""
-        return f"doeks-node{self.index}"
-
-    @property
-    def dir(self) -> Path:
-        return d() if self.index == 0 else d() / "nodes" / self.name
-
-    @property
-    def run_dir(self) -> Path:
-        return RUN_DIR if self.index == 0 else RUN_DIR / "nodes" / self.name
-
-    @property
-    def socket(self) -> Path:
-        return self.run_dir / "containerd" / "containerd.sock"
-
-    @property
-    def containerd_root(self) -> Path:
-        """Images stay between clusters (a cache); each node has its own store, as each machine has."""
-        root = versions.cache_dir()
-        return root / "containerd" if self.index == 0 else root / "containerd-nodes" / self.name
-
-    @property
-    def cgroup_root(self) -> str:
-        return CGROUP_ROOT if self.index == 0 else f"{CGROUP_ROOT}/{self.name}"
-
-    @property
-    def components(self) -> tuple[str, ...]:
-        return COMPONENTS if self.index == 0 else NODE_COMPONENTS
-
-    def enter(self) -> list[str]:
-        """What an extra node's processes are started under: its network namespace only."""
-        if self.netns is None:
-            return []
-        return [shutil.which("nsenter") or "/usr/bin/nsenter", f"--net=/run/netns/{self.netns}", "--"]
-
-
-NODE0 = Node(0)
-
-
-def node_named(name: str) -> Node:
-    """The node of that name (doeks, doeks-1, ...); ValueError for a name doeks does not give a node."""
-    if name == versions.NODE_NAME:
-        return NODE0
-    prefix = f"{versions.NODE_NAME}-"
-    index = name[len(prefix):] if name.startswith(prefix) else ""
-    if not index.isdigit() or not 1 <= int(index) < versions.MAX_NODES or str(int(index)) != index:
-        raise ValueError(name)
-    return Node(int(index))
-
-
-def _bin(name: str) -> str:
-    path = versions.bin_dir() / name
-    if not path.exists():
-        raise MissingTool(f"{name} is not built: run `invoke setup --kubernetes` (builds doeks' cluster once)")
-    return str(path)
-
-
-def host_tools_missing() -> list[str]:
-    """Debian packages the node needs that are not installed."""
-    missing = sorted({package for tool, package in APT_PACKAGES.items()
-                      if not shutil.which(tool) and not shutil.which(tool, path="/usr/sbin:/sbin")})
-    if not (CNI_BIN / "bridge").exists():
-        missing.append("containernetworking-plugins")
-    return missing
-
-
-# -- configuration files ----------------------------------------------------------------------------------------------
-def containerd_config(node: Node = NODE0) -> str:
-    cri = 'plugins."io.containerd.grpc.v1.cri"'
-    return "\n".join([
-        "version = 2",
-        f'root = "{node.containerd_root}"',   # images stay between clusters (a cache)
-        f'state = "{node.run_dir / "containerd" / "state"}"',
-        "[grpc]",
-        f'  address = "{node.socket}"',
-        "[ttrpc]",
-        f'  address = "{node.socket}.ttrpc"',
-        "[debug]",
-        f'  address = "{node.run_dir / "containerd" / "debug.sock"}"',
-        "[metrics]",
-        '  address = ""',
-        f"[{cri}]",
-        f'  sandbox_image = "{versions.PAUSE_IMAGE}"',
-        "  enable_cdi = false",
-        # no CAP_SYS_RESOURCE here: a pod's oom_score_adj cannot go below this process's; keep the higher value
-        "  restrict_oom_score_adj = true",
-        f"[{cri}.containerd]",
-        '  snapshotter = "overlayfs"',
-        '  default_runtime_name = "runc"',
-        f"[{cri}.containerd.runtimes.runc]",
-        '  runtime_type = "io.containerd.runc.v2"',
-        f"[{cri}.containerd.runtimes.runc.options]",
-        "  SystemdCgroup = false",
-        f"[{cri}.cni]",
-        f'  bin_dir = "{CNI_BIN}"',
-        f'  conf_dir = "{node.dir / "cni"}"',
-        # registry host configuration (hosts.toml per registry name, read at each pull): empty unless the EKS
-        # rehearsal maps its ECR name to the loopback registry (doeks.cluster.registry); any other name still goes
-        # to the no-pull proxy below and fails at once
-        f"[{cri}.registry]",
-        f'  config_path = "{d() / "registry-hosts"}"',
-        "",
-    ])
-
-
-def cni_config(node: Node = NODE0) -> dict:
-    """Pods on the bridge doeks0 (node 0), or on a bridge inside the node's namespace (an extra node: the same
-    plugin, run by its containerd in that namespace)."""
-    bridge = versions.BRIDGE if node.index == 0 else "cni0"
-    return {"cniVersion": "0.4.0", "name": "doeks", "plugins": [
-        {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False, "hairpinMode": True,
-         "ipam": {"type": "host-local", "ranges": [[{"subnet": node.pod_cidr, "gateway": node.gateway}]],
-                  "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(node.dir / "cni-ipam")}},
-    ]}
-
-
-def kubelet_health_address(node: Node = NODE0) -> str:
-    """Where the kubelet answers /healthz: loopback on node 0, the node's address elsewhere (the host checks it)."""
-    return "127.0.0.1" if node.index == 0 else node.ip
-
-
-def kubelet_config(node: Node = NODE0) -> dict:
-    pki_dir = pki.pki_dir()
-    serving = "kubelet-serving" if node.index == 0 else f"kubelet-serving-{node.name}"
-    config = {
-        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-        "address": node.ip, "port": 10250, "readOnlyPort": 0,
-        "healthzBindAddress": kubelet_health_address(node), "healthzPort": 10248,
-        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                           "x509": {"clientCAFile": str(pki_dir / "ca.crt")}},
-        "authorization": {"mode": "Webhook"},
-        "tlsCertFile": str(pki_dir / f"{serving}.crt"), "tlsPrivateKeyFile": str(pki_dir / f"{serving}.key"),
-        "cgroupDriver": "cgroupfs", "cgroupRoot": node.cgroup_root, "failCgroupV1": False, "failSwapOn": False,
-        "containerRuntimeEndpoint": f"unix://{node.socket}",
-        "clusterDNS": [versions.DNS_SERVICE_IP], "clusterDomain": versions.CLUSTER_DOMAIN,
-        "resolvConf": str(d() / "resolv.conf"),
-        # a nearly full disk must not evict the job, nor garbage-collect the images imported here (no registry)
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "0%", "imagefs.available": "0%",
-                         "nodefs.inodesFree": "0%", "imagefs.inodesFree": "0%"},
-        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-        "podCIDR": node.pod_cidr, "maxPods": 110, "serializeImagePulls": False, "nodeLeaseDurationSeconds": 20,
-        "protectKernelDefaults": False, "makeIPTablesUtilChains": True,
-        "staticPodPath": "", "rotateCertificates": False, "serverTLSBootstrap": False,
-        "localStorageCapacityIsolation": False,
-    }
-    if node.index:  # the kubelet removes pod log folders of pods it does not run: each node keeps its own
-        config["podLogsDir"] = str(node.dir / "pod-logs")
-        config["registerWithTaints"] = [dict(versions.WORKER_TAINT)]  # training pods only (versions.WORKER_TAINT)
-    return config
-
-
-def kube_proxy_health_address(node: Node = NODE0) -> str:
-    return "127.0.0.1" if node.index == 0 else node.ip
-
-
-def kube_proxy_config(node: Node = NODE0) -> dict:
-    return {
-        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-        "clientConnection": {"kubeconfig": str(d() / "kube-proxy.kubeconfig")},
-        "mode": "iptables", "clusterCIDR": versions.CLUSTER_CIDR, "hostnameOverride": node.name,
-        "healthzBindAddress": f"{kube_proxy_health_address(node)}:10256", "metricsBindAddress": "127.0.0.1:10249",
-        "nodePortAddresses": [f"{node.ip}/32"],                   # NodePorts on the bridge only, never on eth0
-        "conntrack": {"maxPerCore": 0, "min": 0},                 # leave the host's conntrack sysctls alone
-    }
-
-
-def argv(component: str, node: Node = NODE0) -> list[str]:
-    if node.index:
-        return node.enter() + _node_argv(component, node)
-    p, c = pki.pki_dir(), d()
-    binary = _bin("doeks-node")
-    if component == "containerd":
-        return [shutil.which("containerd") or "/usr/bin/containerd", "--config", str(c / "containerd.toml")]
-    if component == "etcd":
-        peer = f"http://127.0.0.1:{versions.ETCD_PEER_PORT}"
-        client = f"http://127.0.0.1:{versions.ETCD_CLIENT_PORT}"
-        return [_bin("etcd"), "--name", "doeks", "--data-dir", str(c / "etcd"), "--listen-client-urls", client,
-                "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"doeks={peer}", "--listen-metrics-urls", "",
-                # a throw-away single-node cluster on a small disk: no fsync, a small backend
-                "--unsafe-no-fsync", "--quota-backend-bytes", str(2 * 1024 ** 3), "--log-level", "warn"]
-    if component == "kube-apiserver":
-        return [binary, "kube-apiserver", f"--etcd-servers=http://127.0.0.1:{versions.ETCD_CLIENT_PORT}",
-                f"--bind-address={versions.NODE_IP}", f"--advertise-address={versions.NODE_IP}",
-                f"--secure-port={versions.API_PORT}",
-                f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
-                f"--client-ca-file={p / 'ca.crt'}",
-                f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
-                f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
-                f"--kubelet-certificate-authority={p / 'ca.crt'}", "--kubelet-preferred-address-types=InternalIP",
-                f"--service-account-key-file={p / 'sa.pub'}", f"--service-account-signing-key-file={p / 'sa.key'}",
-                f"--service-account-issuer=https://kubernetes.default.svc.{versions.CLUSTER_DOMAIN}",
-                f"--service-cluster-ip-range={versions.SERVICE_CIDR}",
-                "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-                "--allow-privileged=true", "--profiling=false", "--v=1"]
-    kubeconfig = lambda name: str(c / f"{name}.kubeconfig")  # noqa: E731
-    if component == "kube-controller-manager":
-        k = kubeconfig("controller-manager")
-        return [binary, "kube-controller-manager", f"--kubeconfig={k}", f"--authentication-kubeconfig={k}",
-                f"--authorization-kubeconfig={k}", "--bind-address=127.0.0.1",
-                f"--service-account-private-key-file={p / 'sa.key'}", f"--root-ca-file={p / 'ca.crt'}",
-                f"--cluster-signing-cert-file={p / 'ca.crt'}", f"--cluster-signing-key-file={p / 'ca.key'}",
-                "--use-service-account-credentials=true", "--controllers=*,bootstrapsigner,tokencleaner",
-                "--allocate-node-cidrs=false", f"--service-cluster-ip-range={versions.SERVICE_CIDR}",
-                # a node whose kubelet stopped is NotReady after 24 s (default 50 s): its kubelet renews its lease
-                # every 5 s (nodeLeaseDurationSeconds 20), so four renewals are missed first
-                "--node-monitor-grace-period=24s",
-                "--leader-elect=false", "--profiling=false", "--v=1"]
-    if component == "kube-scheduler":
-        k = kubeconfig("scheduler")
-        return [binary, "kube-scheduler", f"--kubeconfig={k}", f"--authentication-kubeconfig={k}",
-                f"--authorization-kubeconfig={k}", "--bind-address=127.0.0.1", "--leader-elect=false",
-                "--profiling=false", "--v=1"]
-    if component == "kubelet":
-        return [binary, "kubelet", f"--config={c / 'kubelet.yaml'}", f"--kubeconfig={kubeconfig('kubelet')}",
-                f"--hostname-override={versions.NODE_NAME}", f"--node-ip={versions.NODE_IP}",
-                f"--root-dir={c / 'kubelet'}", "--v=1"]
-    if component == "kube-proxy":
-        return [binary, "kube-proxy", f"--config={c / 'kube-proxy.yaml'}", "--v=1"]
-    raise ValueError(component)
-
-
-def _node_argv(component: str, node: Node) -> list[str]:
-    """An extra node's containerd, kubelet (its own certificate, root folder and address) and kube-proxy."""
-    folder = node.dir
-    if component == "containerd":
-        return [shutil.which("containerd") or "/usr/bin/containerd", "--config", str(folder / "containerd.toml")]
-    if component == "kubelet":
-        return [_bin("doeks-node"), "kubelet", f"--config={folder / 'kubelet.yaml'}",
-                f"--kubeconfig={folder / 'kubelet.kubeconfig'}", f"--hostname-override={node.name}",
-                f"--node-ip={node.ip}", f"--root-dir={folder / 'kubelet'}", "--v=1"]
-    if component == "kube-proxy":
-        return [_bin("doeks-node"), "kube-proxy", f"--config={folder / 'kube-proxy.yaml'}", "--v=1"]
-    raise ValueError(component)
-
-
-def _write(path: Path, text: str) -> None:
-    """Write only a change: kube-proxy exits when its configuration file is rewritten, even with the same content."""
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-
-
-def write_configs(node: Node = NODE0) -> None:
-    import yaml
-
-    c = node.dir
-    for folder in ("cni", "logs", "run", "kubelet") + (("etcd",) if node.index == 0 else ()):
-        (c / folder).mkdir(parents=True, exist_ok=True)
-    _write(c / "containerd.toml", containerd_config(node))
-    _write(c / "cni" / "10-doeks.conflist", json.dumps(cni_config(node), indent=2))
-    _write(c / "kubelet.yaml", yaml.safe_dump(kubelet_config(node), sort_keys=False))
-    _write(c / "kube-proxy.yaml", yaml.safe_dump(kube_proxy_config(node), sort_keys=False))
-    # pods resolve through CoreDNS (ClusterFirst); the host's resolvers are never handed to them
-    _write(d() / "resolv.conf", f"search {versions.CLUSTER_DOMAIN}\noptions ndots:5\n")
-
-
-# -- processes ---------------------------------------------------------------------------------------------------------
-def pid_file(component: str, node: Node = NODE0) -> Path:
-    return node.dir / "run" / f"{component}.pid"
-
-
-def log_file(component: str, node: Node = NODE0) -> Path:
-    return node.dir / "logs" / f"{component}.log"
-
-
-def pid(component: str, node: Node = NODE0) -> int | None:
-    """The component's pid if it runs (the recorded pid, checked against /proc: a reused pid is not ours)."""
-    try:
-        value = int(pid_file(component, node).read_text().split()[0])
-        cmdline = Path(f"/proc/{value}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError, IndexError):
-        return None
-    expected = argv_name(component)
-    return value if any(part.endswith(expected.encode()) for part in cmdline[:2]) else None
-
-
-def argv_name(component: str) -> str:
-    return {"containerd": "containerd", "etcd": "etcd"}.get(component, component)
 
 
 _STARTED: dict[tuple[str, str], subprocess.Popen] = {}
@@ -495,164 +175,8 @@ def healthy(component: str, node: Node = NODE0) -> bool:
 
 
 # -- the bridge --------------------------------------------------------------------------------------------------------
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise DoeksError(f"ip {' '.join(args)} failed: {result.stderr.strip()}")
-    return result
 
 
-def bridge_exists() -> bool:
-    return _ip("link", "show", versions.BRIDGE, check=False).returncode == 0
-
-
-def make_bridge() -> None:
-    """doeks0 with the node's address before anything listens on it (the CNI bridge plugin then reuses it), and its
-    own MAC (versions.bridge_mac: never that of a port, so a pod's veth coming or going leaves the gateway's MAC as
-    every neighbour resolved it)."""
-    _bridge_with_mac(versions.BRIDGE, versions.bridge_mac(0))
-    prefix = versions.POD_CIDR.split("/")[1]
-    if versions.NODE_IP not in _ip("-4", "addr", "show", versions.BRIDGE).stdout:
-        _ip("addr", "add", f"{versions.NODE_IP}/{prefix}", "dev", versions.BRIDGE)
-    _ip("link", "set", versions.BRIDGE, "up")
-    # the cluster's whole range unreachable but for the nodes' own routes (more specific): an address of no node (a
-    # node removed, a pod range of a stopped one) is refused here, never routed to the default interface, where only
-    # the guard would stop it (`up` with fewer nodes: the guard counted one packet, most likely to a removed node)
-    _ip("route", "replace", "unreachable", versions.CLUSTER_CIDR)
-
-
-def _bridge_with_mac(bridge: str, mac: str, netns: str | None = None) -> None:
-    """`bridge` (in `netns`, else here) made with `mac` as its own, or given it (a bridge made before doeks set one
-    follows its ports' MACs)."""
-    where = ["-n", netns] if netns else []
-    shown = _ip(*where, "link", "show", bridge, check=False)
-    if shown.returncode != 0:
-        _ip(*where, "link", "add", bridge, "address", mac, "type", "bridge")
-    elif f"link/ether {mac} " not in shown.stdout:
-        _ip(*where, "link", "set", bridge, "address", mac)
-
-
-def _sysctl(key: str, value: str) -> None:
-    path = Path("/proc/sys") / key.replace(".", "/")
-    try:
-        if path.read_text().strip() != value:
-            path.write_text(value)
-    except OSError as error:
-        raise DoeksError(f"cannot set {key}={value} ({error.strerror}): the cluster needs it") from None
-
-
-NETNS_DIR = Path("/run/netns")  # where containerd (and iproute2) bind-mount the network namespaces they keep
-
-
-def make_netns_dir(path: Path = NETNS_DIR) -> None:
-    """/run/netns made a mount point of its own, shared (as `ip netns add` makes it, the first time it runs on a
-    machine), before containerd keeps a pod's network namespace there. Else the first `ip netns add` after the
-    cluster started (an extra node's, a test's, anyone's) bind-mounts the folder over itself with the pods'
-    namespaces copied in: a pod's teardown then unmounts the copy it sees, the original stays mounted underneath, the
-    file cannot be removed (EBUSY), and containerd reports the sandbox's status as an error for ever: the pod stays
-    Terminating and `down` waited on it (a fresh machine, CI: test_network_guard ran after the cluster started)."""
-    path.mkdir(parents=True, exist_ok=True)
-    if str(path) in mounts_under(path):  # a mount point already (iproute2's, or ours)
-        return
-    mount = shutil.which("mount") or "/bin/mount"
-    for args in (["--rbind", str(path), str(path)], ["--make-rshared", str(path)]):
-        result = subprocess.run([mount, *args], capture_output=True, text=True)
-        if result.returncode != 0:
-            raise DoeksError(f"cannot make {path} a mount point of its own (mount {' '.join(args)}): "
-                             f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
-
-
-def prepare_host() -> None:
-    if not Path("/proc/sys/net/bridge").exists():
-        modprobe = shutil.which("modprobe") or shutil.which("modprobe", path="/usr/sbin:/sbin")
-        if modprobe:
-            subprocess.run([modprobe, "br_netfilter"], capture_output=True)
-        if not Path("/proc/sys/net/bridge").exists():
-            raise DoeksError("the br_netfilter kernel module is not loaded and cannot be (modprobe br_netfilter): "
-                             "Services between pods on the bridge need it")
-    _sysctl("net.ipv4.ip_forward", "1")
-    _sysctl("net.bridge.bridge-nf-call-iptables", "1")
-    make_cgroups()
-    if not pid("containerd"):  # with pods running, their namespaces would be copied over: left as they are
-        make_netns_dir()
-
-
-def make_cgroups(cgroup_root: str = CGROUP_ROOT) -> None:
-    """The kubelet's cgroup root (/doeks; an extra node's /doeks/<name>) in every cgroup v1 hierarchy: the kubelet
-    refuses a root that does not exist. A new cpuset cgroup has no CPUs or memory nodes until given its parent's."""
-    root = Path("/sys/fs/cgroup")
-    for hierarchy in sorted(root.iterdir()) if root.exists() else []:
-        if not hierarchy.is_dir() or hierarchy.name == "unified" or not (hierarchy / "cgroup.procs").exists():
-            continue
-        parent = hierarchy
-        for part in cgroup_root.strip("/").split("/"):
-            mine = parent / part
-            mine.mkdir(exist_ok=True)
-            for name in ("cpuset.cpus", "cpuset.mems"):
-                if (mine / name).exists() and not (mine / name).read_text().strip():
-                    (mine / name).write_text((parent / name).read_text())
-            parent = mine
-
-
-# -- the extra nodes' network ------------------------------------------------------------------------------------------
-def _in(node: Node, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    """A command in the node's network namespace."""
-    result = subprocess.run(node.enter() + list(argv), capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise DoeksError(f"{' '.join(argv)} in node {node.name} failed: {result.stderr.strip()}")
-    return result
-
-
-def netns_exists(node: Node) -> bool:
-    return node.netns is not None and Path(f"/run/netns/{node.netns}").exists()
-
-
-def make_node_network(node: Node) -> None:
-    """The node's network namespace with its guard installed before anything else, its veth pair on the bridge at
-    its address (default route: the host), and the host's route to its pod range. Idempotent; brings its link up."""
-    if not netns_exists(node):
-        _ip("netns", "add", node.netns)
-    guard.install_node(node.netns)  # first: nothing of the node has started, nothing has left it
-    if _ip("link", "show", node.veth, check=False).returncode != 0:
-        _ip("link", "add", node.veth, "type", "veth", "peer", "name", guard.NODE_INTERFACE, "netns", node.netns)
-    _ip("link", "set", node.veth, "master", versions.BRIDGE)
-    _ip("link", "set", node.veth, "up")
-    prefix = versions.NODE_NET.split("/")[1]
-    if f"{versions.NODE_NET_GATEWAY}/" not in _ip("-4", "addr", "show", versions.BRIDGE).stdout:
-        _ip("addr", "add", f"{versions.NODE_NET_GATEWAY}/{prefix}", "dev", versions.BRIDGE)
-    if f"{node.ip}/" not in _ip("-n", node.netns, "-4", "addr", "show", guard.NODE_INTERFACE).stdout:
-        _ip("-n", node.netns, "addr", "add", f"{node.ip}/{prefix}", "dev", guard.NODE_INTERFACE)
-    _ip("-n", node.netns, "link", "set", "lo", "up")
-    _ip("-n", node.netns, "link", "set", guard.NODE_INTERFACE, "up")
-    _ip("-n", node.netns, "route", "replace", "default", "via", versions.NODE_NET_GATEWAY)
-    _ip("route", "replace", node.pod_cidr, "via", node.ip, "dev", versions.BRIDGE)
-    # the node's pods' bridge, made here with its own MAC before the CNI bridge plugin (which reuses it) would make
-    # one that follows its ports' MACs (see versions.bridge_mac)
-    _bridge_with_mac("cni0", versions.bridge_mac(node.index), node.netns)
-    sysctl = shutil.which("sysctl") or shutil.which("sysctl", path="/usr/sbin:/sbin") or "sysctl"
-    for key in ("net.ipv4.ip_forward=1", "net.bridge.bridge-nf-call-iptables=1"):
-        _in(node, sysctl, "-q", "-w", key)
-
-
-def unplug(node: Node) -> None:
-    """The node's link down: its address and pods are gone from the network, as a machine that is lost."""
-    if _ip("link", "show", node.veth, check=False).returncode == 0:
-        _ip("link", "set", node.veth, "down", check=False)
-
-
-def remove_node_network(node: Node) -> None:
-    """The node's route, link and network namespace removed; with the last extra node, the host's address on the
-    nodes' network (NODE_NET_GATEWAY) too, and with it the bridge's route to NODE_NET (`up` with fewer nodes left it)."""
-    _ip("route", "del", node.pod_cidr, check=False)
-    _ip("link", "delete", node.veth, check=False)
-    if netns_exists(node):
-        _ip("netns", "delete", node.netns, check=False)
-    if not guard.node_namespaces():  # gone already is fine
-        _ip("addr", "del", f"{versions.NODE_NET_GATEWAY}/{versions.NODE_NET.split('/')[1]}", "dev", versions.BRIDGE,
-            check=False)
-
-
-# -- up / down -------------------------------------------------------------------------------------------------------
 def running(node: Node = NODE0) -> dict[str, int | None]:
     return {component: pid(component, node) for component in node.components}
 
@@ -842,14 +366,6 @@ def _remove_containers(node: Node = NODE0) -> set[str]:
     return netns
 
 
-def mounts_under(*roots: Path) -> list[str]:
-    out = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        point = line.split()[1].replace("\\040", " ")
-        if any(point == str(r) or point.startswith(str(r) + "/") for r in roots):
-            out.append(point)
-    return sorted(out, key=len, reverse=True)
-
 
 def _cgroups(cgroup_root: str = CGROUP_ROOT) -> list[Path]:
     root = Path("/sys/fs/cgroup")
@@ -926,7 +442,7 @@ def leftovers() -> dict[str, list[str]]:
     veths = sorted({line.split(":")[1].strip().split("@")[0] for line in links.splitlines()
                     if line.split(":")[1].strip().startswith("doeks-node")})
     routes = []  # "10.244.1.0/24", or "10.244.0.0/16 (unreachable)" for a route of that type
-    for words in (line.split() for line in _ip("-4", "route", "show", check=False).stdout.splitlines()):
+    for words in (line.split() for line in ip("-4", "route", "show", check=False).stdout.splitlines()):
         typed = bool(words) and words[0] in ("unreachable", "blackhole", "prohibit")
         destination = words[1] if typed else (words[0] if words else "")
         if destination.startswith("10.244."):
@@ -962,7 +478,7 @@ def down(runner, keep_state: bool = False) -> bool:
         remove_node_network(node)
     stop("kube-proxy")
     if (versions.bin_dir() / "doeks-node").exists():
-        subprocess.run([_bin("doeks-node"), "kube-proxy", "--cleanup"], capture_output=True, text=True)
+        subprocess.run([bin_path("doeks-node"), "kube-proxy", "--cleanup"], capture_output=True, text=True)
     for component in ("kubelet", "kube-scheduler", "kube-controller-manager"):
         stop(component)
     netns = _remove_containers()
@@ -979,8 +495,8 @@ def down(runner, keep_state: bool = False) -> bool:
         subprocess.run(["umount", path], capture_output=True)
         Path(path).unlink(missing_ok=True)
     if bridge_exists():
-        _ip("link", "delete", versions.BRIDGE, check=False)
-    _ip("route", "del", "unreachable", versions.CLUSTER_CIDR, check=False)
+        ip("link", "delete", versions.BRIDGE, check=False)
+    ip("route", "del", "unreachable", versions.CLUSTER_CIDR, check=False)
     _flush_kube_chains()
     guard.remove()
     shutil.rmtree(RUN_DIR, ignore_errors=True)
