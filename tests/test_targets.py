@@ -106,6 +106,38 @@ def test_every_target_plans_a_value_that_changes_nothing(world, name):
         assert not any("kubectl" in line for line in plan.describe())
 
 
+class StepRecorder:
+    """A runner that records each step a submission takes and runs none of them."""
+
+    def __init__(self, dry_run: bool):
+        self.dry_run, self.ran = dry_run, []
+
+    def step(self, what, fn, *args, **kwargs):
+        self.ran.append(what)
+
+
+def test_no_target_submits_outside_its_plan():
+    """Issue 53: `--dry-run` and the run cannot differ when every target submits through Target.submit, which runs the
+    plan's steps and nothing else (the Kubernetes target once built, checked, deleted and applied outside them)."""
+    from doeks import keys
+
+    for module, cls in [*keys.BUILTIN_TARGETS.values(), keys.REHEARSAL_TARGET]:
+        target_class = getattr(__import__(module, fromlist=[cls]), cls)
+        assert target_class.submit is targets.Target.submit, f"{cls} overrides submit: its run differs from its plan"
+
+
+@pytest.mark.parametrize("name", ["local", "docker", "eks", "sagemaker"])
+def test_a_submission_runs_the_steps_its_dry_run_lists(world, name):
+    s = settings_for(name)
+    target = targets.get(s)
+    plan = target.plan(targets.Job(s, ["--log-every", "2"]))
+    dry, run = StepRecorder(dry_run=True), StepRecorder(dry_run=False)
+    target.submit(plan, dry)
+    target.submit(plan, run)
+    assert run.ran == dry.ran == [step.what for step in plan.steps if step.run is not None] and run.ran
+    assert [line for line in plan.describe() if any(what in line for what in run.ran)], "the plan shows its steps"
+
+
 def test_same_pytorchjob_on_docker_and_eks_apart_from_the_run(world):
     """With the same settings (the base image and crop too: by default each follows where the job trains) the docker
     target runs the very manifests eks applies."""

@@ -470,14 +470,23 @@ class Target:
         only thing said. The submission's own steps check again (another shell may have deployed meanwhile)."""
 
     def submit(self, plan: Plan, runner) -> None:
-        """Execute a plan's steps in order (each through the runner, so secrets stay masked); then record the run."""
+        """Execute a plan's steps in order (each through the runner, so secrets stay masked), and nothing else: what
+        `--dry-run` lists is what runs (TorchX's submit is schedule(submit_dryrun())). Then record the run; a step
+        that fails first has `abandon` undo what this submission started."""
         if not getattr(runner, "dry_run", False):
             plan.warn()
-        for step in plan.steps:
-            if step.run is not None:
-                runner.step(step.what, step.run)
+        try:
+            for step in plan.steps:
+                if step.run is not None:
+                    runner.step(step.what, step.run)
+        except BaseException:
+            self.abandon(plan)
+            raise
         if not getattr(runner, "dry_run", False):
             self.record_run(plan)
+
+    def abandon(self, plan: Plan) -> None:
+        """Undo what a failed submission of `plan` started (never a job already running); nothing by default."""
 
     def record_run(self, plan: Plan) -> None:
         """Every submission is a run in STATE_DIR/runs/<job>.json (`elasticjob.history`), whoever submits it: a task,

@@ -221,16 +221,12 @@ class DockerTarget(OnThisMachine, Target):
             Path(folder).mkdir(parents=True, exist_ok=True)
         return client().containers.run(**spec)
 
-    def submit(self, plan: Plan, runner) -> None:
-        try:
-            super().submit(plan, runner)
-        except BaseException:
-            for container in self.containers():  # what this submission started, never a job already running
-                if container.labels.get(RUN) == plan.job.run:
-                    container.remove(force=True)
-            if plan.context.get("started_etcd"):
-                etcd(plan.job.settings.state_dir).stop()
-            raise
+    def abandon(self, plan: Plan) -> None:
+        for container in self.containers():  # what this submission started, never a job already running
+            if container.labels.get(RUN) == plan.job.run:
+                container.remove(force=True)
+        if plan.context.get("started_etcd"):
+            etcd(plan.job.settings.state_dir).stop()
 
     # -- after submission ---------------------------------------------------------------------------------------------
     def _record_read(self) -> dict[str, Any]:

@@ -72,41 +72,38 @@ class KubernetesJobs:
                                  placement=self.placement(), code=job.code, account=True)
 
     def plan(self, job: Job) -> Plan:
+        """Every step a submission takes, in order, and nothing outside them (`--dry-run` lists exactly these): the
+        image built and imported where doeks' own cluster runs it, a previous job of the name replaced, the claim's
+        outputs cleared (--fresh, where they are on this machine), the manifests applied."""
+        from ..runner import Runner, to_yaml_stream
+
+        s = job.settings
         plan = self.manifest_plan(job)
         build = self.image_step(job)  # doeks' own cluster: built here, then imported
         if build is not None:
             plan.context["builds"] = build
             plan.steps.append(build)
+        if self.on_this_machine:
+            etcd = f" and {s.etcd_image}" if s.rdzv_backend.startswith("etcd") else ""
+            plan.steps.append(Step(f"import {plan.image}{etcd} into doeks' cluster's nodes where missing",
+                                   lambda: self.check_image(plan.image, Runner(secrets=s.secrets()))))
+        plan.steps.append(Step(f"delete a previous PyTorchJob {s.job_name} that has ended (a running one only with "
+                               "--fresh) and its pods", lambda: self._replace_previous(plan, Runner(secrets=s.secrets()))))
         if job.fresh and self.on_this_machine:  # doeks' own cluster: the claim's folder is here
             plan.steps.append(self.fresh_step(job.name))
         elif job.fresh:  # the claim is storage of that cluster: nothing here can clear it
             plan.warnings.append(f"--fresh replaces a running {job.name}, but its checkpoints on claim "
-                                 f"{job.settings.shared_pvc} are not on this machine: the job resumes from them; "
+                                 f"{s.shared_pvc} are not on this machine: the job resumes from them; "
                                  "use another JOB_NAME to start over")
         kinds = ", ".join(f"{m['kind']}/{m['metadata']['name']}" for m in plan.manifests)
-        plan.steps.append(Step(f"kubectl apply --server-side --field-manager=doeks --force-conflicts -f - ({kinds} in "
-                               f"namespace {job.settings.namespace})", None))
+        apply = ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"]
+        plan.steps.append(Step(f"kubectl {' '.join(apply)} ({kinds} in namespace {s.namespace})",
+                               lambda: kube.run(Runner(secrets=s.secrets()), apply, input=to_yaml_stream(plan.manifests))))
         return plan
 
     def run_name(self, plan: Plan) -> str:
         """What describe() reports as the run: the PyTorchJob's rendezvous id."""
         return plan.manifests[-1]["spec"].get("elasticPolicy", {}).get("rdzvId") or plan.job.run
-
-    def submit(self, plan: Plan, runner) -> None:
-        from ..runner import to_yaml_stream
-
-        build = plan.context.get("builds")
-        if build is not None:  # before the image is imported into the cluster
-            runner.step(build.what, build.run)
-        self.check_image(plan.image, runner)
-        self._replace_previous(plan, runner)
-        for step in plan.steps:
-            if step.run is not None and step is not build:
-                runner.step(step.what, step.run)
-        kube.run(runner, ["apply", "--server-side", "--field-manager=doeks", "--force-conflicts", "-f", "-"],
-                 input=to_yaml_stream(plan.manifests))
-        if not runner.dry_run:
-            self.record_run(plan)
 
     def refuse(self, plan: Plan) -> None:
         """Before anything is printed: the image (doeks' own cluster: built here; eks: resolved to a registry) and a

@@ -210,13 +210,9 @@ class LocalTarget(OnThisMachine, Target):
         local_jobs.launch(self.home, pytorchjob, runtime.volumes_dir(s), ctx["endpoint"], s.local_preload, run, source,
                           extra_env=ctx.get("s3_env"))
 
-    def submit(self, plan: Plan, runner) -> None:
-        try:
-            super().submit(plan, runner)
-        except BaseException:
-            if plan.context.get("started_etcd"):
-                etcd(plan.job.settings.state_dir).stop()
-            raise
+    def abandon(self, plan: Plan) -> None:
+        if plan.context.get("started_etcd"):
+            etcd(plan.job.settings.state_dir).stop()
 
     def describe(self) -> JobStatus:
         s = self.settings
