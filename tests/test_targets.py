@@ -126,6 +126,17 @@ def test_no_target_submits_outside_its_plan():
         assert target_class.submit is targets.Target.submit, f"{cls} overrides submit: its run differs from its plan"
 
 
+def test_a_target_is_a_place_and_a_job_backend_of_at_most_15_verbs():
+    """Issue 53: the job's interface is small (TorchX's Scheduler, kind's Provider, the Kubeflow SDK's backends have 10
+    to 12); the helpers a target builds its plans from (JobPlanning) are not part of it, nor the units' verbs (Place)."""
+    from doeks.targets.base import JobBackend, JobPlanning, Place
+
+    public = {name for name, value in vars(JobBackend).items() if callable(value) and not name.startswith("_")}
+    assert public == set(JobBackend.VERBS) and len(JobBackend.VERBS) <= 15
+    assert not public & {name for name in vars(Place)} and not public & {name for name in vars(JobPlanning)}
+    assert targets.Target.__mro__[1:4] == (Place, JobBackend, JobPlanning)
+
+
 @pytest.mark.parametrize("name", ["local", "docker", "eks", "sagemaker"])
 def test_a_submission_runs_the_steps_its_dry_run_lists(world, name):
     s = settings_for(name)

@@ -183,26 +183,12 @@ class JobStatus:
 COLUMNS = ["replica", "state", "restarts", "step", "samples/s", "world", "where"]
 
 
-class Target:
-    """Base class: every verb; a subclass overrides what it can do. Constructed once from settings.
-
-    Two kinds of verbs. The job's (plan, submit, describe, logs, scale, cancel, artifacts, wait) and the units': what
-    each unit folder's tasks do on this target (`eks/`: the cluster; `csi/`: the shared volume and data; `efa-device-
-    plugin/`: EFA and the MPI operator; `gpu-metrics/`: the metrics agent; `kubeflow/`: the operators on the cluster;
-    `kueue/`: queues and quotas; `elasticjob/`: what the job needs before it is deployed). A unit task parses its
-    flags, asks the target and shows or runs what it answers; nothing outside doeks.targets asks which target it is
-    on. The base answers the units' verbs with one line saying there is nothing to do here, so a new target overrides
-    only what it has."""
-
-    name = "?"
-    on_this_machine = False       # the job's containers/processes run here (local image name, CPU base)
-    builds_image = False          # it runs containers of the training image built here (`up` builds it first)
-    interprets = False            # it runs the job's manifests itself, as processes or containers here
-    asks_before_down = False      # `down` deletes something that costs money: it asks once (or --yes)
-    pod_identity = False          # pods get AWS roles through EKS Pod Identity
-
-    def __init__(self, settings):
-        self.settings = settings
+class Place:
+    """Where things run: what each unit folder's tasks do on this target (`eks/`: the cluster; `csi/`: the shared
+    volume and data; `efa-device-plugin/`: EFA and the MPI operator; `gpu-metrics/`: the metrics agent; `kubeflow/`:
+    the operators on the cluster; `kueue/`: queues and quotas; `elasticjob/`: what the job needs before it is
+    deployed). The defaults answer with one line saying there is nothing to do here, so a target overrides only what
+    it has (kind's Provider)."""
 
     @classmethod
     def store_defaults(cls, settings) -> dict[str, str]:
@@ -404,6 +390,14 @@ class Target:
         """What `invoke doctor` shows: (check, ok, detail or fix, needed) for this target."""
         raise NotSupported(self.name, "checks")
 
+
+class JobBackend:
+    """How a job runs on a target: the verbs the elasticjob tasks, the demo and the pipeline call, and nothing else
+    (TorchX's Scheduler: a dozen). `submit` runs the plan's steps and nothing outside them."""
+
+    VERBS = ("job", "plan", "refuse", "submit", "run_name", "describe", "logs", "runs", "events", "scale", "cancel",
+             "end_failed", "artifacts", "wait")
+
     # -- submission -------------------------------------------------------------------------------------------------
     def job(self, train_args=(), fresh: bool = False, dry_run: bool = False, run: str = "") -> Job:
         """The job as one value, resolved once, here: its code, the image this target runs it in, its world. Every
@@ -415,12 +409,81 @@ class Target:
         return Job(self.settings, list(train_args), fresh, run, dry_run, code=code,
                    image=trainimage.reference(self.settings, self.on_this_machine, code), world=self.world())
 
+    def plan(self, job: Job) -> Plan:
+        raise NotSupported(self.name, "plan")
+
+    def refuse(self, plan: Plan) -> None:
+        """Raise the DoeksError a submission of `plan` would meet (the job runs already, its image is not built or not
+        resolved, its data is missing): called before anything of the plan is printed, so a refusal is the first and
+        only thing said. The submission's own steps check again (another shell may have deployed meanwhile)."""
+
+    def submit(self, plan: Plan, runner) -> None:
+        """Execute a plan's steps in order (each through the runner, so secrets stay masked), and nothing else: what
+        `--dry-run` lists is what runs (TorchX's submit is schedule(submit_dryrun())). Then record the run; a step
+        that fails first has `abandon` undo what this submission started."""
+        if not getattr(runner, "dry_run", False):
+            plan.warn()
+        try:
+            for step in plan.steps:
+                if step.run is not None:
+                    runner.step(step.what, step.run)
+        except BaseException:
+            self.abandon(plan)
+            raise
+        if not getattr(runner, "dry_run", False):
+            self.record_run(plan)
+
+    def run_name(self, plan: Plan) -> str:
+        """The id describe() will report for this submission's run (the rendezvous id; SageMaker: the job's name)."""
+        return plan.job.run
+
+    # -- after submission -------------------------------------------------------------------------------------------
+    def describe(self) -> JobStatus:
+        raise NotSupported(self.name, "describe")
+
+    def logs(self, follow: bool = False, replica: int | None = None, run: str | None = None, tail: int | None = None,
+             since: float | None = None) -> Iterator[str]:
+        """Log lines of the current run (or `run`), prefixed by replica; `tail`: the last N lines first; `since`: a
+        time.time() value, lines from then on."""
+        raise NotSupported(self.name, "logs")
+
+    def runs(self) -> list[str]:
+        """The runs whose logs this target can still show, oldest first."""
+        return []
+
+    def events(self) -> list[str]:
+        """What happened to the job's replicas, one line each, oldest first (starts, restarts, exits, k8s events)."""
+        return []
+
+    def scale(self, replicas: int, runner) -> None:
+        raise NotSupported(self.name, "scale")
+
+    def cancel(self, runner) -> bool:
+        """Stop the job and everything it started; True if something was running. Safe to call twice."""
+        raise NotSupported(self.name, "cancel")
+
+    def end_failed(self, runner, status: JobStatus | None = None) -> None:
+        """End a job whose reason is permanent (`--follow` does, as the local supervisor does by itself): nothing of it
+        runs after, and what says why (`status`: what the follow saw, when it has it) stays for `status` and `logs`
+        where the target can keep it."""
+        self.cancel(runner)
+
+    def artifacts(self) -> dict[str, str]:
+        """Where the job's outputs live: metrics, checkpoints, model (paths, s3:// or pvc:// URIs)."""
+        raise NotSupported(self.name, "artifacts")
+
+    def wait(self, timeout: float | None = None, quiet: bool = False) -> JobStatus:
+        """Stream logs with a progress bar until the job ends; returns the final status."""
+        raise NotSupported(self.name, "wait")
+
+
+class JobPlanning:
+    """What a target builds its plans and answers from (the world, the manifests, the image step, the run record):
+    called by the targets themselves, not by the tasks."""
+
     def world(self) -> World:
         """Nodes x processes the job starts with on this target (REPLICAS x NPROC_PER_NODE)."""
         return World(self.settings.replicas, self.settings.nproc_per_node)
-
-    def plan(self, job: Job) -> Plan:
-        raise NotSupported(self.name, "plan")
 
     def image_step(self, job: Job) -> Step | None:
         """Where this target runs the training image built on this machine (docker, doeks' own cluster, SageMaker
@@ -464,27 +527,6 @@ class Target:
             plan.warnings.append(warning)
         return plan
 
-    def refuse(self, plan: Plan) -> None:
-        """Raise the DoeksError a submission of `plan` would meet (the job runs already, its image is not built or not
-        resolved, its data is missing): called before anything of the plan is printed, so a refusal is the first and
-        only thing said. The submission's own steps check again (another shell may have deployed meanwhile)."""
-
-    def submit(self, plan: Plan, runner) -> None:
-        """Execute a plan's steps in order (each through the runner, so secrets stay masked), and nothing else: what
-        `--dry-run` lists is what runs (TorchX's submit is schedule(submit_dryrun())). Then record the run; a step
-        that fails first has `abandon` undo what this submission started."""
-        if not getattr(runner, "dry_run", False):
-            plan.warn()
-        try:
-            for step in plan.steps:
-                if step.run is not None:
-                    runner.step(step.what, step.run)
-        except BaseException:
-            self.abandon(plan)
-            raise
-        if not getattr(runner, "dry_run", False):
-            self.record_run(plan)
-
     def abandon(self, plan: Plan) -> None:
         """Undo what a failed submission of `plan` started (never a job already running); nothing by default."""
 
@@ -496,53 +538,10 @@ class Target:
         self.submitted = plan.job  # what `wait` follows
         runs.start(plan.job.settings, self.name, self.run_name(plan), plan.job.train_args, code=plan.job.code)
 
-    def run_name(self, plan: Plan) -> str:
-        """The id describe() will report for this submission's run (the rendezvous id; SageMaker: the job's name)."""
-        return plan.job.run
-
     def validate_scale(self, replicas: int) -> None:
         s = self.settings
         if not (s.min_replicas <= replicas <= s.max_replicas):
             raise DoeksError(f"--replicas {replicas} is outside MIN_REPLICAS:MAX_REPLICAS = {s.min_replicas}:{s.max_replicas}")
-
-    # -- after submission -------------------------------------------------------------------------------------------
-    def describe(self) -> JobStatus:
-        raise NotSupported(self.name, "describe")
-
-    def logs(self, follow: bool = False, replica: int | None = None, run: str | None = None, tail: int | None = None,
-             since: float | None = None) -> Iterator[str]:
-        """Log lines of the current run (or `run`), prefixed by replica; `tail`: the last N lines first; `since`: a
-        time.time() value, lines from then on."""
-        raise NotSupported(self.name, "logs")
-
-    def runs(self) -> list[str]:
-        """The runs whose logs this target can still show, oldest first."""
-        return []
-
-    def events(self) -> list[str]:
-        """What happened to the job's replicas, one line each, oldest first (starts, restarts, exits, k8s events)."""
-        return []
-
-    def scale(self, replicas: int, runner) -> None:
-        raise NotSupported(self.name, "scale")
-
-    def cancel(self, runner) -> bool:
-        """Stop the job and everything it started; True if something was running. Safe to call twice."""
-        raise NotSupported(self.name, "cancel")
-
-    def end_failed(self, runner, status: JobStatus | None = None) -> None:
-        """End a job whose reason is permanent (`--follow` does, as the local supervisor does by itself): nothing of it
-        runs after, and what says why (`status`: what the follow saw, when it has it) stays for `status` and `logs`
-        where the target can keep it."""
-        self.cancel(runner)
-
-    def artifacts(self) -> dict[str, str]:
-        """Where the job's outputs live: metrics, checkpoints, model (paths, s3:// or pvc:// URIs)."""
-        raise NotSupported(self.name, "artifacts")
-
-    def wait(self, timeout: float | None = None, quiet: bool = False) -> JobStatus:
-        """Stream logs with a progress bar until the job ends; returns the final status."""
-        raise NotSupported(self.name, "wait")
 
     def local_artifact(self, key: str, verb: str, hint: str):
         """An artifact folder when the target keeps it on this machine; else NotSupported for `verb`, with `hint`
@@ -553,6 +552,22 @@ class Target:
         if not where or "://" in where:
             raise NotSupported(self.name, verb, hint.format(where=where or "the job"))
         return Path(where)
+
+
+class Target(Place, JobBackend, JobPlanning):
+    """A place to run (Place: the units' verbs) with a way to run jobs there (JobBackend: the job's verbs); a subclass
+    overrides what it can do. Constructed once from settings. A unit task parses its flags, asks the target and shows
+    or runs what it answers; nothing outside doeks.targets asks which target it is on."""
+
+    name = "?"
+    on_this_machine = False       # the job's containers/processes run here (local image name, CPU base)
+    builds_image = False          # it runs containers of the training image built here (`up` builds it first)
+    interprets = False            # it runs the job's manifests itself, as processes or containers here
+    asks_before_down = False      # `down` deletes something that costs money: it asks once (or --yes)
+    pod_identity = False          # pods get AWS roles through EKS Pod Identity
+
+    def __init__(self, settings):
+        self.settings = settings
 
 
 class TrainArgsError(Exception):
