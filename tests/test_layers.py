@@ -98,3 +98,9 @@ def test_the_checker_sees_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert package_graph({"doeks.p.x": {"doeks.q"}, "doeks.q": {"doeks.p.y"}, "doeks.p.y": set()}) == \
         {"doeks.p": {"doeks.q"}, "doeks.q": {"doeks.p"}}
+
+
+def test_no_source_file_over_700_lines():
+    """A room holds one idea (issue 53: checkpoints.py had 1,480 lines, cluster/node.py 1,005 before they were split)."""
+    sizes = {str(p.relative_to(ROOT.parent)): len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")}
+    assert {path: n for path, n in sizes.items() if n > 700} == {}
