@@ -16,7 +16,7 @@ import boto3
 import pytest
 import yaml
 
-from doeks import preflight
+from doeks.targets import checks as target_checks
 from doeks import settings as S
 from doeks import services
 
@@ -116,7 +116,7 @@ def test_sagemaker_role_bucket_data_and_image_region(state_dir):
     s = S.load(environ=env, path=ROOT / ".env")
 
     def rows(settings):
-        return {what: (ok, detail, required) for what, ok, detail, required in preflight.sagemaker_checks(settings)}
+        return {what: (ok, detail, required) for what, ok, detail, required in target_checks.sagemaker_checks(settings)}
 
     before = rows(s)
     assert before["execution role sm-doctor-role"] == (False, "not found: `invoke sagemaker.role`", True)

@@ -124,7 +124,7 @@ class DockerTarget(OnThisMachine, Target):
     interprets = True
 
     def checks(self):
-        from ..preflight import local_checks
+        from .checks import local_checks
 
         return local_checks(self.settings, docker=True)
 

@@ -250,7 +250,7 @@ class EksTarget(OnAws, KubernetesTarget):
         identity.remove(self.settings, runner, identity.get(workload))
 
     def checks(self):
-        from ..preflight import eks_doctor_checks
+        from .checks import eks_doctor_checks
 
         return eks_doctor_checks(self.settings)
 

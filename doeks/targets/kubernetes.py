@@ -19,7 +19,7 @@ class KubernetesTarget(KubernetesJobs, Target):
     builds_image = True
 
     def checks(self):
-        from ..preflight import kubernetes_checks
+        from .checks import kubernetes_checks
 
         return kubernetes_checks(self.settings)
 

@@ -146,7 +146,7 @@ class LocalTarget(OnThisMachine, Target):
     interprets = True
 
     def checks(self):
-        from ..preflight import local_checks
+        from .checks import local_checks
 
         return local_checks(self.settings)
 

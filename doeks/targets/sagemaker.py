@@ -51,7 +51,7 @@ class SageMakerTarget(OnAws, Target):
     name = "sagemaker"
 
     def checks(self):
-        from ..preflight import sagemaker_checks
+        from .checks import sagemaker_checks
 
         return sagemaker_checks(self.settings)
 
