@@ -111,9 +111,10 @@ def etcd_manifests(settings) -> list[dict[str, Any]]:
 
 
 def watchdog_env(settings) -> list[dict[str, Any]]:
-    """What each replica's hang watchdog (doeks.pod.watchdog, in the image's torchrun) reads: the timeout, each rung's
+    """What each replica's hang watchdog (doeks.pod.watchdog, in the image's torchrun) reads: the timeout, its pace, each rung's
     bound, and (on a cluster) the job, pod and node it acts on."""
-    values = {"DOEKS_HANG_TIMEOUT": settings.hang_timeout, "DOEKS_HANG_RESTARTS": settings.hang_restarts,
+    values = {"DOEKS_HANG_TIMEOUT": settings.hang_timeout, "DOEKS_HANG_PACE": settings.hang_pace,
+              "DOEKS_HANG_RESTARTS": settings.hang_restarts,
               "DOEKS_HANG_REPLACEMENTS": settings.hang_replacements, "DOEKS_HANG_MOVES": settings.hang_moves,
               "DOEKS_HANG_JOB_RESTARTS": settings.hang_job_restarts, "DOEKS_JOB_NAME": settings.job_name}
     return [{"name": k, "value": str(v)} for k, v in values.items()] + [

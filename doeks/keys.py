@@ -392,6 +392,7 @@ KEYS: tuple[Key, ...] = (
     _key("ETCD_PORT", "elasticjob", "0", "Port of the local etcd doeks starts (0 = any free port)", _int(0, 65535)),
     _key("LOCAL_PRELOAD", "elasticjob", "true", "Local target: start workers as forks of a process that has already imported torch and torchvision (false = a fresh interpreter per worker, as plain torchrun)", _bool),
     _key("HANG_TIMEOUT", "elasticjob", "300", "Seconds without progress (a step, doeks.report) after which a replica's watchdog names the rank that holds the job, dumps its stacks and climbs the ladder below (0 = no watchdog; HyperPod's hang rule waits 300)", _int(0, 86400)),
+    _key("HANG_PACE", "elasticjob", "10", "A rank that is stopped, or outside every collective while its peers wait in one, is taken as hung once its replica's newest progress is this many times the job's median step time old (at least 10 s, at most HANG_TIMEOUT); anything less certain waits HANG_TIMEOUT (0 = HANG_TIMEOUT alone)", _int(0, 1000)),
     _key("HANG_RESTARTS", "elasticjob", "1", "Watchdog rung 1: times a hung rank's processes are restarted before its pod is replaced", _int(0, 100)),
     _key("HANG_REPLACEMENTS", "elasticjob", "1", "Watchdog rung 2: times a hung replica's pod is replaced (local: its node restarted; docker: its container) before rung 3", _int(0, 100)),
     _key("HANG_MOVES", "elasticjob", "1", "Watchdog rung 3 (Kubernetes, with another node): times a hung replica's node is cordoned and its pod replaced elsewhere before rung 4", _int(0, 100)),

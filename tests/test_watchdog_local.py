@@ -177,3 +177,56 @@ def test_a_replica_with_no_local_suspect_takes_its_own_ranks_only_at_twice_the_t
         for p in ranks:
             p.kill()
             p.wait()
+
+
+def test_the_job_pace_finds_a_stopped_rank_in_seconds_and_leaves_a_slow_replica_alone(tmp_path, capsys, monkeypatch):
+    """Issue 56: the limit follows the job's pace. With HANG_TIMEOUT=300 and HANG_PACE=10, a job of 0.05 s steps has a
+    rank that stopped named and restarted once its progress is PACE_FLOOR old (1 s here, 10 s by default), not 300 s
+    later; a replica whose ranks are all simply slow (none stopped, none told from a peer by its stack) is left alone
+    until HANG_TIMEOUT. Real rank processes; the agent's watchdog driven as its monitor loop drives it."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from doeks.pod import watchdog
+
+    monkeypatch.setattr(watchdog, "PACE_FLOOR", 1.0)
+    # every rank busy outside any collective (validating): slow, not certainly hung; a stopped one is certain
+    monkeypatch.setattr(watchdog, "py_spy_dump", lambda pid: f"Process {pid}\n    evaluate (train.py:300)\n")
+    (tmp_path / "rank.py").write_text(WAITING_RANK)
+    ranks = [subprocess.Popen([sys.executable, str(tmp_path / "rank.py")]) for _ in range(2)]
+    try:
+        env = {"DOEKS_HANG_TIMEOUT": "300", "DOEKS_HANG_PACE": "10", "DOEKS_REPLICA": "0",
+               "PET_LOG_DIR": str(tmp_path / "logs")}
+        dog = watchdog.Watchdog(env)
+        group = SimpleNamespace(workers=[SimpleNamespace(id=p.pid, global_rank=i, local_rank=i)
+                                         for i, p in enumerate(ranks)])
+        dog.check(None, group)  # a new worker group
+        progress = Path(env["DOEKS_PROGRESS_DIR"])
+
+        def check() -> str:
+            dog.checked = 0.0  # (the monitor loop calls it every second)
+            dog.check(None, group)
+            return capsys.readouterr().out
+
+        assert dog.limit() == 300  # no pace known yet: HANG_TIMEOUT
+        start = time.time()
+        for step in range(1, 9):  # eight steps of 0.05 s, as the ranks report them
+            for worker in group.workers:
+                (progress / str(worker.global_rank)).write_text(f"{step} {start + 0.05 * step}")
+            check()
+        assert abs(dog.steps.median() - 0.05) < 1e-6 and dog.limit() == 1.0
+
+        time.sleep(max(0.0, start + 0.4 + 1.5 - time.time()))  # 1.5 s without progress: past the pace, slow only
+        assert "hang" not in check() and [p.poll() for p in ranks] == [None, None], "a slow replica was restarted"
+
+        os.kill(ranks[1].pid, signal.SIGSTOP)  # now a rank stops: certain, at the pace's limit
+        wait_for(lambda: watchdog.process_state(ranks[1].pid) in ("T", "t"), 5, "the rank stopped", poll=0.05)
+        out = check()
+        assert "hang: rank 1 (replica node-0" in out and "stopped (SIGSTOP or a debugger)" in out, out
+        assert "restart the process (rung 1 of 4" in out and time.time() - start < 10, out
+        assert ranks[1].wait(10) == -9 and ranks[0].poll() is None
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()

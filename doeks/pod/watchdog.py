@@ -3,8 +3,10 @@
 
 It knows when each of its ranks last made progress: a rank writes `<step> <time>` to DOEKS_PROGRESS_DIR/<rank>
 (the built-in workload at every step and validation batch, `doeks.report()` for a user's script; at most once a
-second). When the newest progress of this replica's ranks is HANG_TIMEOUT seconds old, the job is stuck, and the
-watchdog looks for the rank that holds it:
+second), and from those reports the job's pace (the median step time). When the newest progress of this replica's
+ranks is HANG_PACE x that pace old (at least PACE_FLOOR s), a rank that is certainly the one (stopped, or outside every
+collective while a peer waits inside one) is acted on at once; anything less certain waits for HANG_TIMEOUT seconds,
+when the job is stuck, and the watchdog looks for the rank that holds it:
 - a rank in the stopped state (SIGSTOP, a debugger): it is the one;
 - else each rank's Python stack (py-spy, when the image has it): a rank outside any collective (all_reduce, barrier,
   backward's gradient hooks...) holds the others, which wait inside one;
@@ -51,6 +53,8 @@ COLLECTIVE = ("all_reduce", "allreduce", "barrier", "broadcast", "all_gather", "
               "distributed_c10d", "backward", "_wait", "monitored_barrier", "recv", "send")
 STARTUP_GRACE = 120.0  # a restarted group's first progress may take this long (imports, data, checkpoint) on top
 CHECK_EVERY = 1.0
+PACE_FLOOR = 10.0      # seconds: the pace's limit is never shorter (a checkpoint's stall, an epoch's end)
+PACE_SAMPLES = 5       # step times seen before the pace is trusted (the first steps warm up)
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -199,9 +203,37 @@ class Ladder:
             self.save()
 
 
+class StepTimes:
+    """The job's pace as this replica sees it: seconds per step from its ranks' progress files (a step's time is the
+    time between two reports over the steps between them); the newest 50."""
+
+    def __init__(self):
+        self.last: dict[int, tuple[int, float]] = {}
+        self.times: list[float] = []
+
+    def new_group(self) -> None:
+        self.last = {}  # a restarted group's first report follows its start, not a step
+
+    def see(self, progress: dict[int, tuple[int, float]]) -> None:
+        for rank, (step, at) in progress.items():
+            before = self.last.get(rank)
+            if before and step > before[0] and at > before[1]:
+                self.times = (self.times + [(at - before[1]) / (step - before[0])])[-50:]
+            if not before or step != before[0]:
+                self.last[rank] = (step, at)
+
+    def median(self) -> float | None:
+        if len(self.times) < PACE_SAMPLES:
+            return None
+        ordered = sorted(self.times)
+        return ordered[len(ordered) // 2]
+
+
 class Watchdog:
     def __init__(self, env=os.environ):
         self.timeout = float(env.get("DOEKS_HANG_TIMEOUT") or 0)
+        self.pace = float(env.get("DOEKS_HANG_PACE") or 0)
+        self.steps = StepTimes()
         self.limits = [int(env.get(key) or 1) for key in LIMIT_KEYS]
         self.platform = Platform(env)
         self.replica = self.platform.pod or f"node-{env.get('DOEKS_REPLICA', '0')}"
@@ -253,8 +285,10 @@ class Watchdog:
             self.named_at = now
             for stale in Path(self.folder).iterdir():
                 stale.unlink(missing_ok=True)
+            self.steps.new_group()
             return
         progress = self._progress(w.global_rank for w in workers)
+        self.steps.see(progress)
         newest = max((at for _, at in progress.values()), default=None)
         if newest is None:
             # nothing reported since this group started: only after an action, when the restart itself stalls
@@ -267,15 +301,27 @@ class Watchdog:
             stale, since = now - newest, f"step {max(s for s, _ in progress.values())}"
             if newest > self.named_at:  # progress since the hang was last named: a later one is named again
                 self.named = False
-        if stale < self.timeout:
+        limit = self.limit()
+        if stale < limit:
             return
         if self.acted and now - self.acted < self.timeout:
             return  # the last action is still taking effect
-        suspects = self._suspects(workers, stale, since)
+        suspects = self._suspects(workers, stale, since, certain_only=stale < self.timeout)
         if suspects:
             self._act(agent, suspects, stale)
 
-    def _suspects(self, workers, stale: float, since: str) -> list:
+    def limit(self) -> float:
+        """Seconds without progress before a hang is looked for: HANG_PACE x the median step time (at least
+        PACE_FLOOR) once the pace is known, never more than HANG_TIMEOUT."""
+        median = self.steps.median() if self.pace > 0 else None
+        if median is None:
+            return self.timeout
+        return min(self.timeout, max(PACE_FLOOR, self.pace * median))
+
+    def _suspects(self, workers, stale: float, since: str, certain_only: bool = False) -> list:
+        """The ranks that hold the job. Before HANG_TIMEOUT (the pace's limit passed) only a certain one counts: a
+        stopped rank, or one outside every collective while another rank here waits inside one; a replica whose ranks
+        are all busy elsewhere (validation, saving) may be slow, not hung."""
         found, why, stacks = [], {}, {}
         for w in workers:
             stack = py_spy_dump(w.id)  # a stopped process too: py-spy reads its memory without running it
@@ -286,6 +332,11 @@ class Watchdog:
             elif stack and not waits_on_peers(stack):
                 found.append(w)
                 why[w.global_rank] = "outside any collective (its stack below)"
+        if certain_only:
+            waiting = [w for w in workers if w not in found and stacks.get(w.global_rank)]
+            found = [w for w in found if process_state(w.id) in ("T", "t") or waiting]
+            if not found:
+                return []
         if not found and stale >= 2 * self.timeout:
             found = list(workers)
             for w in workers:
