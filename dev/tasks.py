@@ -140,7 +140,10 @@ def mutate(c, modules="", dry_run=False, max_children=0):
     if configured != MODULES_TESTS:
         _fail("pyproject.toml's [tool.mutmut] differs from dev/tasks.py's MODULES: make them list the same files and tests")
     print("running: python " + " ".join(run[1:]), flush=True)
-    subprocess.run(run, cwd=ROOT, env=env, check=False)  # its progress on the terminal; its verdicts read below
+    ran = subprocess.run(run, cwd=ROOT, env=env, check=False)  # its progress on the terminal; its verdicts read below
+    if ran.returncode != 0:  # its stats or the clean run failed: `results` would show an earlier run's verdicts
+        _fail(f"mutmut run failed (exit {ran.returncode}): its output above says why (a test failing on the code "
+              "as it is, or no test reaching the modules); no score is given for this run")
     results = subprocess.run(_mutmut("results", "--all", "true"), cwd=ROOT, env=env, capture_output=True, text=True)
     counts, survivors = summarize(results.stdout, names)
     for name in names:

@@ -31,3 +31,24 @@ def test_dry_run_names_the_files_the_tests_and_the_commands():
     refused = invoke("dev.mutate", "--modules", "watchdog,nope", timeout=120)
     assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1].startswith(
         "error: --modules 'watchdog,nope': nope not among reasons,"), refused.stderr
+
+
+FAKE_MUTMUT = """import sys
+if sys.argv[1] == "run":
+    print("failed to collect stats. runner returned 1")
+    sys.exit(1)
+print("    doeks.keys.x_parse__mutmut_1: survived")  # what an earlier run left in mutants/
+"""
+
+
+def test_a_failed_mutmut_run_is_a_failed_task_not_an_earlier_runs_score(tmp_path):
+    """mutmut exits 1 when its stats or the clean test run fail; `results` then still lists an earlier run's verdicts,
+    which the task printed as this run's score, with exit 0."""
+    fake = tmp_path / "mutmut"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text(FAKE_MUTMUT)
+    result = invoke("dev.mutate", "--modules", "keys", env={"PYTHONPATH": f"{tmp_path}:{ROOT}"}, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: mutmut run failed (exit 1)"), result.stderr
+    assert "score" not in result.stdout, result.stdout
