@@ -95,9 +95,10 @@ def _stuck(pid: int) -> str:
     return "\n".join(said)
 
 
-def invoke(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
+def invoke(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False,
+           cwd: Path = ROOT) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
-    process = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
