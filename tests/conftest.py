@@ -241,6 +241,12 @@ def in_cluster_group(module: str) -> bool:
     return Path(module).name in CLUSTER_MODULES
 
 
+def scope(nodeid: str) -> str:
+    """The group of a test under `--dist loadgroup`: "cluster", or its module's path."""
+    module = nodeid.split("::", 1)[0]
+    return "cluster" if in_cluster_group(module) else module
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """A whole-suite run (no paths given) goes on two workers (pytest-xdist, `--dist loadgroup`); paths, `-n 0` or
@@ -266,8 +272,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return "cluster" if in_cluster_group(module) else module
+            return scope(nodeid)
 
     return ByModule(config, log)
 
