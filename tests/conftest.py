@@ -228,17 +228,18 @@ def cluster_state(tmp_path_factory):
 
 
 WORKERS = 2  # one for the cluster's tests, one for the rest beside them (docs/testing.md, "CI")
-# The modules run by the cluster's worker: every one with a `kubernetes` test (checked at collection), the rehearsal's
-# (its registry and IAM too) and those that act on the machine's network namespaces, which the cluster's nodes use
+# The modules run by the cluster's worker: every one with a `kubernetes` test (checked at collection), every
+# test_rehearsal_* (its registry and IAM too) and those that act on the machine's network namespaces, which the
+# cluster's nodes use
 CLUSTER_MODULES = frozenset({
     "test_kubernetes_cluster.py", "test_kubernetes_faults.py", "test_kubernetes_jobs.py", "test_kubernetes_kueue.py",
-    "test_kubernetes_mpi.py", "test_kubernetes_pipeline.py", "test_kubernetes_sdk.py", "test_rehearsal_cluster.py",
-    "test_rehearsal_eks.py", "test_rehearsal_iam.py", "test_rehearsal_registry.py", "test_netns_dir.py",
+    "test_kubernetes_mpi.py", "test_kubernetes_pipeline.py", "test_kubernetes_sdk.py", "test_netns_dir.py",
     "test_network_guard.py"})
 
 
 def in_cluster_group(module: str) -> bool:
-    return Path(module).name in CLUSTER_MODULES
+    name = Path(module).name
+    return name in CLUSTER_MODULES or name.startswith("test_rehearsal_")
 
 
 def scope(nodeid: str) -> str:

@@ -38,9 +38,10 @@ def test_ci_runs_the_clusters_modules_in_one_worker_and_the_rest_beside():
 
     modules = {path.name: path.read_text() for path in (ROOT / "tests").glob("test_*.py")}
     uses = {name for name, text in modules.items() if re.search(r"mark\.(kubernetes|cluster_down)\b", text)}
-    assert uses and uses <= conftest.CLUSTER_MODULES, uses - conftest.CLUSTER_MODULES
+    assert uses and all(conftest.in_cluster_group(name) for name in uses), uses - conftest.CLUSTER_MODULES
     assert conftest.CLUSTER_MODULES <= set(modules), conftest.CLUSTER_MODULES - set(modules)  # none renamed away
     assert conftest.scope("tests/test_kubernetes_jobs.py::test_every_job_name[job.1]") == "cluster"
+    assert conftest.scope("tests/test_rehearsal_iam.py::test_x") == conftest.scope("tests/test_rehearsal_new.py::t")
     assert conftest.scope("tests/test_rehearsal_iam.py::test_x") == "cluster"
     assert conftest.scope("tests/test_kubernetes_target.py::test_x") == "tests/test_kubernetes_target.py"
     assert conftest.scope("tests/test_docker_target.py::test_x") == "tests/test_docker_target.py"
