@@ -95,9 +95,10 @@ def _stuck(pid: int) -> str:
     return "\n".join(said)
 
 
-def invoke(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
+def invoke(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False,
+           cwd: Path = ROOT) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
-    process = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
@@ -227,12 +228,73 @@ def cluster_state(tmp_path_factory):
     invoke("down", "--yes", env=env, timeout=900)
 
 
+WORKERS = 2  # one for the cluster's tests, one for the rest beside them (docs/testing.md, "CI")
+# The modules run by the cluster's worker: every one with a `kubernetes` test (checked at collection), every
+# test_rehearsal_* (its registry and IAM too) and those that act on the machine's network namespaces, which the
+# cluster's nodes use
+CLUSTER_MODULES = frozenset({
+    "test_kubernetes_cluster.py", "test_kubernetes_faults.py", "test_kubernetes_jobs.py", "test_kubernetes_kueue.py",
+    "test_kubernetes_mpi.py", "test_kubernetes_pipeline.py", "test_kubernetes_sdk.py", "test_netns_dir.py",
+    "test_network_guard.py"})
+
+
+def in_cluster_group(module: str) -> bool:
+    name = Path(module).name
+    return name in CLUSTER_MODULES or name.startswith("test_rehearsal_")
+
+
+def scope(nodeid: str) -> str:
+    """The group of a test under `--dist loadgroup`: "cluster", or its module's path."""
+    module = nodeid.split("::", 1)[0]
+    return "cluster" if in_cluster_group(module) else module
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """A whole-suite run (no paths given) goes on two workers (pytest-xdist, `--dist loadgroup`); paths, `-n 0` or
+    `-p no:xdist` run in this process as before."""
+    option = config.option
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    if (config.args_source == pytest.Config.ArgsSource.TESTPATHS and option.numprocesses is None
+            and option.dist == "no" and not option.distload and not option.collectonly and not option.usepdb
+            and (os.cpu_count() or 1) >= WORKERS):
+        option.numprocesses, option.dist = WORKERS, "loadgroup"
+    if option.dist == "loadgroup":
+        option.loadscopereorder = False  # groups in collection order: the cluster's, the longest, first
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` here: the cluster's modules are one group (one worker, in file order), every other module
+    a group of its own (its module fixtures made once, its tests in file order: they share job and container names).
+    By module name, not xdist_group marks: xdist 3.8 drops those on pytest 9.2 (pytest-xdist issue 1386)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope(nodeid)
+
+    return ByModule(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Tests marked `cluster_down` stop the run's one cluster: they run right after every other cluster test (so
-    the tests after them run on a machine with no cluster idling), in their own order."""
+    the tests after them run on a machine with no cluster idling), in their own order. In an xdist worker the
+    cluster's modules come first (the scheduler above hands out groups in this order)."""
+    for item in items:
+        if (item.get_closest_marker("kubernetes") or item.get_closest_marker("cluster_down")) and \
+                not in_cluster_group(item.path.name):
+            raise pytest.UsageError(f"{item.nodeid} uses the cluster: name its module in tests/conftest.py's "
+                                    "CLUSTER_MODULES (one worker runs all of those)")
     down = [item for item in items if item.get_closest_marker("cluster_down")]
     if down:
         rest = [item for item in items if not item.get_closest_marker("cluster_down")]
         cluster = [i for i, item in enumerate(rest) if item.get_closest_marker("kubernetes")]
         at = cluster[-1] + 1 if cluster else len(rest)
         items[:] = rest[:at] + down + rest[at:]
+    if hasattr(config, "workerinput"):
+        items[:] = [i for i in items if in_cluster_group(i.path.name)] + \
+                   [i for i in items if not in_cluster_group(i.path.name)]

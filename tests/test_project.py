@@ -31,6 +31,22 @@ def test_ci_runs_in_a_fresh_venv_that_sees_nothing_of_the_machine():
     assert "-c constraints.txt" in re.search(r'^TEST_COMMAND="(.*)"$', ci, re.M).group(1)
 
 
+def test_ci_runs_the_clusters_modules_in_one_worker_and_the_rest_beside():
+    """CI's `python -m pytest -ra` runs on two xdist workers (tests/conftest.py): every module with a test of the
+    run's one cluster is in one group, which one worker runs in file order; every other module is a group of its own."""
+    from . import conftest
+
+    modules = {path.name: path.read_text() for path in (ROOT / "tests").glob("test_*.py")}
+    uses = {name for name, text in modules.items() if re.search(r"mark\.(kubernetes|cluster_down)\b", text)}
+    assert uses and all(conftest.in_cluster_group(name) for name in uses), uses - conftest.CLUSTER_MODULES
+    assert conftest.CLUSTER_MODULES <= set(modules), conftest.CLUSTER_MODULES - set(modules)  # none renamed away
+    assert conftest.scope("tests/test_kubernetes_jobs.py::test_every_job_name[job.1]") == "cluster"
+    assert conftest.scope("tests/test_rehearsal_iam.py::test_x") == conftest.scope("tests/test_rehearsal_new.py::t")
+    assert conftest.scope("tests/test_rehearsal_iam.py::test_x") == "cluster"
+    assert conftest.scope("tests/test_kubernetes_target.py::test_x") == "tests/test_kubernetes_target.py"
+    assert conftest.scope("tests/test_docker_target.py::test_x") == "tests/test_docker_target.py"
+
+
 def test_constraints_pin_a_version_that_pyproject_allows():
     """constraints.txt (the lock CI installs) and pyproject's bounds agree: a bound changed in one place alone would
     have CI test versions users never get, or fail to resolve."""
