@@ -339,9 +339,12 @@ class EksTarget(OnAws, KubernetesTarget):
         from ..aws import client
         from ..runner import Runner
 
+        from ..preflight import require_own_bucket
+
         s = job.settings
         runner = runner or Runner(secrets=s.secrets())
         s3 = client(s, "s3")
+        require_own_bucket(s, runner, jobpaths.s3_buckets(s))  # one line, not a create's BucketAlreadyExists
         for bucket in jobpaths.s3_buckets(s):
             try:
                 s3.head_bucket(Bucket=bucket)

@@ -117,6 +117,9 @@ class RehearsalTarget(EksTarget):
         s = self.settings
         self.say(self.describe_place(), style="bold")
         eks.check_version(s, runner)
+        from ..preflight import require_own_bucket
+
+        require_own_bucket(s, runner)
         text = eks.config_yaml(s, runner)
         import sys
 
