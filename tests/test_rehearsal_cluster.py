@@ -2,9 +2,9 @@
 - the node pulls an image named as in ECR (`<account>.dkr.ecr.<region>.amazonaws.com/doeks-train:<tag>`) from the
   registry built here (docker push, then the kubelet's pull through containerd's registry host config), and the
   network guard counts nothing;
-- the node labelled as the GPU node group's type, zone and EKS topology, advertising the type's GPUs and EFA
-  interfaces as extended resources: a pod asking for them is scheduled and runs on CPU, one asking for more is
-  FailedScheduling;
+- the node made as the GPU node group's (doeks.eks.group_nodes: its type, zone, EKS' and eksctl's labels; one node
+  standing in for the group, so untainted), advertising the type's GPUs and EFA interfaces as extended resources: a
+  pod asking for them is scheduled and runs on CPU, one asking for more is FailedScheduling;
 - a service-account token from the API server exchanged with EKS Auth (doeks' moto server, IAM enforced) for the
   associated role's credentials, the token's signature checked against the cluster's service-account key;
 - the training operator's Deployment under Pod Security `restricted` (namespace `kubeflow` labelled as kubeflow/
