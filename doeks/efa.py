@@ -21,7 +21,11 @@ NCCL_TESTS_TAG = "efa1.34.0-ofiv1.11.0-aws-ncclv2.23.4-1-testsv2.13.10"
 NCCL_TESTS_IMAGE = f"public.ecr.aws/hpc-cloud/nccl-tests:{NCCL_TESTS_TAG}"
 MPI_OPERATOR_NAMESPACE = "mpi-operator"        # deploy/v2beta1/mpi-operator.yaml's namespace and Deployment name
 MPI_OPERATOR_DEPLOYMENT = "mpi-operator"
-DAEMONSET = "aws-efa-k8s-device-plugin-daemonset"  # eksctl's name too (pkg/addons/assets/efa-device-plugin.yaml)
+DAEMONSET = "aws-efa-k8s-device-plugin-daemonset"  # doeks' own (labelled LABELS)
+# eksctl's efaEnabled installs its own plugin (pkg/addons/assets/efa-device-plugin.yaml), named
+# `aws-efa-k8s-device-plugin` since v0.204.0 (eksctl#8201; doeks pins v0.215.0), DAEMONSET's name before. It tolerates
+# no nvidia.com/gpu taint, and beside doeks' on an untainted EFA node two plugins would advertise the same devices.
+EKSCTL_DAEMONSETS = ("aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin-daemonset")
 LABELS = {"app.kubernetes.io/part-of": "doeks", "app.kubernetes.io/name": "aws-efa-k8s-device-plugin"}
 
 
@@ -92,10 +96,12 @@ def mpi_operator_delete(runner, manifest: str = MPI_OPERATOR_MANIFEST) -> None:
     kube.delete_from(runner, "-f", manifest)
 
 
-def replace_eksctl_plugin_argv() -> list[str]:
-    """kubectl arguments deleting the EFA plugin DaemonSet unless doeks made it (eksctl's carries no doeks label)."""
-    return ["delete", "daemonset", "-n", "kube-system", "--field-selector", f"metadata.name={DAEMONSET}",
-            "-l", f"app.kubernetes.io/part-of!={LABELS['app.kubernetes.io/part-of']}", "--ignore-not-found"]
+def replace_eksctl_plugin_argvs() -> list[list[str]]:
+    """kubectl arguments deleting eksctl's EFA plugin DaemonSet under each name it has had, unless doeks made it
+    (eksctl's carries no doeks label): one command a name (a field selector takes one)."""
+    return [["delete", "daemonset", "-n", "kube-system", "--field-selector", f"metadata.name={name}",
+             "-l", f"app.kubernetes.io/part-of!={LABELS['app.kubernetes.io/part-of']}", "--ignore-not-found"]
+            for name in EKSCTL_DAEMONSETS]
 
 
 def default_end(placement) -> str:

@@ -182,8 +182,41 @@ def cluster_config(settings, chosen: Any = _ASK, reservation: str | None = None)
                 gpu["instanceMarketOptions"] = {"marketType": "capacity-block"}
         if settings.gpu_spot:
             gpu["spot"] = True
+        if efa:  # the label EKS' EFA examples (terraform-aws-eks, data-on-eks) select the device plugin by
+            gpu["labels"][EFA_PRESENT] = "true"
         groups.append(gpu)
     return config
+
+
+EFA_PRESENT = "vpc.amazonaws.com/efa.present"
+GPU_RESOURCE, EFA_RESOURCE = "nvidia.com/gpu", "vpc.amazonaws.com/efa"
+
+
+def group_nodes(config: dict[str, Any], name: str, zone: str, count: int, facts: dict | None = None) -> list[dict]:
+    """What `count` nodes of managed node group `name` of `config` (the ClusterConfig doeks gives eksctl) carry on
+    EKS, each {"labels", "taints", "capacity"}: the group's own labels and taints, eksctl's labels
+    (alpha.eksctl.io/..., its SetManagedNodeGroupDefaults), EKS' (eks.amazonaws.com/nodegroup, capacityType), the
+    kubelet's and the cloud provider's (instance type, zone, region), EC2's network-topology layers where doeks'
+    Kueue Topology uses them, and the GPUs and EFA interfaces the device plugins advertise (`facts`: one node's, EC2's
+    DescribeInstanceTypes). The EKS rehearsal makes its nodes from this, so they are what eksctl's group makes."""
+    from . import kueue
+    from .cluster.simnodes import layout
+
+    group = next(g for g in config["managedNodeGroups"] if g["name"] == name)
+    meta, instance = config["metadata"], group["instanceType"]
+    market = (group.get("instanceMarketOptions") or {}).get("marketType")
+    labels = {**group.get("labels", {}), "alpha.eksctl.io/cluster-name": meta["name"],
+              "alpha.eksctl.io/nodegroup-name": name, "eks.amazonaws.com/nodegroup": name,
+              "eks.amazonaws.com/capacityType": "SPOT" if group.get("spot") else
+              "CAPACITY_BLOCK" if market == "capacity-block" else "ON_DEMAND",
+              "node.kubernetes.io/instance-type": instance, "beta.kubernetes.io/instance-type": instance,
+              "topology.kubernetes.io/region": meta["region"], "topology.kubernetes.io/zone": zone}
+    facts = facts or {}
+    gpus, efa = facts.get("gpus") or 0, (facts.get("efa") or 0) if group.get("efaEnabled") else 0
+    capacity = {GPU_RESOURCE: str(gpus) if gpus else None, EFA_RESOURCE: str(efa) if efa else None}  # None: none
+    layers = layout(count, f"{meta['name']}/{zone}/{name}") if kueue.has_topology(instance) else [()] * count
+    return [{"labels": {**labels, **dict(zip(kueue.LAYERS, ids))}, "taints": [dict(t) for t in group.get("taints", [])],
+             "capacity": dict(capacity)} for ids in layers]
 
 
 def config_yaml(settings, runner=None) -> str:
@@ -290,9 +323,11 @@ def create(settings, runner) -> None:
 
 def require_capacity(settings, runner) -> None:
     """The account can run the node groups: each EC2 vCPU quota they run under holds what they ask
-    (doeks.quotas.require_quotas); one error line otherwise, before anything is made."""
-    from .quotas import require_quotas
+    (doeks.quotas.require_quotas), and S3_BUCKET is not another account's; one error line otherwise, before
+    anything is made."""
+    from .quotas import require_own_bucket, require_quotas
 
+    require_own_bucket(settings, runner)  # S3_BUCKET, where the data, checkpoints and models go
     require_quotas(settings, runner, capacity_block=reservation_type(settings, runner) == "capacity-block")
 
 

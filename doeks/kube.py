@@ -385,13 +385,69 @@ def unschedulable(pod: dict) -> tuple[float, str] | None:
     return None
 
 
+# A pod that cannot start for a reason its kubelet retries without end (kubernetes pkg/kubelet: images/types.go's
+# ErrImagePull and ImagePullBackOff, kuberuntime's CreateContainerConfigError, volumemanager's FailedMount event): a
+# wait ends on it, in the kubelet's words, once it has lasted STUCK_S (a mount or pull that recovers by itself does so
+# within seconds), instead of waiting to its limit (hours for a staging Job).
+STUCK_WAITING = ("ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError")
+STUCK_EVENTS = ("FailedMount",)
+STUCK_S = 60
+
+
+def stuck(pod: dict, events: list[dict] = ()) -> tuple[str, str] | None:
+    """(reason, the kubelet's words) when `pod` cannot start: a container waiting on an image it cannot pull or a
+    config it cannot make (a Secret or key missing), or, while the pod is Pending, a volume it cannot mount (its
+    FailedMount event among `events`); None otherwise."""
+    status = pod.get("status", {})
+    for container in status.get("initContainerStatuses", []) + status.get("containerStatuses", []):
+        waiting = container.get("state", {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING:
+            return waiting["reason"], " ".join((waiting.get("message") or "").split())
+    if status.get("phase", "Pending") == "Pending":
+        name = pod.get("metadata", {}).get("name")
+        for event in reversed(list(events)):
+            if event.get("reason") in STUCK_EVENTS and event.get("involvedObject", {}).get("name") == name:
+                return event["reason"], " ".join((event.get("message") or "").split())
+    return None
+
+
+class StuckClock:
+    """How long each pod has been seen stuck (`stuck`) across a wait's polls: `over` gives the first pod stuck for
+    at least `patience` seconds, as "pod NAME: REASON: words"."""
+
+    def __init__(self, patience: float = STUCK_S):
+        import time
+
+        self.patience, self.now, self.since = patience, time.monotonic, {}
+
+    def over(self, found: dict[str, tuple[str, str] | None]) -> str | None:
+        self.since = {k: self.since.get(k, self.now()) for k, v in found.items() if v}
+        for name, first in sorted(self.since.items()):
+            if self.now() - first >= self.patience:
+                reason, words = found[name]
+                return f"pod {name}: {reason}: {words or 'no message'}"
+        return None
+
+
+def pod_events(namespace: str, pods: list[dict]) -> list[dict]:
+    """The events of the Pending ones of `pods` (one kubectl a pod, only while they are Pending), oldest first."""
+    found: list[dict] = []
+    for pod in pods:
+        if pod.get("status", {}).get("phase", "Pending") == "Pending":
+            name = pod["metadata"]["name"]
+            found += (get_json(["events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"])
+                      or {}).get("items", [])
+    return found
+
+
 def wait_job(namespace: str, name: str, what: str, timeout: float, poll: float = 2,
-             unschedulable_s: float = UNSCHEDULABLE_S) -> None:
+             unschedulable_s: float = UNSCHEDULABLE_S, stuck_s: float = STUCK_S) -> None:
     """Until Job `name` completes, with progress; a container of it that exits non-zero ends the wait at once with
     its last log lines (the reason a program gives is what a user needs, not the retries that would follow), as
-    does the Job's Failed condition, and a pod of it that the scheduler could not place for `unschedulable_s` seconds
-    (with the scheduler's words: no node frees what it asks for while hours go by); past `timeout` seconds, one line
-    saying what was waited for."""
+    does the Job's Failed condition, a pod of it that the scheduler could not place for `unschedulable_s` seconds
+    (with the scheduler's words: no node frees what it asks for while hours go by), and one that cannot start
+    (`stuck`: an image it cannot pull, a config it cannot make, a volume it cannot mount) for `stuck_s` seconds, with
+    the kubelet's words; past `timeout` seconds, one line saying what was waited for."""
     import subprocess
     import time
 
@@ -399,6 +455,7 @@ def wait_job(namespace: str, name: str, what: str, timeout: float, poll: float =
     from .errors import DoeksError
 
     started = time.monotonic()
+    clock = StuckClock(stuck_s)
     with ui.progress(transient=True) as bar:
         bar.add_task(f"waiting for {what} (Job {namespace}/{name}, at most {timeout:.0f} s)", total=None)
         while True:
@@ -420,6 +477,11 @@ def wait_job(namespace: str, name: str, what: str, timeout: float, poll: float =
                         raise DoeksError(f"{what} failed (Job {namespace}/{name}, pod {pod['metadata']['name']}): {reason}")
             if "Failed" in conditions:
                 raise DoeksError(f"{what} failed (Job {namespace}/{name}): {conditions['Failed'].get('message', '')}")
+            events = pod_events(namespace, pods)
+            held = clock.over({pod["metadata"]["name"]: stuck(pod, events) for pod in pods})
+            if held:
+                raise DoeksError(f"{what}: Job {namespace}/{name} cannot start: {held} (fix: `kubectl describe pod "
+                                 f"{held.split(':', 1)[0][4:]} -n {namespace}`)")
             for pod in pods:
                 unplaced = unschedulable(pod)
                 if unplaced is not None and unplaced[0] > unschedulable_s:

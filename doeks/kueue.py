@@ -202,12 +202,17 @@ def node_type_flavor(instance_type: str, tolerations: list | None = None, facts:
 
     facts = facts or offline_facts(instance_type)
     return Flavor(instance_type, {"node.kubernetes.io/instance-type": instance_type}, facts.get("gpus"), facts.get("efa"),
-                  topology=TOPOLOGY if instance_type.split(".")[0] in TOPOLOGY_FAMILIES else "",
+                  topology=TOPOLOGY if has_topology(instance_type) else "",
                   tolerations=list(tolerations or []), nodes=nodes, vcpus=facts.get("vcpus"),
                   memory_mib=facts.get("memory_mib"))
 
 
 TOPOLOGY_FAMILIES = ("p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "trn1", "trn1n", "trn2")
+
+
+def has_topology(instance_type: str) -> bool:
+    """Nodes of the type carry EC2's network-topology labels (LAYERS), which doeks' Topology places by."""
+    return instance_type.split(".")[0] in TOPOLOGY_FAMILIES
 
 
 def queue_manifests(settings, flavors: list[Flavor]) -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
-"""EC2 service quotas for a node group, asked before anything bills: `up` stops in one line when the account's quota
-for the instance family (on-demand or spot vCPUs) cannot hold the node group."""
+"""What the account allows, asked before anything bills: `up` stops in one line when the EC2 vCPU quota for the
+instance family (on-demand or spot) cannot hold the node group, or when S3_BUCKET is another account's."""
 from __future__ import annotations
 
 from . import ui
@@ -106,3 +106,60 @@ def require_quotas(settings, runner=None, client=None, capacity_block: bool = Fa
             f"(https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas/{code}) or with `aws service-quotas "
             f"request-service-quota-increase --service-code ec2 --quota-code {code} --desired-value {need} "
             f"--region {region}`{lower}")
+
+
+def bucket_owner(settings, bucket: str, runner=None) -> str:
+    """Whose `bucket` is: "ours" (this account's), "absent" (doeks makes it), or another account's, said as this
+    account's id ("not <id>"). S3 bucket names are global: the default S3_BUCKET may be another account's. HeadBucket
+    with ExpectedBucketOwner (AWS answers 403 for a bucket of another account, or one these credentials may not
+    read), then ListBuckets, which lists this account's buckets only (moto answers HeadBucket 200 for any account's
+    bucket). In a dry run without credentials: "ours" (the plan says it is unknown)."""
+    from botocore.exceptions import ClientError
+
+    from .aws import client, lookup
+
+    from botocore.exceptions import BotoCoreError
+
+    from .errors import is_credentials_error
+
+    def ask() -> str:
+        account = client(settings, "sts").get_caller_identity()["Account"]
+        s3 = client(settings, "s3")
+        try:
+            s3.head_bucket(Bucket=bucket, ExpectedBucketOwner=account)
+        except ClientError as error:
+            code = str(error.response.get("Error", {}).get("Code", ""))
+            if code in ("404", "NoSuchBucket", "NotFound"):
+                return "absent"
+            if code in ("403", "AccessDenied", "Forbidden"):
+                return f"not {account}"
+            raise
+        try:
+            listed = s3.list_buckets(Prefix=bucket).get("Buckets", [])
+        except ClientError:  # no s3:ListAllMyBuckets: HeadBucket's answer stands
+            return "ours"
+        return "ours" if any(b["Name"] == bucket for b in listed) else f"not {account}"
+
+    def read() -> str:
+        try:
+            return ask()
+        except (ClientError, BotoCoreError) as error:
+            if is_credentials_error(error):  # a dry run without credentials: lookup says unknown
+                raise
+            raise DoeksError(f"cannot tell whose bucket {bucket} is (S3_BUCKET): {str(error).splitlines()[0][:200]}") \
+                from None
+
+    return lookup(runner, f"the owner of bucket {bucket}", read, unknown="ours")
+
+
+def require_own_bucket(settings, runner=None, buckets=None) -> None:
+    """Before `up` makes anything: each bucket doeks writes to (S3_BUCKET by default) is this account's or absent; one
+    line naming the fix otherwise (a bucket of another account fails later, half-way, with AccessDenied or
+    BucketAlreadyExists)."""
+    for bucket in buckets or [settings.s3_bucket]:
+        owner = bucket_owner(settings, bucket, runner)
+        if owner.startswith("not "):
+            account = owner[4:]
+            raise DoeksError(f"S3_BUCKET={bucket}: that bucket exists and is not this account's ({account}): S3 bucket "
+                             f"names are global, so set S3_BUCKET to a name of yours, e.g. "
+                             f"S3_BUCKET=doeks-{account}-{settings.aws_region}")

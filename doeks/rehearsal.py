@@ -112,48 +112,48 @@ def pod_environment(credentials: dict[str, Any], endpoint: str, region: str) -> 
             "AWS_REGION": region, "AWS_DEFAULT_REGION": region}
 
 
-# -- the node as an EKS node of the GPU node group -------------------------------------------------------------------
-GPU = "nvidia.com/gpu"
-EFA = "vpc.amazonaws.com/efa"
+# -- the nodes as EKS nodes of the cluster's node groups ----------------------------------------------------------
+def node_roles(settings, config: dict, zone: str, names: list[str]) -> dict[str, dict]:
+    """What each of the cluster's nodes (`names`, node `doeks` first) is made as, from the node groups doeks gives
+    eksctl (doeks.eks.group_nodes): with more than one node, `doeks` is a node of group `sys` (where the cluster's own
+    services run) and each other one a node of the GPU group, with its labels, taint and one node's GPUs and EFA
+    interfaces. A single node stands in for the whole GPU group: its labels, the GPUs and EFA of as many nodes as a
+    job may use, and NOT its taint (the cluster's own services, which tolerate none, share that node)."""
+    from . import eks, instancetypes
+
+    facts = instancetypes.node_facts(settings, settings.gpu_instance_type)
+    if settings.node_gpus:  # the type's GPUs as settings have them (NPROC_PER_NODE and EC2's answer agree there)
+        facts = {**facts, "gpus": settings.node_gpus}
+    if len(names) == 1:
+        [one] = eks.group_nodes(config, eks.GPU_GROUP, zone, 1, facts)
+        times = max(settings.gpu_nodes_max, settings.max_replicas)
+        one["capacity"] = {k: v and str(int(v) * times) for k, v in one["capacity"].items()}
+        one["labels"].update(settings.node_labels)
+        return {names[0]: {**one, "taints": None}}  # None: the node's taints left as they are
+    [system] = eks.group_nodes(config, "sys", zone, 1)
+    gpus = eks.group_nodes(config, eks.GPU_GROUP, zone, len(names) - 1, facts)
+    for node in gpus:
+        node["labels"].update(settings.node_labels)
+    return dict(zip(names, [system, *gpus]))
 
 
-def node_labels(settings, zone: str) -> dict[str, str]:
-    """What an EKS managed node of the GPU node group carries (the kubelet's well-known labels, EKS's node group
-    labels, the EC2 topology labels of instance types that have them) and the node group's own labels
-    (doeks.eks.cluster_config)."""
-    import hashlib
-
-    seed = hashlib.sha256(f"{settings.cluster_name}/{zone}".encode()).hexdigest()
-    layers = {f"topology.k8s.aws/network-node-layer-{i}": f"nn-{seed[i * 17:i * 17 + 17]}" for i in (1, 2, 3)}
-    return {"node.kubernetes.io/instance-type": settings.gpu_instance_type,
-            "beta.kubernetes.io/instance-type": settings.gpu_instance_type,
-            "topology.kubernetes.io/region": settings.aws_region, "topology.kubernetes.io/zone": zone,
-            "eks.amazonaws.com/nodegroup": "gpu", "eks.amazonaws.com/capacityType": "SPOT" if settings.gpu_spot else "ON_DEMAND",
-            "processor": "gpu", "doeks/nodegroup": "gpu", **layers, **settings.node_labels}
-
-
-def node_patches(settings, zone: str, nodes: int) -> tuple[dict, list[dict]]:
-    """(a merge patch of the node's labels, a JSON patch of its status capacity): the GPU node type's GPUs and EFA
-    interfaces for `nodes` such nodes, advertised as extended resources the documented way (Kubernetes: "Advertise
-    Extended Resources for a Node", a PATCH of the node's status; the kubelet keeps them). One node stands in for the
-    node group: the pods are scheduled by the scheduler's own accounting of these resources, and run on CPU."""
-    gpus = settings.node_gpus or settings.nproc_per_node  # the type's GPUs (EC2), whatever a pod asks for
-    capacity = [{"op": "add", "path": f"/status/capacity/{GPU.replace('/', '~1')}", "value": str(gpus * nodes)}]
-    if settings.efa_per_node:
-        capacity.append({"op": "add", "path": f"/status/capacity/{EFA.replace('/', '~1')}",
-                         "value": str(settings.efa_per_node * nodes)})
-    return {"metadata": {"labels": node_labels(settings, zone)}}, capacity
-
-
-def make_node_eks(settings, kubectl: list[str], node: str, zone: str, nodes: int) -> None:
-    """Label the node and advertise the GPU node type's extended resources (idempotent)."""
-    labels, capacity = node_patches(settings, zone, nodes)
-    for argv in ([*kubectl, "patch", "node", node, "--type=merge", "-p", json.dumps(labels)],
-                 [*kubectl, "patch", "node", node, "--subresource=status", "--type=json", "-p", json.dumps(capacity)]):
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        if result.returncode != 0:
-            raise DoeksError(f"cannot make node {node} look like a {settings.gpu_instance_type} node: "
-                             f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
+def make_nodes_eks(settings, kubectl: list[str], config: dict, zone: str, names: list[str]) -> dict[str, dict]:
+    """Make the nodes what `node_roles` says (labels and taints a merge patch of the Node, GPUs and EFA a merge patch
+    of its status: Kubernetes' documented way to advertise extended resources, which the kubelet keeps). Idempotent."""
+    roles = node_roles(settings, config, zone, names)
+    for node, role in roles.items():
+        patch: dict = {"metadata": {"labels": role["labels"]}}
+        if role["taints"] is not None:
+            patch["spec"] = {"taints": role["taints"]}  # replaces the node's (an extra node's doeks/training)
+        for argv in ([*kubectl, "patch", "node", node, "--type=merge", "-p", json.dumps(patch)],
+                     [*kubectl, "patch", "node", node, "--subresource=status", "--type=merge", "-p",
+                      json.dumps({"status": {"capacity": role["capacity"]}})]):
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            if result.returncode != 0:
+                raise DoeksError(f"cannot make node {node} a node of node group "
+                                 f"{role['labels']['eks.amazonaws.com/nodegroup']}: "
+                                 f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    return roles
 
 
 # -- what eksctl makes, made in the rehearsal's account ----------------------------------------------------------------

@@ -378,9 +378,12 @@ def delete_s3_endpoint(settings, runner, vpc_id: str) -> int:
 
 
 def upload_data(settings, runner, local: Path) -> int:
-    """Copy a local data folder (train/, val/) to s3://S3_BUCKET/DATA_S3_PREFIX/."""
+    """Copy a local data folder (train/, val/) to s3://S3_BUCKET/DATA_S3_PREFIX/ (a bucket of another account
+    refused in one line first)."""
     from .aws import client
+    from .quotas import require_own_bucket
 
+    require_own_bucket(settings, runner)
     s3 = client(settings, "s3")
     try:
         s3.head_bucket(Bucket=settings.s3_bucket)

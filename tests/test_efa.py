@@ -161,3 +161,14 @@ def test_waiting_for_the_mpijob_keeps_what_the_launcher_said_before_its_pod_is_d
     monkeypatch.setattr("doeks.kube.kubectl", lambda: "kubectl")
     state, said = efa.wait_for_mpijob("test-efa-nccl", "default", timeout_s=60, poll_s=0)
     assert state == "Failed (backoff limit)" and said == "Host key verification failed."
+
+
+def test_deploy_replaces_eksctls_plugin_under_either_of_its_names(state_dir):
+    """eksctl v0.204.0+ (eksctl#8201; doeks pins v0.215.0) names its EFA plugin DaemonSet aws-efa-k8s-device-plugin,
+    before that aws-efa-k8s-device-plugin-daemonset: `efa.deploy` deletes it under both names, never doeks' own."""
+    assert set(efa.EKSCTL_DAEMONSETS) == {"aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin-daemonset"}
+    result = invoke("efa.deploy", "--dry-run", env={"TARGET": "eks"})
+    assert result.returncode == 0, result.stderr
+    for name in efa.EKSCTL_DAEMONSETS:
+        assert (f"kubectl delete daemonset -n kube-system --field-selector metadata.name={name} "
+                "-l 'app.kubernetes.io/part-of!=doeks' --ignore-not-found") in result.stderr, result.stderr[-2000:]

@@ -76,3 +76,36 @@ def test_the_training_pods_tolerate_the_gpu_taint(account, command):
     assert pods, plan.stdout[-2000:]
     for pod in pods:
         assert GPU_TOLERATION in pod.get("tolerations", []), pod
+
+
+@pytest.mark.parametrize("instance", ["p5en.48xlarge", "g6.xlarge"])
+def test_the_rehearsals_nodes_are_made_from_the_node_groups_eksctl_gets(account, instance):
+    """One definition for both (doeks.eks.group_nodes): what eksctl's GPU group carries (its labels and taint, EFA
+    where enabled) is what the rehearsal's GPU nodes carry, with EKS' own labels, EC2's topology layers where doeks'
+    Kueue Topology places by them, and one node's GPUs and EFA from EC2's DescribeInstanceTypes (moto)."""
+    from doeks import eks, instancetypes, kueue, rehearsal
+    from doeks import settings as S
+    from doeks.jobspec import GPU_TAINT
+
+    s = S.load(environ={**account, "GPU_INSTANCE_TYPE": instance, "KUBE_NODES": "3"})
+    config = eks.cluster_config(s, (["us-west-2a", "us-west-2b"], "us-west-2b"))
+    gpu = next(g for g in config["managedNodeGroups"] if g["name"] == "gpu")
+    roles = rehearsal.node_roles(s, config, "us-west-2b", ["doeks", "doeks-1", "doeks-2"])
+    gpus, efa, _, _ = NODE[instance]
+    assert instancetypes.node_facts(s, instance)["gpus"] == gpus
+    for name in ("doeks-1", "doeks-2"):
+        node = roles[name]
+        assert node["taints"] == gpu["taints"] == [GPU_TAINT]
+        assert gpu["labels"].items() <= node["labels"].items()
+        assert node["labels"]["node.kubernetes.io/instance-type"] == instance
+        assert node["labels"]["topology.kubernetes.io/zone"] == "us-west-2b"
+        assert node["labels"]["topology.kubernetes.io/region"] == "us-west-2"
+        assert node["labels"]["eks.amazonaws.com/nodegroup"] == "gpu"
+        assert node["labels"]["eks.amazonaws.com/capacityType"] == "ON_DEMAND"
+        assert node["labels"]["alpha.eksctl.io/nodegroup-name"] == "gpu"
+        assert (node["labels"].get("vpc.amazonaws.com/efa.present") == "true") == bool(efa) == gpu.get("efaEnabled", False)
+        assert all(k in node["labels"] for k in kueue.LAYERS) == kueue.has_topology(instance)
+        assert node["capacity"] == {"nvidia.com/gpu": str(gpus), "vpc.amazonaws.com/efa": str(efa) if efa else None}
+    system = roles["doeks"]
+    assert system["labels"]["eks.amazonaws.com/nodegroup"] == "sys" and system["taints"] == []
+    assert system["capacity"] == {"nvidia.com/gpu": None, "vpc.amazonaws.com/efa": None}

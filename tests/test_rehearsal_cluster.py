@@ -2,9 +2,9 @@
 - the node pulls an image named as in ECR (`<account>.dkr.ecr.<region>.amazonaws.com/doeks-train:<tag>`) from the
   registry built here (docker push, then the kubelet's pull through containerd's registry host config), and the
   network guard counts nothing;
-- the node labelled as the GPU node group's type, zone and EKS topology, advertising the type's GPUs and EFA
-  interfaces as extended resources: a pod asking for them is scheduled and runs on CPU, one asking for more is
-  FailedScheduling;
+- the node made as the GPU node group's (doeks.eks.group_nodes: its type, zone, EKS' and eksctl's labels; one node
+  standing in for the group, so untainted), advertising the type's GPUs and EFA interfaces as extended resources: a
+  pod asking for them is scheduled and runs on CPU, one asking for more is FailedScheduling;
 - a service-account token from the API server exchanged with EKS Auth (doeks' moto server, IAM enforced) for the
   associated role's credentials, the token's signature checked against the cluster's service-account key;
 - the training operator's Deployment under Pod Security `restricted` (namespace `kubeflow` labelled as kubeflow/
@@ -137,14 +137,20 @@ def test_the_node_is_labelled_as_the_gpu_node_group_and_advertises_its_gpus_and_
 
     operators.build_init_image()  # alpine:3.10 as doeks' cluster has it (a shell), imported into the node
     images.ensure(Runner(echo=False), [operators.INIT_CONTAINER_IMAGE])
-    s = S.load(environ={"TARGET": "eks", "GPU_INSTANCE_TYPE": "g5.12xlarge", "NPROC_PER_NODE": "4", "EFA_PER_NODE": "1"})
-    rehearsal.make_node_eks(s, kubectl_argv(), "doeks", "us-west-2a", nodes=2)
+    from doeks import eks
+
+    s = S.load(environ={"TARGET": "eks", "GPU_INSTANCE_TYPE": "g5.12xlarge", "NPROC_PER_NODE": "4", "EFA_PER_NODE": "1",
+                        "GPU_NODES_MAX": "2", "MAX_REPLICAS": "2"})
+    config = eks.cluster_config(s, (["us-west-2a", "us-west-2b"], "us-west-2a"))
+    rehearsal.make_nodes_eks(s, kubectl_argv(), config, "us-west-2a", ["doeks"])  # one node: the GPU group's 2
     node = json.loads(kubectl("get", "node", "doeks", "-o", "json").stdout)
     labels = node["metadata"]["labels"]
     assert labels["node.kubernetes.io/instance-type"] == "g5.12xlarge"
     assert labels["topology.kubernetes.io/zone"] == "us-west-2a"
-    assert all(labels[f"topology.k8s.aws/network-node-layer-{i}"].startswith("nn-") for i in (1, 2, 3))
+    assert labels["eks.amazonaws.com/nodegroup"] == "gpu" and labels["vpc.amazonaws.com/efa.present"] == "true"
+    assert not any(k.startswith("topology.k8s.aws/") for k in labels)  # EC2's topology does not cover g5
     assert node["status"]["capacity"]["nvidia.com/gpu"] == "8"
+    assert not any(t["key"] == "nvidia.com/gpu" for t in node["spec"].get("taints", []))  # shared with the services
 
     def allocatable() -> dict:  # the kubelet copies capacity to allocatable at its next status update
         found = json.loads(kubectl("get", "node", "doeks", "-o", "json").stdout)["status"]["allocatable"]

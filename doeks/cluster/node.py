@@ -40,10 +40,12 @@ _STARTED: dict[tuple[str, str], subprocess.Popen] = {}
 # containerd pulls through this proxy, a loopback port nothing listens on: an image the node lacks fails at once with
 # `proxyconnect tcp: dial tcp 127.0.0.1:9: connect: connection refused` (ErrImagePull) instead of a registry name being
 # looked up and fetched through the default interface (Go's net/http asks no proxy for loopback registries only).
-# An extra node's loopback is its own namespace's: nothing listens on its port 9 either.
+# An extra node's loopback is its own namespace's: nothing listens on its port 9 either. The one address asked
+# directly is the bridge's own (versions.NODE_IP, this machine's): where the EKS rehearsal's extra nodes reach the
+# registry (a forwarder to its loopback port), since their loopback is not the host's.
 NO_PULL_PROXY = "http://127.0.0.1:9"
 NO_PULL_ENV = {name: NO_PULL_PROXY for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")} | {
-    "NO_PROXY": "", "no_proxy": ""}
+    "NO_PROXY": versions.NODE_IP, "no_proxy": versions.NODE_IP}
 
 
 def start(component: str, node: Node = NODE0) -> int:

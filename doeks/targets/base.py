@@ -169,6 +169,8 @@ class JobStatus:
     # what the job went through, one line each, oldest first: the hang watchdog's steps (doeks.pod.watchdog), a lost node
     notes: list[str] = field(default_factory=list)
     ended: float | None = None  # when a final job ended (time.time()), where the target tells
+    # pods that cannot start, by name: (reason, the kubelet's words) (doeks.kube.stuck); a wait ends on them
+    stuck: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:

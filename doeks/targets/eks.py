@@ -103,12 +103,13 @@ class OnAws:
     # efa
     def efa_deploy(self, runner) -> None:
         """The EFA device plugin DaemonSet (EFA instance types only) and the MPI operator (server-side apply). One
-        plugin, one owner: eksctl's efaEnabled installs its own DaemonSet of the same name (v0.3.3, fields such as
-        runAsNonRoot that an apply would keep); doeks replaces it rather than merging into it, and efa.delete
-        removes it."""
+        plugin, one owner: eksctl's efaEnabled installs its own DaemonSet (`aws-efa-k8s-device-plugin`, before
+        eksctl v0.204.0 doeks' name: efa.EKSCTL_DAEMONSETS), which tolerates no GPU taint; doeks deletes it under
+        either name rather than run two plugins or merge into one, and efa.delete removes doeks' own."""
         from .. import efa, kube
 
-        kube.run(runner, efa.replace_eksctl_plugin_argv())
+        for argv in efa.replace_eksctl_plugin_argvs():
+            kube.run(runner, argv)
         kube.apply(runner, efa.device_plugin(self.settings))
         efa.mpi_operator_deploy(runner)
 
@@ -119,10 +120,10 @@ class OnAws:
         kube.delete(runner, efa.device_plugin(self.settings))
 
     def efa_status(self) -> None:
-        from .. import eks, kube, ui
+        from .. import efa, eks, kube, ui
         from ..runner import Runner
 
-        kube.show(Runner(), ["daemonset", "-n", "kube-system", "aws-efa-k8s-device-plugin-daemonset"])
+        kube.show(Runner(), ["daemonset", "-n", "kube-system", efa.DAEMONSET])
         ui.table("nodes", ["node", "instance type", "ready", "nvidia.com/gpu", "vpc.amazonaws.com/efa"], eks.node_rows())
 
     def efa_test(self, runner, nodes: int | None, end: str | None) -> None:
@@ -338,9 +339,12 @@ class EksTarget(OnAws, KubernetesTarget):
         from ..aws import client
         from ..runner import Runner
 
+        from ..quotas import require_own_bucket
+
         s = job.settings
         runner = runner or Runner(secrets=s.secrets())
         s3 = client(s, "s3")
+        require_own_bucket(s, runner, jobpaths.s3_buckets(s))  # one line, not a create's BucketAlreadyExists
         for bucket in jobpaths.s3_buckets(s):
             try:
                 s3.head_bucket(Bucket=bucket)

@@ -124,13 +124,29 @@ def parse_since(value: str) -> float:
     return time.time() - amount
 
 
+def end_if_stuck(status, clock) -> None:
+    """A job none of whose replicas has trained a step, with a pod that cannot start (doeks.kube.stuck: an image it
+    cannot pull, a config it cannot make, a volume it cannot mount) for `clock`'s patience: the wait ends, in one line
+    with the kubelet's words and the fix (waiting does not cure it; the job is left as it is)."""
+    if status.finished or any(r.step for r in status.replicas):
+        return
+    held = clock.over(status.stuck)
+    if held:
+        raise DoeksError(f"job {status.name} cannot start: {held}" + (f" (fix: {status.fix})" if status.fix else ""))
+
+
 def follow_until_done(target, cursor: Callable[[], list[str]], follow: bool, poll: float = 0.5,
                       tail: int | None = None, since: float | None = None) -> Iterator[str]:
+    from ..kube import StuckClock
+
+    clock = StuckClock()
     yield from window(cursor(), tail, since)  # what is there already, cut to --tail / --since
     while True:
-        if not follow or target.describe().finished:
+        status = target.describe() if follow else None
+        if status is None or status.finished:
             yield from cursor()
             return
+        end_if_stuck(status, clock)
         time.sleep(poll)
         yield from cursor()
 
@@ -163,7 +179,7 @@ def brief(line: str) -> bool:
 
 
 def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float | None = None, quiet: bool = False,
-                       poll: float = 0.25):
+                       poll: float = 0.25, stuck_s: float | None = None):
     """Stream new log lines (unless quiet; only those `target.shown_lines` keeps, where the caller set it: `brief`)
     and a progress bar of steps until the job reaches a final state."""
     from ..code import resolve
@@ -177,6 +193,9 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
     total = expected_steps(settings) if builtin else None
     deadline = time.monotonic() + timeout if timeout else None
     ended = None  # when the job was first seen Succeeded with a replica still running
+    from ..kube import STUCK_S, StuckClock
+
+    clock = StuckClock(STUCK_S if stuck_s is None else stuck_s)
     with ui.progress() as bar:
         task_id = bar.add_task(f"{settings.job_name}: steps", total=total)
         while True:
@@ -215,6 +234,7 @@ def wait_with_progress(target, cursor: Callable[[], list[str]], timeout: float |
                 if status.state == "Succeeded" and builtin:
                     bar.update(task_id, completed=total)
                 return status
+            end_if_stuck(status, clock)
             if deadline and time.monotonic() > deadline:
                 raise DoeksError(f"job {settings.job_name} still running after {timeout:.0f}s")
             time.sleep(poll)

@@ -268,10 +268,13 @@ class KubernetesJobs:
                 failed=state == FAILED, total=sum(r.restarts for r in replicas))
             if found is not None:
                 reason, fix, permanent = found.text, found.fix, found.permanent
+        held = {p["metadata"]["name"]: found for p in pods if (found := kube.stuck(p, events))} \
+            if state not in (SUCCEEDED, FAILED) else {}
         return JobStatus(self.name, s.job_name, state, run=job["spec"].get("elasticPolicy", {}).get("rdzvId", ""),
                          replicas=replicas, desired=desired, restarts=sum(r.restarts for r in replicas), reason=reason, fix=fix,
                          permanent=permanent, queue=queued.line() if queued else "", notes=notes,
-                         ended=_when(job.get("status", {}).get("completionTime")) if state in (SUCCEEDED, FAILED) else None)
+                         ended=_when(job.get("status", {}).get("completionTime")) if state in (SUCCEEDED, FAILED) else None,
+                         stuck=held)
 
     def _lost_nodes(self, pods: list[dict[str, Any]], replicas: list[ReplicaStatus]) -> list[str]:
         """A node of the job's pods that the API server says is not Ready: named, with its pods (asked only when a

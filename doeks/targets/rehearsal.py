@@ -5,8 +5,10 @@ has stood in for by real things here (docs/testing.md, "The EKS rehearsal"):
   administrator (doeks.rehearsal.enforce_iam); it outlives `down` (the account does: `invoke audit` reads it after).
   Pods reach it through a forwarder on doeks' bridge address.
 - The EKS cluster: doeks' own cluster, registered in moto's EKS as eksctl would make it (VPC, subnets, cluster
-  security group, node groups, OIDC provider, add-ons: doeks.rehearsal.eksctl_create); its one node labelled as a
-  node of the GPU node group and advertising that type's GPUs and EFA interfaces (the containers run on CPU).
+  security group, node groups, OIDC provider, add-ons: doeks.rehearsal.eksctl_create); its nodes made as EKS makes
+  the node groups' nodes from the same ClusterConfig (doeks.eks.group_nodes: labels, the GPU group's taint, the type's
+  GPUs and EFA interfaces advertised; with KUBE_NODES=1 one node stands in for the GPU group, untainted); the
+  containers run on CPU. With QUEUE, Kueue (built here) with EKS' queue on those nodes.
 - ECR: moto's ECR API (repository, IMMUTABLE tags, DescribeImages) and the registry built here
   (doeks.cluster.registry), which the node's containerd pulls from under the ECR name.
 - Pod Identity: a workload's pods get their role's session from EKS Auth (doeks.rehearsal.pod_credentials) in their
@@ -37,13 +39,15 @@ class RehearsalTarget(EksTarget):
 
         return services.moto_eks(self.settings.state_dir, env={"DOEKS_SA_PUBLIC_KEY": str(pki.pki_dir() / "sa.pub")})
 
-    def forwarder(self, port: int):
+    def forwarder(self, port: int, name: str = "moto-bridge"):
+        """A forwarder from doeks' bridge address (which pods and every node reach) to `port` on loopback: moto's
+        (moto-bridge), or the registry's for the extra nodes' containerd (registry-bridge)."""
         import sys
 
         from ..cluster import versions
         from .. import services
 
-        return services.Service("moto-bridge", self.settings.state_dir,
+        return services.Service(name, self.settings.state_dir,
                                 lambda listen, data: [sys.executable, "-m", "doeks.local.forward", versions.NODE_IP,
                                                       str(listen), "127.0.0.1", str(port)],
                                 lambda listen: services.port_open(listen, versions.NODE_IP), host=versions.NODE_IP,
@@ -117,22 +121,29 @@ class RehearsalTarget(EksTarget):
         s = self.settings
         self.say(self.describe_place(), style="bold")
         eks.check_version(s, runner)
+        from ..quotas import require_own_bucket
+
+        require_own_bucket(s, runner)
         text = eks.config_yaml(s, runner)
         import sys
 
         sys.stdout.write(runner.mask(text if text.startswith("---") else "---\n" + text))
         if runner.dry_run:
-            lifecycle.up(runner)
-            runner.step("start the registry on 127.0.0.1 and map this account's ECR host to it in the node's "
-                        "containerd", lambda: None)
+            lifecycle.up(runner, nodes=s.kube_nodes)
+            runner.step("start the registry on 127.0.0.1 and map this account's ECR host to it in the nodes' "
+                        "containerd" + (f" (through a forwarder on {versions.NODE_IP}, which the extra nodes reach)"
+                                        if s.kube_nodes > 1 else ""), lambda: None)
             runner.step(f"make in the account what `eksctl create cluster -f {eks.config_path(s)}` makes (VPC, subnets, "
                         "security group, cluster, node groups, OIDC provider, add-ons)", lambda: None)
-            runner.step(f"label node {versions.NODE_NAME} as a {s.gpu_instance_type} of node group gpu; advertise its "
-                        f"{s.nproc_per_node} GPUs and {s.efa_per_node} EFA interfaces", lambda: None)
+            runner.step(self.nodes_plan(), lambda: None)
             eks.ensure_addons(s, runner)
             return
-        lifecycle.up(runner)
+        lifecycle.up(runner, nodes=s.kube_nodes)
         endpoint = registry.start(runner)
+        if s.kube_nodes > 1:  # the extra nodes' containerd (each in its own network namespace) pulls by the bridge
+            bridge = self.forwarder(int(endpoint.rsplit(":", 1)[1]), "registry-bridge")
+            bridge.start()
+            endpoint = f"{versions.NODE_IP}:{bridge.info()['port']}"
         registry.map_host(self.ecr_host(), endpoint)
         moto_port = int(self.moto().endpoint().rsplit(":", 1)[1])
         self.forwarder(moto_port).start()
@@ -145,11 +156,47 @@ class RehearsalTarget(EksTarget):
             self.eksctl_validate(path)
             rehearsal.eksctl_create(s, __import__("yaml").safe_load(text))
         self.write_kubeconfig()
-        zone = eks.cluster_config(s).get("managedNodeGroups", [{}])[-1].get("availabilityZones", [None])[0] \
-            or f"{s.aws_region}a"
-        rehearsal.make_node_eks(s, [kube.kubectl(), f"--kubeconfig={kube.eks_kubeconfig(s)}"], versions.NODE_NAME,
-                                zone, nodes=max(s.gpu_nodes_max, s.max_replicas))
+        self.make_nodes(__import__("yaml").safe_load(text))
         eks.ensure_addons(s, runner)
+
+    def node_names(self) -> list[str]:
+        from ..cluster import versions
+
+        return [versions.node_name(i) for i in range(self.settings.kube_nodes)]
+
+    def nodes_plan(self) -> str:
+        s = self.settings
+        if s.kube_nodes == 1:
+            return (f"make node doeks a {s.gpu_instance_type} of node group gpu as EKS labels it (doeks.eks.group_nodes), "
+                    "advertising the GPUs and EFA interfaces of the group's nodes; not its taint (KUBE_NODES=1: the "
+                    "cluster's own services share the node)")
+        return (f"make node doeks a node of node group sys and {', '.join(self.node_names()[1:])} nodes of node group "
+                f"gpu ({s.gpu_instance_type}: EKS' labels, the group's taint, one node's GPUs and EFA interfaces)")
+
+    def make_nodes(self, config: dict) -> None:
+        """The cluster's nodes made as EKS makes the node groups' nodes (doeks.rehearsal.make_nodes_eks), in the GPU
+        group's zone (its pinned one, else the config's first)."""
+        from .. import eks
+
+        s = self.settings
+        if not {"sys", eks.GPU_GROUP} <= {g.get("name") for g in config.get("managedNodeGroups", [])}:
+            config = eks.cluster_config(s, None)  # EKS_YAML's own groups: the nodes are made as doeks' would be
+        gpu = next((g for g in config["managedNodeGroups"] if g["name"] == eks.GPU_GROUP), None)
+        if gpu is None:
+            raise DoeksError(f"GPU_NODES_MAX={s.gpu_nodes_max}: no GPU node group, so no node for the job's pods: "
+                             "set GPU_NODES_MAX=1 or more")
+        zones = [z for z in (gpu.get("availabilityZones") or []) + (config.get("availabilityZones") or [])
+                 if not z.startswith("<")]  # "<zone of ...>": a plan's placeholder
+        zone = zones[0] if zones else f"{s.aws_region}a"
+        roles = rehearsal.make_nodes_eks(s, [kube.kubectl(), f"--kubeconfig={kube.eks_kubeconfig(s)}"], config, zone,
+                                         self.node_names())
+        for name, role in roles.items():
+            labels = role["labels"]
+            self.say(f"node {name}: {labels['node.kubernetes.io/instance-type']} of node group "
+                     f"{labels['eks.amazonaws.com/nodegroup']} in {zone}"
+                     + "".join(f", {v} {k}" for k, v in role["capacity"].items() if v)
+                     + "".join(f", taint {t['key']}={t.get('value', '')}:{t['effect']}" for t in role["taints"] or []),
+                     style="dim")
 
     def eksctl_validate(self, path) -> None:
         """eksctl's own validation of the ClusterConfig (`eksctl create cluster --dry-run -f`) when eksctl is built
@@ -185,6 +232,7 @@ class RehearsalTarget(EksTarget):
             self.say(f"cluster {s.cluster_name} does not exist in {s.aws_region}: nothing to delete")
         if not runner.dry_run:
             self.forwarder(0).stop()
+            self.forwarder(0, "registry-bridge").stop()
             from ..cluster import registry
 
             registry.delete_repository(trainimage.REPOSITORY)
@@ -382,7 +430,23 @@ class RehearsalTarget(EksTarget):
 
     # -- kueue: EKS' is the release's manifests.yaml from GitHub (no internet here): doeks' cluster's, built here ------
     def queue_deploy(self, runner) -> None:
-        self.on_doeks_cluster().queue_deploy(runner)  # Kueue v0.19.2 built by `invoke setup --kueue`, or no queue when it is not
+        """Kueue v0.19.2 built here (`invoke setup --kueue`; no queue when it is not) with EKS' queue: the GPU node
+        group's flavor (its type's labels and topology, its taint tolerated, quotas from EC2's answer), which admits
+        onto the nodes made as that group's (make_nodes)."""
+        from .. import kueue
+
+        doeks_cluster = self.on_doeks_cluster()
+        if doeks_cluster._stopped(runner, "nothing to deploy on it (`invoke up` starts it)"):
+            return
+        base = doeks_cluster.queue_base(runner)
+        if base is None:
+            self.say(f"rehearsal: Kueue {kueue.VERSION} is not built (`invoke setup --kueue` builds it): no queue here, "
+                     "jobs start at once")
+            return
+        from ..cluster import operators
+
+        operators.kueue_image(runner)
+        kueue.deploy(self.settings, runner, base, [self.gpu_flavor(runner)], own=True)
 
     def queue_delete(self, runner) -> None:
         self.on_doeks_cluster().queue_delete(runner)
