@@ -263,6 +263,7 @@ def pytest_cmdline_main(config):
         option.loadscopereorder = False  # groups in collection order: the cluster's, the longest, first
 
 
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist`: no such hook
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup` here: the cluster's modules are one group (one worker, in file order), every other module
     a group of its own (its module fixtures made once, its tests in file order: they share job and container names).
