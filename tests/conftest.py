@@ -251,19 +251,20 @@ def scope(nodeid: str) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """A whole-suite run (no paths given) goes on two workers (pytest-xdist, `--dist loadgroup`); paths, `-n 0` or
-    `-p no:xdist` run in this process as before."""
+    """A whole-suite run (no paths given) goes on two workers (pytest-xdist, `--dist loadgroup`); paths, `-n 0`,
+    `-p no:xdist`, `--pdb`, `--collect-only` and `--fixtures` run in this process as before."""
     option = config.option
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
         return
     if (config.args_source == pytest.Config.ArgsSource.TESTPATHS and option.numprocesses is None
             and option.dist == "no" and not option.distload and not option.collectonly and not option.usepdb
-            and (os.cpu_count() or 1) >= WORKERS):
+            and not option.showfixtures and not option.show_fixtures_per_test and (os.cpu_count() or 1) >= WORKERS):
         option.numprocesses, option.dist = WORKERS, "loadgroup"
     if option.dist == "loadgroup":
         option.loadscopereorder = False  # groups in collection order: the cluster's, the longest, first
 
 
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist`: no such hook
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup` here: the cluster's modules are one group (one worker, in file order), every other module
     a group of its own (its module fixtures made once, its tests in file order: they share job and container names).

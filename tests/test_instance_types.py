@@ -39,16 +39,26 @@ def per_pod(stdout: str) -> tuple[int, int]:
     return limits["nvidia.com/gpu"], limits.get("vpc.amazonaws.com/efa", 0)
 
 
-@pytest.mark.parametrize("instance", sorted(EXPECTED))
-def test_up_dry_run_asks_ec2_for_the_gpus_and_efa_of_the_node_type(account, instance, tmp_path):
-    plan = invoke("up", "--dry-run", "--full", env={**account, "GPU_INSTANCE_TYPE": instance})
-    assert plan.returncode == 0, plan.stderr[-2000:]
-    assert per_pod(plan.stdout) == EXPECTED[instance]
-    config = next(d for d in yaml.safe_load_all(plan.stdout) if d and d.get("kind") == "ClusterConfig")
-    gpu_group = next(g for g in config["managedNodeGroups"] if g["name"] == "gpu")
-    assert bool(gpu_group.get("efaEnabled")) == (EXPECTED[instance][1] > 0)
-    cached = json.loads((tmp_path / "cache" / "instance-types.json").read_text())["us-west-2"][instance]
-    assert (cached["gpus"], cached["efa"]) == EXPECTED[instance]
+def test_up_dry_run_asks_ec2_for_the_gpus_and_efa_of_the_node_type(account, tmp_path):
+    """Every type's GPUs and EFA per pod as EC2 answers them, and cached, in a deploy's plan (which asks EC2 as `up`
+    does); `up`'s whole plan, with a cache of its own, for a type with EFA and one without: its node group follows."""
+    for instance, expected in EXPECTED.items():
+        plan = invoke("elasticjob.deploy", "--dry-run", env={**account, "GPU_INSTANCE_TYPE": instance})
+        assert plan.returncode == 0, plan.stderr[-2000:]
+        assert per_pod(plan.stdout) == expected, instance
+        cached = json.loads((tmp_path / "cache" / "instance-types.json").read_text())["us-west-2"][instance]
+        assert (cached["gpus"], cached["efa"]) == expected, instance
+    for instance in ("g5.12xlarge", "g5.2xlarge"):
+        cache = tmp_path / f"cache-up-{instance}"
+        plan = invoke("up", "--dry-run", "--full",
+                      env={**account, "GPU_INSTANCE_TYPE": instance, "DOEKS_CACHE": str(cache)})
+        assert plan.returncode == 0, plan.stderr[-2000:]
+        assert per_pod(plan.stdout) == EXPECTED[instance]
+        config = next(d for d in yaml.safe_load_all(plan.stdout) if d and d.get("kind") == "ClusterConfig")
+        gpu_group = next(g for g in config["managedNodeGroups"] if g["name"] == "gpu")
+        assert bool(gpu_group.get("efaEnabled")) == (EXPECTED[instance][1] > 0)
+        cached = json.loads((cache / "instance-types.json").read_text())["us-west-2"][instance]
+        assert (cached["gpus"], cached["efa"]) == EXPECTED[instance]
 
 
 def test_the_cached_answer_is_used_and_env_overrides_it(account):
