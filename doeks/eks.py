@@ -303,6 +303,9 @@ def create(settings, runner) -> None:
 
     sys.stdout.write(runner.mask(text if text.startswith("---") else "---\n" + text))
     path = config_path(settings)
+    from .quotas import require_own_bucket
+
+    require_own_bucket(settings, runner)  # S3_BUCKET (data, checkpoints, models): not another account's
     if runner.dry_run:
         require_capacity(settings, runner)
         runner.run(["eksctl", "create", "cluster", "-f", str(path)])
@@ -323,11 +326,9 @@ def create(settings, runner) -> None:
 
 def require_capacity(settings, runner) -> None:
     """The account can run the node groups: each EC2 vCPU quota they run under holds what they ask
-    (doeks.quotas.require_quotas), and S3_BUCKET is not another account's; one error line otherwise, before
-    anything is made."""
-    from .quotas import require_own_bucket, require_quotas
+    (doeks.quotas.require_quotas); one error line otherwise, before anything is made."""
+    from .quotas import require_quotas
 
-    require_own_bucket(settings, runner)  # S3_BUCKET, where the data, checkpoints and models go
     require_quotas(settings, runner, capacity_block=reservation_type(settings, runner) == "capacity-block")
 
 

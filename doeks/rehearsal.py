@@ -122,8 +122,8 @@ def node_roles(settings, config: dict, zone: str, names: list[str]) -> dict[str,
     from . import eks, instancetypes
 
     facts = instancetypes.node_facts(settings, settings.gpu_instance_type)
-    if settings.node_gpus:  # the type's GPUs as settings have them (NPROC_PER_NODE and EC2's answer agree there)
-        facts = {**facts, "gpus": settings.node_gpus}
+    if not facts.get("gpus"):  # a type neither EC2 nor doeks' table knows: as many as the pods ask for
+        facts = {**facts, "gpus": settings.node_gpus or settings.nproc_per_node}
     if len(names) == 1:
         [one] = eks.group_nodes(config, eks.GPU_GROUP, zone, 1, facts)
         times = max(settings.gpu_nodes_max, settings.max_replicas)
