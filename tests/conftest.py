@@ -264,6 +264,18 @@ def pytest_cmdline_main(config):
         option.loadscopereorder = False  # groups in collection order: the cluster's, the longest, first
 
 
+def pytest_configure(config):
+    """Before the workers start, the loader's _jpegcrop is built in the checkout where it can be, as CI's `invoke
+    setup` leaves it: otherwise the README walk-through's `invoke setup` compiles it into the checkout in one worker
+    while a job of the other trains with the loader (a pipeline's local job hung in its DataLoader right after)."""
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") == "no":
+        return
+    from doeks.workload import jpegcrop_build
+
+    if not jpegcrop_build.missing() and not jpegcrop_build.up_to_date():
+        jpegcrop_build.build(quiet=True)
+
+
 @pytest.hookimpl(optionalhook=True)  # `-p no:xdist`: no such hook
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup` here: the cluster's modules are one group (one worker, in file order), every other module
