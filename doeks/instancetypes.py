@@ -6,6 +6,7 @@ NetworkInfo.EfaInfo.MaximumEfaInterfaces), asked once per region and type and ke
 from __future__ import annotations
 
 import json
+import os
 
 from . import ui
 from .catalog import instance_cache
@@ -41,7 +42,7 @@ def remember(region: str, instance: str, facts: dict[str, int]) -> None:
         known = {}
     known.setdefault(region, {})[instance] = dict(facts)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
+    partial = path.with_suffix(f".{os.getpid()}.partial")  # each writer its own: two at once never share one
     partial.write_text(json.dumps(known, indent=1, sort_keys=True))
     partial.replace(path)
 
