@@ -66,7 +66,13 @@ def imported_modules() -> dict[str, set[str]]:
     files = [ROOT / f for f in TASK_FILES] + [p for p in (ROOT / "doeks").glob("*.py") if p.name not in agent_side]
     found: dict[str, set[str]] = {}
     for path in files:
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        optional = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) and any(
+            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in t.handlers)
+            for stmt in t.body for n in ast.walk(stmt)}  # `try: import x / except ImportError:` has a way without it
+        for node in ast.walk(tree):
+            if id(node) in optional:
+                continue
             names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
