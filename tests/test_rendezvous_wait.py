@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from doeks.pod import torchrun
 from doeks import services
 
-from .conftest import ROOT
+from .conftest import ROOT, wait_for
 
 
 def test_the_etcd_server_is_read_from_torchruns_options_or_the_operators_variables(monkeypatch):
@@ -87,14 +88,22 @@ def test_the_images_torchrun_started_before_its_etcd_runs_the_job_once_etcd_is_u
     node = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     server = services.etcd(state_dir)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(node.stdout), daemon=True)
+    reader.start()
+    waiting = f"doeks: waiting for the rendezvous server 127.0.0.1:{port}"
     try:
-        time.sleep(4)
+        # etcd starts once torchrun says it waits (a fixed 4 s was shorter than torch's import on a loaded machine)
+        wait_for(lambda: any(waiting in line for line in lines) or node.poll() is not None, 120, "torchrun waiting")
+        time.sleep(1)
         server.start(port=port)
-        output = node.communicate(timeout=180)[0]
+        node.wait(timeout=180)
+        reader.join(timeout=10)
     finally:
         if node.poll() is None:
             node.kill()
         server.stop()
+    output = "".join(lines)
     assert node.returncode == 0, output[-3000:]
-    assert f"doeks: waiting for the rendezvous server 127.0.0.1:{port}" in output, output[-3000:]
+    assert waiting in output, output[-3000:]
     assert "WORLD 1" in output and "EtcdException" not in output, output[-3000:]
