@@ -42,6 +42,7 @@ def train_local(script: str, data_dir: str, arch: str, steps: int, model: dsl.Ou
     with tempfile.TemporaryDirectory(prefix="doeks-kfp-") as work:
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", script,
                 "--data", data_dir, "--arch", arch, "--max-steps", str(steps), "--epochs", "1", "--batch-size", "16",
+                "--workers", "0",  # a few steps: the data loads in the rank itself, no DataLoader worker processes
                 "--checkpoint-dir", os.path.join(work, "ckpt"), "--metrics-dir", os.path.join(work, "metrics"),
                 "--model-dir", model.path]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
