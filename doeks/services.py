@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import DoeksError, MissingTool, Retryable
+from .pod.zygote import reap_exited  # noqa: F401 (the local supervisor reaps its nodes with it)
 
 
 def free_port() -> int:
@@ -43,20 +44,6 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
-
-
-def reap_exited() -> list[tuple[int, int]]:
-    """(pid, exit code) of every child that has exited, without blocking; a signal shows as minus its number."""
-    exited = []
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
-        exited.append((pid, os.waitstatus_to_exitcode(status)))
-    return exited
 
 
 def kill_group(pid: int, grace: float = 5.0) -> None:
